@@ -1,0 +1,54 @@
+// The one interface every compute backend implements (ref, cpu, cuda).
+//
+// A backend owns buffers on its device and runs ops on them. Callers ask `Supports(op)` before
+// relying on an op; an unsupported op returns absl::UnimplementedError, never a silent fallback
+// to another backend. Public op methods validate their parameter struct once, here, and then
+// call the backend's `Do*` implementation.
+#ifndef SLUICE_KERNELS_BACKEND_H_
+#define SLUICE_KERNELS_BACKEND_H_
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/op_params.h"
+
+namespace sluice::kernels {
+
+enum class BackendKind { kRef, kCpu, kCuda };
+std::string_view BackendKindName(BackendKind kind);
+
+enum class Op { kRmsNorm };
+std::string_view OpName(Op op);
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual BackendKind kind() const = 0;
+  // Human-readable, e.g. "cpu (avx512, 2 threads)" or "cuda (NVIDIA H100, sm_90)".
+  virtual std::string name() const = 0;
+  virtual bool Supports(Op op) const = 0;
+
+  // Buffers on this backend's device; host memory for ref and cpu.
+  virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
+  virtual void Free(void* ptr) = 0;
+  virtual absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
+  // Waits until every op issued so far has finished; reports asynchronous failures.
+  virtual absl::Status Synchronize() = 0;
+
+  // ---- ops ----
+  absl::Status RmsNorm(const RmsNormParams& p);
+
+ protected:
+  virtual absl::Status DoRmsNorm(const RmsNormParams& p);
+
+  absl::Status Unsupported(Op op) const;
+};
+
+}  // namespace sluice::kernels
+
+#endif  // SLUICE_KERNELS_BACKEND_H_

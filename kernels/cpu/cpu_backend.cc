@@ -1,0 +1,40 @@
+#include "kernels/cpu/cpu_backend.h"
+
+#include <omp.h>
+
+#include "absl/strings/str_format.h"
+#include "kernels/cpu/rmsnorm.h"
+
+namespace sluice::kernels {
+
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuOptions& options) {
+  const cpu::Isa isa = options.isa.value_or(cpu::BestIsa());
+  if (!cpu::IsaSupported(isa)) {
+    return absl::UnavailableError(absl::StrFormat("this CPU does not support %s (best: %s)",
+                                                  cpu::IsaName(isa), cpu::IsaName(cpu::BestIsa())));
+  }
+  if (options.threads < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("threads=%d < 0", options.threads));
+  }
+  const int threads = options.threads > 0 ? options.threads : omp_get_num_procs();
+  return std::unique_ptr<CpuBackend>(new CpuBackend(isa, threads));
+}
+
+std::string CpuBackend::name() const {
+  return absl::StrFormat("cpu (%s, %d threads)", cpu::IsaName(isa_), threads_);
+}
+
+bool CpuBackend::Supports(Op op) const {
+  switch (op) {
+    case Op::kRmsNorm:
+      return true;
+  }
+  return false;
+}
+
+absl::Status CpuBackend::DoRmsNorm(const RmsNormParams& p) {
+  cpu::RmsNorm(p, isa_, threads_);
+  return absl::OkStatus();
+}
+
+}  // namespace sluice::kernels

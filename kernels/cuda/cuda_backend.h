@@ -1,0 +1,45 @@
+// The CUDA backend: device memory, one stream, and the .cu kernels of this directory.
+#ifndef SLUICE_KERNELS_CUDA_CUDA_BACKEND_H_
+#define SLUICE_KERNELS_CUDA_CUDA_BACKEND_H_
+
+#include <memory>
+#include <string>
+
+#include "kernels/backend.h"
+
+namespace sluice::kernels {
+
+struct CudaOptions {
+  int device = 0;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  // UnavailableError, saying why, on a machine without a usable GPU.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const CudaOptions& options = {});
+  ~CudaBackend() override;
+
+  BackendKind kind() const override { return BackendKind::kCuda; }
+  std::string name() const override { return name_; }
+  bool Supports(Op op) const override;
+
+  absl::StatusOr<void*> Allocate(size_t bytes) override;
+  void Free(void* ptr) override;
+  absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override;
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
+  absl::Status Synchronize() override;
+
+ protected:
+  absl::Status DoRmsNorm(const RmsNormParams& p) override;
+
+ private:
+  struct Impl;
+  explicit CudaBackend(std::unique_ptr<Impl> impl, std::string name);
+
+  std::unique_ptr<Impl> impl_;
+  const std::string name_;
+};
+
+}  // namespace sluice::kernels
+
+#endif  // SLUICE_KERNELS_CUDA_CUDA_BACKEND_H_

@@ -1,0 +1,24 @@
+// The reference backend: straightforward scalar loops with double accumulation, in host
+// memory. Slow on purpose; it is the oracle for every other backend.
+#ifndef SLUICE_KERNELS_REF_REF_BACKEND_H_
+#define SLUICE_KERNELS_REF_REF_BACKEND_H_
+
+#include <string>
+
+#include "kernels/host_backend.h"
+
+namespace sluice::kernels {
+
+class RefBackend final : public HostBackend {
+ public:
+  BackendKind kind() const override { return BackendKind::kRef; }
+  std::string name() const override { return "ref"; }
+  bool Supports(Op op) const override;
+
+ protected:
+  absl::Status DoRmsNorm(const RmsNormParams& p) override;
+};
+
+}  // namespace sluice::kernels
+
+#endif  // SLUICE_KERNELS_REF_REF_BACKEND_H_

@@ -1,0 +1,33 @@
+#include "kernels/registry.h"
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/ref/ref_backend.h"
+
+namespace sluice::kernels {
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(BackendKind kind) {
+  switch (kind) {
+    case BackendKind::kRef:
+      return std::unique_ptr<Backend>(std::make_unique<RefBackend>());
+    case BackendKind::kCpu: {
+      auto cpu = CpuBackend::Create();
+      if (!cpu.ok()) return cpu.status();
+      return std::unique_ptr<Backend>(std::move(*cpu));
+    }
+    case BackendKind::kCuda: {
+      auto gpu = CudaBackend::Create();
+      if (!gpu.ok()) return gpu.status();
+      return std::unique_ptr<Backend>(std::move(*gpu));
+    }
+  }
+  return absl::InvalidArgumentError("unknown backend kind");
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateDefaultBackend() {
+  auto gpu = CreateBackend(BackendKind::kCuda);
+  if (gpu.ok()) return gpu;
+  return CreateBackend(BackendKind::kCpu);
+}
+
+}  // namespace sluice::kernels

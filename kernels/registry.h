@@ -1,0 +1,21 @@
+// Creating backends by kind, and the default choice: CUDA when a GPU is present, CPU otherwise.
+#ifndef SLUICE_KERNELS_REGISTRY_H_
+#define SLUICE_KERNELS_REGISTRY_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
+namespace sluice::kernels {
+
+// The backend of `kind` with default options; UnavailableError (saying why) when this machine
+// cannot run it, e.g. kCuda without a GPU.
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(BackendKind kind);
+
+// CUDA if a device is usable, else CPU.
+absl::StatusOr<std::unique_ptr<Backend>> CreateDefaultBackend();
+
+}  // namespace sluice::kernels
+
+#endif  // SLUICE_KERNELS_REGISTRY_H_
