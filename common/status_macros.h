@@ -10,10 +10,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-#define SLUICE_RETURN_IF_ERROR(expr)                  \
-  do {                                                \
-    ::absl::Status sluice_status_ = (expr);           \
-    if (!sluice_status_.ok()) return sluice_status_;  \
+#define SLUICE_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::absl::Status sluice_status_ = (expr);          \
+    if (!sluice_status_.ok()) return sluice_status_; \
   } while (0)
 
 #define SLUICE_STATUS_CONCAT_INNER_(a, b) a##b

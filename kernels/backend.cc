@@ -28,8 +28,10 @@ std::string_view OpName(Op op) {
 namespace {
 
 absl::Status ValidateRmsNorm(const RmsNormParams& p) {
-  if (p.rows < 0) return absl::InvalidArgumentError(absl::StrFormat("rms_norm: rows=%d < 0", p.rows));
-  if (p.dim <= 0) return absl::InvalidArgumentError(absl::StrFormat("rms_norm: dim=%d <= 0", p.dim));
+  if (p.rows < 0)
+    return absl::InvalidArgumentError(absl::StrFormat("rms_norm: rows=%d < 0", p.rows));
+  if (p.dim <= 0)
+    return absl::InvalidArgumentError(absl::StrFormat("rms_norm: dim=%d <= 0", p.dim));
   if (!(p.eps >= 0.f)) {
     return absl::InvalidArgumentError(absl::StrFormat("rms_norm: eps=%g must be >= 0", p.eps));
   }

@@ -22,14 +22,16 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
 
 absl::Status DeviceBuffer::Upload(const void* src, size_t bytes) {
   if (bytes > bytes_) {
-    return absl::OutOfRangeError(absl::StrFormat("upload of %d bytes into a %d-byte buffer", bytes, bytes_));
+    return absl::OutOfRangeError(
+        absl::StrFormat("upload of %d bytes into a %d-byte buffer", bytes, bytes_));
   }
   return backend_->CopyToDevice(data_, src, bytes);
 }
 
 absl::Status DeviceBuffer::Download(void* dst, size_t bytes) const {
   if (bytes > bytes_) {
-    return absl::OutOfRangeError(absl::StrFormat("download of %d bytes from a %d-byte buffer", bytes, bytes_));
+    return absl::OutOfRangeError(
+        absl::StrFormat("download of %d bytes from a %d-byte buffer", bytes, bytes_));
   }
   return backend_->CopyToHost(dst, data_, bytes);
 }

@@ -15,7 +15,8 @@ absl::StatusOr<void*> HostBackend::Allocate(size_t bytes) {
   const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   void* p = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
   if (p == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrFormat("%s: cannot allocate %d bytes", name(), bytes));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%s: cannot allocate %d bytes", name(), bytes));
   }
   return p;
 }

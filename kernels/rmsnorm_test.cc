@@ -1,5 +1,7 @@
 // RMSNorm on every backend against the scalar reference: random seeded inputs, ragged shapes,
 // in-place operation, guard elements after the output, and invalid parameters.
+#include "kernels/ref/rmsnorm.h"
+
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -8,7 +10,6 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
-#include "kernels/ref/rmsnorm.h"
 #include "kernels/test_util/backend_cases.h"
 
 namespace sluice::kernels {
@@ -37,7 +38,11 @@ class RmsNormTest : public ::testing::TestWithParam<BackendCase> {
     const float eps = 1e-6f;
 
     std::vector<float> want(rows * dim);
-    ref::RmsNorm({.x = x.data(), .weight = w.data(), .y = want.data(), .rows = rows, .dim = dim,
+    ref::RmsNorm({.x = x.data(),
+                  .weight = w.data(),
+                  .y = want.data(),
+                  .rows = rows,
+                  .dim = dim,
                   .eps = eps});
 
     auto xbuf = GuardedBuffer::Create(*backend_, x.size());
@@ -48,8 +53,12 @@ class RmsNormTest : public ::testing::TestWithParam<BackendCase> {
     ASSERT_TRUE(wbuf->Upload(w).ok());
     float* y = in_place ? xbuf->data() : ybuf->data();
     ASSERT_TRUE(backend_
-                    ->RmsNorm({.x = xbuf->data(), .weight = wbuf->data(), .y = y, .rows = rows,
-                               .dim = dim, .eps = eps})
+                    ->RmsNorm({.x = xbuf->data(),
+                               .weight = wbuf->data(),
+                               .y = y,
+                               .rows = rows,
+                               .dim = dim,
+                               .eps = eps})
                     .ok());
     ASSERT_TRUE(backend_->Synchronize().ok());
     auto got = (in_place ? *xbuf : *ybuf).DownloadChecked();
@@ -62,8 +71,8 @@ class RmsNormTest : public ::testing::TestWithParam<BackendCase> {
     for (size_t i = 0; i < want.size() && bad < 5; ++i) {
       const float tol = 2e-5f * std::max(1.f, std::fabs(want[i]));
       if (!(std::fabs((*got)[i] - want[i]) <= tol)) {
-        ADD_FAILURE() << "element " << i << " (row " << i / dim << ", col " << i % dim
-                      << "): got " << (*got)[i] << ", want " << want[i];
+        ADD_FAILURE() << "element " << i << " (row " << i / dim << ", col " << i % dim << "): got "
+                      << (*got)[i] << ", want " << want[i];
         ++bad;
       }
     }

@@ -26,7 +26,8 @@ TEST(CudaSmoke, CublasHandleOnDevice) {
   int devices = 0;
   cudaError_t err = cudaGetDeviceCount(&devices);
   if (err != cudaSuccess || devices == 0) {
-    GTEST_SKIP() << "no CUDA device: " << (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    GTEST_SKIP() << "no CUDA device: "
+                 << (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
   }
   cublasHandle_t handle = nullptr;
   ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);

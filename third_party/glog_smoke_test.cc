@@ -9,8 +9,8 @@ namespace {
 
 class CaptureSink : public google::LogSink {
  public:
-  void send(google::LogSeverity severity, const char*, const char*, int, const google::LogMessageTime&,
-            const char* message, size_t message_len) override {
+  void send(google::LogSeverity severity, const char*, const char*, int,
+            const google::LogMessageTime&, const char* message, size_t message_len) override {
     lines.emplace_back(std::string(google::GetLogSeverityName(severity)) + ": " +
                        std::string(message, message_len));
   }

@@ -3,8 +3,8 @@
 #include <memory>
 #include <string>
 
-#include "gtest/gtest.h"
 #include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
 #include "third_party/smoke.grpc.pb.h"
 #include "third_party/smoke.pb.h"
 

@@ -29,7 +29,7 @@ void RowScalar(const float* x, const float* w, float* y, int64_t dim, float eps)
 }
 
 __attribute__((target("avx2,fma"))) void RowAvx2(const float* x, const float* w, float* y,
-                                                  int64_t dim, float eps) {
+                                                 int64_t dim, float eps) {
   __m256 acc0 = _mm256_setzero_ps();
   __m256 acc1 = _mm256_setzero_ps();
   int64_t i = 0;
@@ -58,8 +58,10 @@ __attribute__((target("avx2,fma"))) void RowAvx2(const float* x, const float* w,
   for (; i < dim; ++i) y[i] = x[i] * scale * w[i];
 }
 
-__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void RowAvx512(
-    const float* x, const float* w, float* y, int64_t dim, float eps) {
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void RowAvx512(const float* x,
+                                                                             const float* w,
+                                                                             float* y, int64_t dim,
+                                                                             float eps) {
   __m512 acc0 = _mm512_setzero_ps();
   __m512 acc1 = _mm512_setzero_ps();
   int64_t i = 0;

@@ -88,7 +88,8 @@ absl::Status CudaBackend::Synchronize() {
 
 absl::Status CudaBackend::DoRmsNorm(const RmsNormParams& p) {
   if (p.rows > 0x7fffffff) {
-    return absl::InvalidArgumentError(absl::StrFormat("rms_norm: rows=%d exceeds grid limit", p.rows));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("rms_norm: rows=%d exceeds grid limit", p.rows));
   }
   SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchRmsNorm(p, impl_->stream));
   return absl::OkStatus();

@@ -7,7 +7,7 @@ namespace sluice::kernels::cuda {
 absl::Status CudaStatus(cudaError_t err, const char* expr, const char* file, int line) {
   if (err == cudaSuccess) return absl::OkStatus();
   const std::string message = absl::StrFormat("%s failed at %s:%d: %s (%s)", expr, file, line,
-                                               cudaGetErrorString(err), cudaGetErrorName(err));
+                                              cudaGetErrorString(err), cudaGetErrorName(err));
   switch (err) {
     case cudaErrorNoDevice:
     case cudaErrorInsufficientDriver:

@@ -15,12 +15,12 @@ absl::Status CudaStatus(cudaError_t err, const char* expr, const char* file, int
 
 }  // namespace sluice::kernels::cuda
 
-#define SLUICE_CUDA_RETURN_IF_ERROR(expr)                                                    \
-  do {                                                                                       \
-    const cudaError_t sluice_cuda_err_ = (expr);                                             \
-    if (sluice_cuda_err_ != cudaSuccess) {                                                   \
+#define SLUICE_CUDA_RETURN_IF_ERROR(expr)                                                      \
+  do {                                                                                         \
+    const cudaError_t sluice_cuda_err_ = (expr);                                               \
+    if (sluice_cuda_err_ != cudaSuccess) {                                                     \
       return ::sluice::kernels::cuda::CudaStatus(sluice_cuda_err_, #expr, __FILE__, __LINE__); \
-    }                                                                                        \
+    }                                                                                          \
   } while (0)
 
 #endif  // SLUICE_KERNELS_CUDA_CUDA_STATUS_H_

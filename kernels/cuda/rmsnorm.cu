@@ -9,7 +9,8 @@ constexpr int kWarp = 32;
 
 __device__ __forceinline__ float WarpSum(float v) {
 #pragma unroll
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }
 
@@ -60,8 +61,8 @@ __global__ void RmsNormKernel(const float* __restrict__ x,       // [rows, dim]
     for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) {
       const float4 v = xv[i];
       const float4 w = wv[i];
-      yv[i] = make_float4(v.x * scale * w.x, v.y * scale * w.y, v.z * scale * w.z,
-                          v.w * scale * w.w);
+      yv[i] =
+          make_float4(v.x * scale * w.x, v.y * scale * w.y, v.z * scale * w.z, v.w * scale * w.w);
     }
   } else {
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * scale * weight[i];

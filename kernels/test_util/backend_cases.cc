@@ -27,9 +27,8 @@ absl::StatusOr<std::unique_ptr<Backend>> Upcast(absl::StatusOr<std::unique_ptr<T
 }
 
 BackendCase CpuCase(cpu::Isa isa, int threads) {
-  return {absl::StrFormat("cpu_%s_%dt", cpu::IsaName(isa), threads), [isa, threads] {
-            return Upcast(CpuBackend::Create({.isa = isa, .threads = threads}));
-          }};
+  return {absl::StrFormat("cpu_%s_%dt", cpu::IsaName(isa), threads),
+          [isa, threads] { return Upcast(CpuBackend::Create({.isa = isa, .threads = threads})); }};
 }
 }  // namespace
 
@@ -67,7 +66,8 @@ absl::StatusOr<GuardedBuffer> GuardedBuffer::Create(Backend& backend, size_t n) 
 
 absl::Status GuardedBuffer::Upload(const std::vector<float>& values) {
   if (values.size() != n_) {
-    return absl::InvalidArgumentError(absl::StrFormat("%d values for a buffer of %d", values.size(), n_));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%d values for a buffer of %d", values.size(), n_));
   }
   return buffer_.Upload(values.data(), n_ * sizeof(float));
 }
@@ -79,7 +79,8 @@ absl::StatusOr<std::vector<float>> GuardedBuffer::DownloadChecked() const {
     uint32_t bits;
     std::memcpy(&bits, &all[i], sizeof(bits));
     if (bits != kSentinelBits) {
-      return absl::DataLossError(absl::StrFormat("guard element %d past the %d outputs was overwritten", i - n_, n_));
+      return absl::DataLossError(
+          absl::StrFormat("guard element %d past the %d outputs was overwritten", i - n_, n_));
     }
   }
   all.resize(n_);
