@@ -215,4 +215,10 @@ def sluice_system_libraries():
         debian_package = "libbenchmark-dev",
         extra_linkopts = ["-lpthread"],
     )
+    pkg_config_library(
+        name = "system_icu",
+        modules = ["icu-uc"],
+        debian_package = "libicu-dev",
+        check_headers = ["unicode/uchar.h"],
+    )
     local_cuda(name = "local_cuda")

@@ -25,6 +25,7 @@ PACKAGES=(
   libgtest-dev
   libgmock-dev
   libbenchmark-dev
+  libicu-dev
 )
 
 missing=()
