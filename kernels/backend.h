@@ -20,7 +20,7 @@ namespace sluice::kernels {
 enum class BackendKind { kRef, kCpu, kCuda };
 std::string_view BackendKindName(BackendKind kind);
 
-enum class Op { kRmsNorm };
+enum class Op { kRmsNorm, kMatmul, kGetRows, kRope, kSwiGlu, kSoftmax, kAttention };
 std::string_view OpName(Op op);
 
 class Backend {
@@ -42,9 +42,21 @@ class Backend {
 
   // ---- ops ----
   absl::Status RmsNorm(const RmsNormParams& p);
+  absl::Status Matmul(const MatmulParams& p);
+  absl::Status GetRows(const GetRowsParams& p);
+  absl::Status Rope(const RopeParams& p);
+  absl::Status SwiGlu(const SwiGluParams& p);
+  absl::Status Softmax(const SoftmaxParams& p);
+  absl::Status Attention(const AttentionParams& p);
 
  protected:
   virtual absl::Status DoRmsNorm(const RmsNormParams& p);
+  virtual absl::Status DoMatmul(const MatmulParams& p);
+  virtual absl::Status DoGetRows(const GetRowsParams& p);
+  virtual absl::Status DoRope(const RopeParams& p);
+  virtual absl::Status DoSwiGlu(const SwiGluParams& p);
+  virtual absl::Status DoSoftmax(const SoftmaxParams& p);
+  virtual absl::Status DoAttention(const AttentionParams& p);
 
   absl::Status Unsupported(Op op) const;
 };

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "kernels/ggml_quant.h"
+
 namespace sluice::kernels {
 
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight[:]
@@ -16,6 +18,75 @@ struct RmsNormParams {
   int64_t rows = 0;
   int64_t dim = 0;
   float eps = 1e-5f;
+};
+
+// y[m, n] = sum_k x[m, k] * w[n, k]: activations times the transpose of a weight matrix stored
+// row by row in a GGML element type (dequantized on the fly; arithmetic in fp32).
+struct MatmulParams {
+  const float* x = nullptr;  // [m, k], contiguous
+  const void* w = nullptr;   // [n, k] in w_type's storage layout (row stride = k's row bytes)
+  GgmlType w_type = GgmlType::kF32;
+  float* y = nullptr;  // [m, n], contiguous
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;  // a multiple of w_type's block size
+};
+
+// out[t, :] = dequantize(table[ids[t], :]): embedding lookup.
+struct GetRowsParams {
+  const void* table = nullptr;  // [rows, dim] in table_type's storage layout
+  GgmlType table_type = GgmlType::kF32;
+  const int32_t* ids = nullptr;  // [count], each in [0, rows)
+  float* out = nullptr;          // [count, dim]
+  int64_t count = 0;
+  int64_t rows = 0;
+  int64_t dim = 0;
+};
+
+// Rotary position embedding, in place. For pair i of a head (i < rope_dim / 2) the angle is
+// positions[t] * theta_base^(-2i / rope_dim). `neox` pairs element i with i + rope_dim / 2
+// (GPT-NeoX / HF rotate_half); otherwise pairs are adjacent (2i, 2i + 1), as in GGUF Llama.
+struct RopeParams {
+  float* x = nullptr;                  // [tokens, heads, head_dim], contiguous
+  const int32_t* positions = nullptr;  // [tokens]
+  int64_t tokens = 0;
+  int64_t heads = 0;
+  int64_t head_dim = 0;
+  int64_t rope_dim = 0;  // even, <= head_dim; the rest of each head is left as is
+  float theta_base = 10000.f;
+  bool neox = false;
+};
+
+// out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).
+struct SwiGluParams {
+  const float* gate = nullptr;  // [n]
+  const float* up = nullptr;    // [n]
+  float* out = nullptr;         // [n]; may equal gate or up
+  int64_t n = 0;
+};
+
+// Row-wise softmax in place: x[r, :] = exp(x[r, :] - max) / sum.
+struct SoftmaxParams {
+  float* x = nullptr;  // [rows, cols]
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// Causal grouped-query attention of one sequence over its cached keys and values. Query t sits
+// at position q_start + t and attends to cached positions [0, q_start + t]. Query head h uses
+// KV head h / (heads / kv_heads).
+struct AttentionParams {
+  const float* q = nullptr;  // [q_tokens, heads, head_dim]
+  const float* k = nullptr;  // [kv_tokens, kv_heads, head_dim]
+  const float* v = nullptr;  // [kv_tokens, kv_heads, head_dim]
+  float* out = nullptr;      // [q_tokens, heads, head_dim]
+  int64_t q_tokens = 0;
+  int64_t kv_tokens = 0;  // >= q_start + q_tokens
+  int64_t q_start = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;  // divides heads
+  int64_t head_dim = 0;
+  float scale = 1.f;  // usually 1 / sqrt(head_dim)
 };
 
 }  // namespace sluice::kernels

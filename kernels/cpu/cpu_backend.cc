@@ -3,7 +3,13 @@
 #include <omp.h>
 
 #include "absl/strings/str_format.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/get_rows.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/softmax.h"
+#include "kernels/cpu/swiglu.h"
 
 namespace sluice::kernels {
 
@@ -24,16 +30,40 @@ std::string CpuBackend::name() const {
   return absl::StrFormat("cpu (%s, %d threads)", cpu::IsaName(isa_), threads_);
 }
 
-bool CpuBackend::Supports(Op op) const {
-  switch (op) {
-    case Op::kRmsNorm:
-      return true;
-  }
-  return false;
-}
+bool CpuBackend::Supports(Op) const { return true; }
 
 absl::Status CpuBackend::DoRmsNorm(const RmsNormParams& p) {
   cpu::RmsNorm(p, isa_, threads_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DoMatmul(const MatmulParams& p) {
+  cpu::Matmul(p, isa_, threads_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DoGetRows(const GetRowsParams& p) {
+  cpu::GetRows(p, isa_, threads_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DoRope(const RopeParams& p) {
+  cpu::Rope(p, isa_, threads_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DoSwiGlu(const SwiGluParams& p) {
+  cpu::SwiGlu(p, isa_, threads_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DoSoftmax(const SoftmaxParams& p) {
+  cpu::Softmax(p, isa_, threads_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DoAttention(const AttentionParams& p) {
+  cpu::Attention(p, isa_, threads_);
   return absl::OkStatus();
 }
 

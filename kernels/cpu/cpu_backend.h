@@ -33,6 +33,12 @@ class CpuBackend final : public HostBackend {
 
  protected:
   absl::Status DoRmsNorm(const RmsNormParams& p) override;
+  absl::Status DoMatmul(const MatmulParams& p) override;
+  absl::Status DoGetRows(const GetRowsParams& p) override;
+  absl::Status DoRope(const RopeParams& p) override;
+  absl::Status DoSwiGlu(const SwiGluParams& p) override;
+  absl::Status DoSoftmax(const SoftmaxParams& p) override;
+  absl::Status DoAttention(const AttentionParams& p) override;
 
  private:
   CpuBackend(cpu::Isa isa, int threads) : isa_(isa), threads_(threads) {}

@@ -8,6 +8,7 @@
 // GCC 12's AVX-512 headers self-initialize `_mm256_undefined_pd()` and warn about it when
 // inlined (a header false positive, not this file's code).
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace sluice::kernels::cpu {
 namespace {

@@ -1,11 +1,13 @@
 #include "kernels/test_util/backend_cases.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 
@@ -40,6 +42,32 @@ std::vector<BackendCase> BackendsUnderTest() {
   }
   cases.push_back({"cuda", [] { return Upcast(CudaBackend::Create()); }});
   return cases;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateForOp(const BackendCase& c, Op op) {
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, c.create());
+  if (!backend->Supports(op)) {
+    return absl::UnimplementedError(
+        absl::StrFormat("%s does not support %s yet", backend->name(), OpName(op)));
+  }
+  return backend;
+}
+
+void ExpectNear(const std::vector<float>& got, const std::vector<float>& want,
+                const std::vector<float>& atol, float rtol, const std::string& what) {
+  if (got.size() != want.size()) {
+    ADD_FAILURE() << what << ": got " << got.size() << " values, want " << want.size();
+    return;
+  }
+  int bad = 0;
+  for (size_t i = 0; i < got.size() && bad < 5; ++i) {
+    const float tol = (atol.size() == 1 ? atol[0] : atol[i]) + rtol * std::fabs(want[i]);
+    if (!(std::fabs(got[i] - want[i]) <= tol)) {
+      ADD_FAILURE() << what << ": element " << i << " got " << got[i] << ", want " << want[i]
+                    << " (tolerance " << tol << ")";
+      ++bad;
+    }
+  }
 }
 
 uint64_t TestSeed() {

@@ -28,6 +28,14 @@ std::vector<BackendCase> BackendsUnderTest();
 
 inline std::ostream& operator<<(std::ostream& os, const BackendCase& c) { return os << c.name; }
 
+// The case's backend if it can run `op` here; otherwise an error saying why, for GTEST_SKIP.
+absl::StatusOr<std::unique_ptr<Backend>> CreateForOp(const BackendCase& c, Op op);
+
+// Adds a failure (at most five, with indices) for each element where
+// |got - want| > atol[i] (or atol[0] if atol has one element) + rtol * |want|.
+void ExpectNear(const std::vector<float>& got, const std::vector<float>& want,
+                const std::vector<float>& atol, float rtol, const std::string& what);
+
 // A fresh seed per call unless SLUICE_TEST_SEED is set; tests print it on failure.
 uint64_t TestSeed();
 

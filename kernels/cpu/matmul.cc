@@ -1,0 +1,56 @@
+#include "kernels/cpu/matmul.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cpu/vec.h"
+
+namespace sluice::kernels::cpu {
+
+namespace {
+constexpr int64_t kTileRows = 16;
+}  // namespace
+
+void Matmul(const MatmulParams& p, Isa isa, int threads) {
+  const VecOps& ops = GetVecOps(isa);
+  const GgmlTypeTraits* t = FindGgmlType(static_cast<uint32_t>(p.w_type));
+  const int64_t row_bytes = p.k / t->block_size * t->type_size;
+  const int64_t tiles = (p.n + kTileRows - 1) / kTileRows;
+  const bool parallel = threads > 1 && tiles > 1 && p.m * p.n * p.k >= (int64_t{1} << 16);
+#pragma omp parallel num_threads(threads) if (parallel)
+  {
+    std::vector<float> tile(kTileRows * p.k);
+    float block[16];
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t ti = 0; ti < tiles; ++ti) {
+      const int64_t n0 = ti * kTileRows;
+      const int64_t rows = std::min(kTileRows, p.n - n0);
+      for (int64_t r = 0; r < rows; ++r) {
+        ops.dequantize(p.w_type, static_cast<const uint8_t*>(p.w) + (n0 + r) * row_bytes,
+                       tile.data() + r * p.k, p.k);
+      }
+      int64_t i = 0;
+      for (; i + 4 <= p.m; i += 4) {
+        int64_t r = 0;
+        for (; r + 4 <= rows; r += 4) {
+          ops.dot4x4(p.x + i * p.k, p.k, tile.data() + r * p.k, p.k, p.k, block);
+          for (int a = 0; a < 4; ++a) {
+            for (int b = 0; b < 4; ++b) p.y[(i + a) * p.n + n0 + r + b] = block[a * 4 + b];
+          }
+        }
+        for (; r < rows; ++r) {
+          for (int a = 0; a < 4; ++a) {
+            p.y[(i + a) * p.n + n0 + r] = ops.dot(p.x + (i + a) * p.k, tile.data() + r * p.k, p.k);
+          }
+        }
+      }
+      for (; i < p.m; ++i) {
+        for (int64_t r = 0; r < rows; ++r) {
+          p.y[i * p.n + n0 + r] = ops.dot(p.x + i * p.k, tile.data() + r * p.k, p.k);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace sluice::kernels::cpu

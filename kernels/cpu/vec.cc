@@ -1,0 +1,210 @@
+#include "kernels/cpu/vec.h"
+
+#include <immintrin.h>
+
+// GCC 12's AVX-512 headers self-initialize `_mm256_undefined_pd()` and warn about it when
+// inlined (a header false positive, not this file's code).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace sluice::kernels::cpu {
+namespace {
+
+#define SLUICE_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define SLUICE_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
+
+// ---- scalar ----
+
+float DotScalar(const float* a, const float* b, int64_t n) {
+  float acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  }
+  for (; i < n; ++i) acc[0] += a[i] * b[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+void Dot4x4Scalar(const float* x, int64_t xs, const float* w, int64_t ws, int64_t n, float* out) {
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 4; ++j) out[i * 4 + j] = DotScalar(x + i * xs, w + j * ws, n);
+  }
+}
+
+// ---- AVX2 ----
+
+SLUICE_AVX2 inline float HsumAvx2(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+SLUICE_AVX2 float DotAvx2(const float* a, const float* b, int64_t n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  for (; i + 8 <= n; i += 8) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  }
+  float s = HsumAvx2(_mm256_add_ps(acc0, acc1));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+SLUICE_AVX2 void Dot4x4Avx2(const float* x, int64_t xs, const float* w, int64_t ws, int64_t n,
+                            float* out) {
+  if (n % 8 != 0) return Dot4x4Scalar(x, xs, w, ws, n, out);
+  __m256 acc[4][4];
+  for (auto& row : acc) {
+    for (auto& a : row) a = _mm256_setzero_ps();
+  }
+  for (int64_t c = 0; c < n; c += 8) {
+    __m256 wv[4];
+    for (int j = 0; j < 4; ++j) wv[j] = _mm256_loadu_ps(w + j * ws + c);
+    for (int i = 0; i < 4; ++i) {
+      const __m256 xv = _mm256_loadu_ps(x + i * xs + c);
+      for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 4; ++j) out[i * 4 + j] = HsumAvx2(acc[i][j]);
+  }
+}
+
+SLUICE_AVX2 void DequantizeAvx2(GgmlType type, const void* src, float* dst, int64_t n) {
+  switch (type) {
+    case GgmlType::kQ4_1: {
+      const auto* b = static_cast<const BlockQ4_1*>(src);
+      const __m128i mask = _mm_set1_epi8(0x0f);
+      for (int64_t k = 0; k < n / 32; ++k, dst += 32) {
+        const __m256 d = _mm256_set1_ps(Fp16ToFloat(b[k].d));
+        const __m256 m = _mm256_set1_ps(Fp16ToFloat(b[k].m));
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[k].qs));
+        const __m128i lo = _mm_and_si128(q, mask);
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+        _mm256_storeu_ps(dst, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), d, m));
+        _mm256_storeu_ps(
+            dst + 8,
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), d, m));
+        _mm256_storeu_ps(dst + 16,
+                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), d, m));
+        _mm256_storeu_ps(
+            dst + 24,
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), d, m));
+      }
+      return;
+    }
+    case GgmlType::kQ8_0: {
+      const auto* b = static_cast<const BlockQ8_0*>(src);
+      for (int64_t k = 0; k < n / 32; ++k, dst += 32) {
+        const __m256 d = _mm256_set1_ps(Fp16ToFloat(b[k].d));
+        for (int j = 0; j < 32; j += 8) {
+          const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b[k].qs + j));
+          _mm256_storeu_ps(dst + j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d));
+        }
+      }
+      return;
+    }
+    default:
+      DequantizeRow(type, src, dst, n);
+  }
+}
+
+// ---- AVX-512 ----
+
+SLUICE_AVX512 float DotAvx512(const float* a, const float* b, int64_t n) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 m = i + 16 <= n ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1);
+    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc0);
+  }
+  acc0 = _mm512_add_ps(acc0, acc1);
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(acc0), _mm512_extractf32x8_ps(acc0, 1));
+  return HsumAvx2(h);
+}
+
+SLUICE_AVX512 void Dot4x4Avx512(const float* x, int64_t xs, const float* w, int64_t ws, int64_t n,
+                                float* out) {
+  if (n % 16 != 0) return Dot4x4Avx2(x, xs, w, ws, n, out);
+  __m512 acc[4][4];
+  for (auto& row : acc) {
+    for (auto& a : row) a = _mm512_setzero_ps();
+  }
+  for (int64_t c = 0; c < n; c += 16) {
+    __m512 wv[4];
+    for (int j = 0; j < 4; ++j) wv[j] = _mm512_loadu_ps(w + j * ws + c);
+    for (int i = 0; i < 4; ++i) {
+      const __m512 xv = _mm512_loadu_ps(x + i * xs + c);
+      for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      const __m256 h =
+          _mm256_add_ps(_mm512_castps512_ps256(acc[i][j]), _mm512_extractf32x8_ps(acc[i][j], 1));
+      out[i * 4 + j] = HsumAvx2(h);
+    }
+  }
+}
+
+SLUICE_AVX512 void DequantizeAvx512(GgmlType type, const void* src, float* dst, int64_t n) {
+  switch (type) {
+    case GgmlType::kQ4_1: {
+      const auto* b = static_cast<const BlockQ4_1*>(src);
+      const __m128i mask = _mm_set1_epi8(0x0f);
+      for (int64_t k = 0; k < n / 32; ++k, dst += 32) {
+        const __m512 d = _mm512_set1_ps(Fp16ToFloat(b[k].d));
+        const __m512 m = _mm512_set1_ps(Fp16ToFloat(b[k].m));
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[k].qs));
+        const __m128i lo = _mm_and_si128(q, mask);
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+        _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), d, m));
+        _mm512_storeu_ps(dst + 16,
+                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), d, m));
+      }
+      return;
+    }
+    case GgmlType::kQ8_0: {
+      const auto* b = static_cast<const BlockQ8_0*>(src);
+      for (int64_t k = 0; k < n / 32; ++k, dst += 32) {
+        const __m512 d = _mm512_set1_ps(Fp16ToFloat(b[k].d));
+        const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[k].qs));
+        const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[k].qs + 16));
+        _mm512_storeu_ps(dst, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d));
+        _mm512_storeu_ps(dst + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d));
+      }
+      return;
+    }
+    default:
+      DequantizeRow(type, src, dst, n);
+  }
+}
+
+constexpr VecOps kScalar = {DotScalar, Dot4x4Scalar, DequantizeRow};
+constexpr VecOps kAvx2 = {DotAvx2, Dot4x4Avx2, DequantizeAvx2};
+constexpr VecOps kAvx512 = {DotAvx512, Dot4x4Avx512, DequantizeAvx512};
+
+}  // namespace
+
+const VecOps& GetVecOps(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return kAvx512;
+    case Isa::kAvx2:
+      return kAvx2;
+    case Isa::kScalar:
+      break;
+  }
+  return kScalar;
+}
+
+}  // namespace sluice::kernels::cpu

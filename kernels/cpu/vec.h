@@ -1,0 +1,28 @@
+// Vector building blocks of the CPU kernels, one body per instruction-set level: dot products,
+// a 4x4 block of dot products, and fp32 dequantization of GGML rows.
+#ifndef SLUICE_KERNELS_CPU_VEC_H_
+#define SLUICE_KERNELS_CPU_VEC_H_
+
+#include <cstdint>
+
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/ggml_quant.h"
+
+namespace sluice::kernels::cpu {
+
+struct VecOps {
+  // sum_i a[i] * b[i], fp32 accumulation in several lanes.
+  float (*dot)(const float* a, const float* b, int64_t n);
+  // out[i * 4 + j] = dot(x[i], w[j]) for four x rows (stride x_stride) and four w rows
+  // (stride w_stride).
+  void (*dot4x4)(const float* x, int64_t x_stride, const float* w, int64_t w_stride, int64_t n,
+                 float* out);
+  // Dequantizes n elements of `type` (a multiple of its block size) into dst.
+  void (*dequantize)(GgmlType type, const void* src, float* dst, int64_t n);
+};
+
+const VecOps& GetVecOps(Isa isa);
+
+}  // namespace sluice::kernels::cpu
+
+#endif  // SLUICE_KERNELS_CPU_VEC_H_

@@ -1,0 +1,149 @@
+// Matmul with every weight type on every backend against the scalar reference: random
+// quantized blocks (all bit patterns), ragged m/n, k of one and many blocks.
+#include "kernels/ref/matmul.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/ggml_quant.h"
+#include "kernels/test_util/backend_cases.h"
+
+namespace sluice::kernels {
+namespace {
+
+using testing::BackendCase;
+using testing::GuardedBuffer;
+
+// Random weights in `type`'s storage layout: scales and raw codes drawn directly, so every
+// code value appears.
+std::vector<uint8_t> RandomWeights(std::mt19937_64& rng, GgmlType type, int64_t n, int64_t k) {
+  const GgmlTypeTraits* t = FindGgmlType(static_cast<uint32_t>(type));
+  std::vector<uint8_t> bytes(n * k / t->block_size * t->type_size);
+  std::uniform_real_distribution<float> scale(0.002f, 0.05f), value(-1.f, 1.f);
+  auto put16 = [&](size_t at, uint16_t v) { std::memcpy(&bytes[at], &v, 2); };
+  for (size_t b = 0; b < bytes.size() / t->type_size; ++b) {
+    const size_t at = b * t->type_size;
+    switch (type) {
+      case GgmlType::kF32: {
+        const float v = value(rng);
+        std::memcpy(&bytes[at], &v, 4);
+        break;
+      }
+      case GgmlType::kF16:
+        put16(at, FloatToFp16(value(rng)));
+        break;
+      case GgmlType::kBF16: {
+        const float v = value(rng);
+        uint32_t bits;
+        std::memcpy(&bits, &v, 4);
+        put16(at, static_cast<uint16_t>(bits >> 16));
+        break;
+      }
+      case GgmlType::kQ4_1:
+        put16(at + 2, FloatToFp16(-8 * scale(rng)));
+        [[fallthrough]];
+      case GgmlType::kQ4_0:
+      case GgmlType::kQ8_0:
+        put16(at, FloatToFp16(scale(rng)));
+        for (size_t j = (type == GgmlType::kQ4_1 ? 4 : 2); j < size_t(t->type_size); ++j) {
+          bytes[at + j] = static_cast<uint8_t>(rng());
+        }
+        break;
+    }
+  }
+  return bytes;
+}
+
+class MatmulTest : public ::testing::TestWithParam<BackendCase> {
+ protected:
+  void SetUp() override {
+    auto backend = testing::CreateForOp(GetParam(), Op::kMatmul);
+    if (!backend.ok()) GTEST_SKIP() << GetParam().name << " skipped: " << backend.status();
+    backend_ = std::move(*backend);
+  }
+
+  void Check(GgmlType type, int64_t m, int64_t n, int64_t k, uint64_t seed) {
+    SCOPED_TRACE(::testing::Message()
+                 << backend_->name() << " " << GgmlTypeName(uint32_t(type)) << " m=" << m
+                 << " n=" << n << " k=" << k << " seed=" << seed);
+    std::mt19937_64 rng(seed);
+    std::vector<float> x = testing::RandomFloats(rng, m * k, -2.f, 2.f);
+    std::vector<uint8_t> w = RandomWeights(rng, type, n, k);
+    std::vector<float> want(m * n), bound(m * n);
+    ref::Matmul(
+        {.x = x.data(), .w = w.data(), .w_type = type, .y = want.data(), .m = m, .n = n, .k = k});
+    // Error bound from the magnitudes: |x| times |w| (dequantized in double by ref as well).
+    std::vector<float> wf(n * k), absx(m * k);
+    const GgmlTypeTraits* t = FindGgmlType(static_cast<uint32_t>(type));
+    for (int64_t j = 0; j < n; ++j) {
+      DequantizeRow(type, w.data() + j * (k / t->block_size * t->type_size), wf.data() + j * k, k);
+    }
+    for (float& v : wf) v = std::fabs(v);
+    for (int64_t i = 0; i < m * k; ++i) absx[i] = std::fabs(x[i]);
+    ref::Matmul({.x = absx.data(),
+                 .w = wf.data(),
+                 .w_type = GgmlType::kF32,
+                 .y = bound.data(),
+                 .m = m,
+                 .n = n,
+                 .k = k});
+    for (float& b : bound) b = 2e-6f * b + 1e-6f;
+
+    auto xb = GuardedBuffer::Create(*backend_, x.size());
+    auto wb = backend_->Allocate(w.size());
+    auto yb = GuardedBuffer::Create(*backend_, want.size());
+    ASSERT_TRUE(xb.ok() && wb.ok() && yb.ok());
+    ASSERT_TRUE(xb->Upload(x).ok());
+    ASSERT_TRUE(backend_->CopyToDevice(*wb, w.data(), w.size()).ok());
+    const absl::Status st = backend_->Matmul(
+        {.x = xb->data(), .w = *wb, .w_type = type, .y = yb->data(), .m = m, .n = n, .k = k});
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_TRUE(backend_->Synchronize().ok());
+    auto got = yb->DownloadChecked();
+    backend_->Free(*wb);
+    ASSERT_TRUE(got.ok()) << got.status();
+    testing::ExpectNear(*got, want, bound, 0.f, "matmul");
+  }
+
+  std::unique_ptr<Backend> backend_;
+};
+
+TEST_P(MatmulTest, EveryWeightTypeMatchesReference) {
+  std::mt19937_64 rng(testing::TestSeed());
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
+                        GgmlType::kQ4_0, GgmlType::kQ4_1}) {
+    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 32},
+                           {1, 37, 576},
+                           {3, 16, 64},
+                           {4, 20, 96},
+                           {7, 33, 160},
+                           {17, 50, 1536}}) {
+      Check(type, m, n, k, rng());
+    }
+  }
+}
+
+TEST_P(MatmulTest, OddKForUnblockedTypes) {
+  std::mt19937_64 rng(testing::TestSeed());
+  Check(GgmlType::kF32, 5, 9, 13, rng());
+  Check(GgmlType::kF16, 6, 4, 7, rng());
+}
+
+TEST_P(MatmulTest, RejectsKNotMultipleOfBlock) {
+  float x[40] = {}, y[1];
+  uint8_t w[40] = {};
+  const absl::Status st = backend_->Matmul(
+      {.x = x, .w = w, .w_type = GgmlType::kQ4_1, .y = y, .m = 1, .n = 1, .k = 40});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("block size"), absl::string_view::npos) << st;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, MatmulTest, ::testing::ValuesIn(testing::BackendsUnderTest()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace sluice::kernels
