@@ -1,0 +1,176 @@
+// The Llama forward on tiny random models: prefill equals token-by-token decode, batched decode
+// equals per-sequence runs, ref and cpu backends agree, bad input is rejected, and the KV cache
+// frees what it holds. The real model is checked against HF goldens in llama_golden_test.
+#include "model/llama.h"
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/ref/ref_backend.h"
+#include "model/test_util/gguf_writer.h"
+#include "model/test_util/tiny_llama.h"
+
+namespace sluice::model {
+namespace {
+
+using kernels::GgmlType;
+
+struct Loaded {
+  std::unique_ptr<GgufFile> gguf;
+  std::unique_ptr<LlamaModel> model;
+};
+
+Loaded Load(const testing::TinyLlamaSpec& spec, kernels::Backend& backend, uint64_t seed) {
+  Loaded l;
+  auto g = GgufFile::FromBytes(testing::BuildTinyLlamaGguf(spec, seed));
+  EXPECT_TRUE(g.ok()) << g.status();
+  l.gguf = std::move(*g);
+  auto m = LlamaModel::Load(*l.gguf, backend);
+  EXPECT_TRUE(m.ok()) << m.status();
+  l.model = std::move(*m);
+  return l;
+}
+
+float MaxRelError(const std::vector<float>& a, const std::vector<float>& b) {
+  float worst = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::fabs(a[i] - b[i]));
+    scale = std::max(scale, std::fabs(b[i]));
+  }
+  return worst / std::max(scale, 1e-20f);
+}
+
+std::vector<int32_t> RandomTokens(std::mt19937_64& rng, int n, int vocab) {
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
+  return t;
+}
+
+class LlamaTest : public ::testing::TestWithParam<GgmlType> {
+ protected:
+  void SetUp() override {
+    spec_.weight_type = GetParam();
+    cpu_ = *kernels::CpuBackend::Create();
+    seed_ = std::random_device{}();
+  }
+  testing::TinyLlamaSpec spec_;
+  std::unique_ptr<kernels::CpuBackend> cpu_;
+  uint64_t seed_;
+};
+
+TEST_P(LlamaTest, PrefillEqualsIncrementalDecode) {
+  SCOPED_TRACE(seed_);
+  Loaded l = Load(spec_, *cpu_, seed_);
+  std::mt19937_64 rng(seed_);
+  const std::vector<int32_t> tokens = RandomTokens(rng, 23, spec_.vocab);
+  const int64_t vocab = l.model->config().vocab;
+  ContiguousKvCache cache(spec_.layers, spec_.kv_heads, spec_.hidden / spec_.heads);
+
+  ASSERT_TRUE(cache.AddSequence(1, 64).ok());
+  std::vector<float> prefill(vocab);
+  ASSERT_TRUE(l.model->Forward({{1, tokens}}, cache, prefill.data()).ok());
+  EXPECT_EQ(*cache.Length(1), 23);
+
+  ASSERT_TRUE(cache.AddSequence(2, 64).ok());
+  std::vector<float> step(vocab);
+  // A chunk of 10, then one token at a time.
+  ASSERT_TRUE(
+      l.model->Forward({{2, absl::MakeSpan(tokens).subspan(0, 10)}}, cache, step.data()).ok());
+  for (size_t i = 10; i < tokens.size(); ++i) {
+    ASSERT_TRUE(
+        l.model->Forward({{2, absl::MakeSpan(tokens).subspan(i, 1)}}, cache, step.data()).ok());
+  }
+  EXPECT_LT(MaxRelError(step, prefill), 1e-5);
+  for (float v : prefill) ASSERT_TRUE(std::isfinite(v));
+}
+
+TEST_P(LlamaTest, BatchedDecodeEqualsSeparateRuns) {
+  SCOPED_TRACE(seed_);
+  Loaded l = Load(spec_, *cpu_, seed_);
+  std::mt19937_64 rng(seed_ + 1);
+  const int64_t vocab = l.model->config().vocab;
+  ContiguousKvCache cache(spec_.layers, spec_.kv_heads, spec_.hidden / spec_.heads);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int s = 0; s < 3; ++s) prompts.push_back(RandomTokens(rng, 3 + 5 * s, spec_.vocab));
+
+  // Separately.
+  std::vector<std::vector<float>> alone(3, std::vector<float>(vocab));
+  for (int s = 0; s < 3; ++s) {
+    ASSERT_TRUE(cache.AddSequence(s, 64).ok());
+    ASSERT_TRUE(l.model->Forward({{s, prompts[s]}}, cache, alone[s].data()).ok());
+  }
+  // Together, with different lengths, in sequences 10..12.
+  std::vector<ForwardEntry> batch;
+  for (int s = 0; s < 3; ++s) {
+    ASSERT_TRUE(cache.AddSequence(10 + s, 64).ok());
+    batch.push_back({10 + s, prompts[s]});
+  }
+  std::vector<float> together(3 * vocab);
+  ASSERT_TRUE(l.model->Forward(batch, cache, together.data()).ok());
+  for (int s = 0; s < 3; ++s) {
+    std::vector<float> row(together.begin() + s * vocab, together.begin() + (s + 1) * vocab);
+    EXPECT_LT(MaxRelError(row, alone[s]), 1e-5) << "sequence " << s;
+  }
+  for (int s = 0; s < 3; ++s) ASSERT_TRUE(cache.RemoveSequence(s).ok());
+  for (int s = 0; s < 3; ++s) ASSERT_TRUE(cache.RemoveSequence(10 + s).ok());
+  EXPECT_EQ(cache.live_sequences(), 0);
+  EXPECT_EQ(cache.bytes(), 0);
+}
+
+TEST_P(LlamaTest, CpuMatchesRefBackend) {
+  SCOPED_TRACE(seed_);
+  kernels::RefBackend ref;
+  Loaded lc = Load(spec_, *cpu_, seed_);
+  Loaded lr = Load(spec_, ref, seed_);
+  std::mt19937_64 rng(seed_ + 2);
+  const std::vector<int32_t> tokens = RandomTokens(rng, 9, spec_.vocab);
+  const int64_t vocab = lc.model->config().vocab;
+  ContiguousKvCache c1(spec_.layers, spec_.kv_heads, spec_.hidden / spec_.heads), c2 = c1;
+  ASSERT_TRUE(c1.AddSequence(0, 16).ok());
+  ASSERT_TRUE(c2.AddSequence(0, 16).ok());
+  std::vector<float> a(vocab), b(vocab);
+  ASSERT_TRUE(lc.model->Forward({{0, tokens}}, c1, a.data()).ok());
+  ASSERT_TRUE(lr.model->Forward({{0, tokens}}, c2, b.data()).ok());
+  EXPECT_LT(MaxRelError(a, b), 1e-4);
+}
+
+TEST_P(LlamaTest, RejectsBadInputWithoutCorruptingTheCache) {
+  Loaded l = Load(spec_, *cpu_, seed_);
+  ContiguousKvCache cache(spec_.layers, spec_.kv_heads, spec_.hidden / spec_.heads);
+  ASSERT_TRUE(cache.AddSequence(0, 4).ok());
+  std::vector<float> logits(l.model->config().vocab);
+  const std::vector<int32_t> bad = {1, static_cast<int32_t>(spec_.vocab)};
+  EXPECT_THAT(l.model->Forward({{0, bad}}, cache, logits.data()).message(),
+              ::testing::HasSubstr("outside the vocabulary"));
+  const std::vector<int32_t> too_long = {1, 2, 3, 4, 5};
+  EXPECT_EQ(l.model->Forward({{0, too_long}}, cache, logits.data()).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(l.model->Forward({{7, too_long}}, cache, logits.data()).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(*cache.Length(0), 0);
+  const std::vector<int32_t> ok = {1, 2, 3, 4};
+  EXPECT_TRUE(l.model->Forward({{0, ok}}, cache, logits.data()).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(WeightTypes, LlamaTest,
+                         ::testing::Values(GgmlType::kF32, GgmlType::kQ8_0, GgmlType::kQ4_1),
+                         [](const auto& info) {
+                           return std::string(kernels::GgmlTypeName(uint32_t(info.param)));
+                         });
+
+TEST(LlamaConfig, RejectsUnsupportedArchitecture) {
+  testing::GgufWriter w;
+  w.AddString("general.architecture", "qwen2");
+  auto g = GgufFile::FromBytes(w.Build());
+  ASSERT_TRUE(g.ok());
+  auto c = LlamaConfig::FromGguf(**g);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(c.status().message(), ::testing::HasSubstr("qwen2"));
+}
+
+}  // namespace
+}  // namespace sluice::model
