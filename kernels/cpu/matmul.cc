@@ -9,10 +9,39 @@ namespace sluice::kernels::cpu {
 
 namespace {
 constexpr int64_t kTileRows = 16;
+// Up to this many activation rows, quantized weights are used in place (decode); above it,
+// dequantizing a tile once and reusing it across rows wins (prefill).
+constexpr int64_t kMaxRowsForQuantizedDot = 4;
+
+void MatmulQuantizedDot(const MatmulParams& p, const VecOps& ops, int threads) {
+  const GgmlTypeTraits* t = FindGgmlType(static_cast<uint32_t>(p.w_type));
+  const int64_t row_bytes = p.k / t->block_size * t->type_size;
+  const int64_t blocks = p.k / 32;
+  std::vector<float> xsum(p.m * blocks);
+  for (int64_t i = 0; i < p.m; ++i) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      float s = 0;
+      for (int j = 0; j < 32; ++j) s += p.x[i * p.k + b * 32 + j];
+      xsum[i * blocks + b] = s;
+    }
+  }
+  const bool parallel = threads > 1 && p.n * p.k >= (int64_t{1} << 16);
+#pragma omp parallel for num_threads(threads) if (parallel) schedule(static)
+  for (int64_t j = 0; j < p.n; ++j) {
+    const void* w = static_cast<const uint8_t*>(p.w) + j * row_bytes;
+    for (int64_t i = 0; i < p.m; ++i) {
+      p.y[i * p.n + j] = ops.dot_quantized(p.w_type, w, p.x + i * p.k, &xsum[i * blocks], p.k);
+    }
+  }
+}
+
 }  // namespace
 
 void Matmul(const MatmulParams& p, Isa isa, int threads) {
   const VecOps& ops = GetVecOps(isa);
+  if (p.m <= kMaxRowsForQuantizedDot && HasQuantizedDot(p.w_type)) {
+    return MatmulQuantizedDot(p, ops, threads);
+  }
   const GgmlTypeTraits* t = FindGgmlType(static_cast<uint32_t>(p.w_type));
   const int64_t row_bytes = p.k / t->block_size * t->type_size;
   const int64_t tiles = (p.n + kTileRows - 1) / kTileRows;

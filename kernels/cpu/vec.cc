@@ -31,6 +31,17 @@ void Dot4x4Scalar(const float* x, int64_t xs, const float* w, int64_t ws, int64_
   }
 }
 
+float DotQuantizedScalar(GgmlType type, const void* w, const float* x, const float*, int64_t n) {
+  const GgmlTypeTraits* t = FindGgmlType(static_cast<uint32_t>(type));
+  float block[32];
+  float total = 0;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    DequantizeRow(type, static_cast<const uint8_t*>(w) + b * t->type_size, block, 32);
+    total += DotScalar(block, x + b * 32, 32);
+  }
+  return total;
+}
+
 // ---- AVX2 ----
 
 SLUICE_AVX2 inline float HsumAvx2(__m256 v) {
@@ -114,6 +125,58 @@ SLUICE_AVX2 void DequantizeAvx2(GgmlType type, const void* src, float* dst, int6
   }
 }
 
+SLUICE_AVX2 inline float HalfToFloat(uint16_t h) { return _cvtsh_ss(h); }
+
+SLUICE_AVX2 float DotQuantizedAvx2(GgmlType type, const void* w, const float* x, const float* xsum,
+                                   int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  float offset = 0;  // sum over blocks of (minimum term) * xsum
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  auto nibbles = [&](const uint8_t* qs, const float* xb) SLUICE_AVX2 {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m128i lo = _mm_and_si128(q, mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), _mm256_loadu_ps(xb));
+    t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))),
+                        _mm256_loadu_ps(xb + 8), t);
+    t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), _mm256_loadu_ps(xb + 16), t);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))),
+                           _mm256_loadu_ps(xb + 24), t);
+  };
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* xb = x + b * 32;
+    switch (type) {
+      case GgmlType::kQ4_1: {
+        const auto& blk = static_cast<const BlockQ4_1*>(w)[b];
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(blk.d)), nibbles(blk.qs, xb), acc);
+        offset += HalfToFloat(blk.m) * xsum[b];
+        break;
+      }
+      case GgmlType::kQ4_0: {
+        const auto& blk = static_cast<const BlockQ4_0*>(w)[b];
+        const float d = HalfToFloat(blk.d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), nibbles(blk.qs, xb), acc);
+        offset -= 8.f * d * xsum[b];
+        break;
+      }
+      case GgmlType::kQ8_0: {
+        const auto& blk = static_cast<const BlockQ8_0*>(w)[b];
+        __m256 t = _mm256_setzero_ps();
+        for (int j = 0; j < 32; j += 8) {
+          const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk.qs + j));
+          t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_loadu_ps(xb + j),
+                              t);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(blk.d)), t, acc);
+        break;
+      }
+      default:
+        return DotQuantizedScalar(type, w, x, xsum, n);
+    }
+  }
+  return HsumAvx2(acc) + offset;
+}
+
 // ---- AVX-512 ----
 
 SLUICE_AVX512 float DotAvx512(const float* a, const float* b, int64_t n) {
@@ -189,11 +252,63 @@ SLUICE_AVX512 void DequantizeAvx512(GgmlType type, const void* src, float* dst, 
   }
 }
 
-constexpr VecOps kScalar = {DotScalar, Dot4x4Scalar, DequantizeRow};
-constexpr VecOps kAvx2 = {DotAvx2, Dot4x4Avx2, DequantizeAvx2};
-constexpr VecOps kAvx512 = {DotAvx512, Dot4x4Avx512, DequantizeAvx512};
+SLUICE_AVX512 float DotQuantizedAvx512(GgmlType type, const void* w, const float* x,
+                                       const float* xsum, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  float offset = 0;
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  auto nibbles = [&](const uint8_t* qs, const float* xb) SLUICE_AVX512 {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m128i lo = _mm_and_si128(q, mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    const __m512 t =
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), _mm512_loadu_ps(xb));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), _mm512_loadu_ps(xb + 16),
+                           t);
+  };
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* xb = x + b * 32;
+    switch (type) {
+      case GgmlType::kQ4_1: {
+        const auto& blk = static_cast<const BlockQ4_1*>(w)[b];
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(HalfToFloat(blk.d)), nibbles(blk.qs, xb), acc);
+        offset += HalfToFloat(blk.m) * xsum[b];
+        break;
+      }
+      case GgmlType::kQ4_0: {
+        const auto& blk = static_cast<const BlockQ4_0*>(w)[b];
+        const float d = HalfToFloat(blk.d);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), nibbles(blk.qs, xb), acc);
+        offset -= 8.f * d * xsum[b];
+        break;
+      }
+      case GgmlType::kQ8_0: {
+        const auto& blk = static_cast<const BlockQ8_0*>(w)[b];
+        const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
+        const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs + 16));
+        __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), _mm512_loadu_ps(xb));
+        t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), _mm512_loadu_ps(xb + 16),
+                            t);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(HalfToFloat(blk.d)), t, acc);
+        break;
+      }
+      default:
+        return DotQuantizedScalar(type, w, x, xsum, n);
+    }
+  }
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+  return HsumAvx2(h) + offset;
+}
+
+constexpr VecOps kScalar = {DotScalar, Dot4x4Scalar, DequantizeRow, DotQuantizedScalar};
+constexpr VecOps kAvx2 = {DotAvx2, Dot4x4Avx2, DequantizeAvx2, DotQuantizedAvx2};
+constexpr VecOps kAvx512 = {DotAvx512, Dot4x4Avx512, DequantizeAvx512, DotQuantizedAvx512};
 
 }  // namespace
+
+bool HasQuantizedDot(GgmlType type) {
+  return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ8_0;
+}
 
 const VecOps& GetVecOps(Isa isa) {
   switch (isa) {

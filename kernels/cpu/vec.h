@@ -19,7 +19,14 @@ struct VecOps {
                  float* out);
   // Dequantizes n elements of `type` (a multiple of its block size) into dst.
   void (*dequantize)(GgmlType type, const void* src, float* dst, int64_t n);
+  // sum_i dequantize(w)[i] * x[i] straight from the quantized row, for q4_0, q4_1 and q8_0.
+  // xsum [n / 32] holds the sums of x over each 32-element block.
+  float (*dot_quantized)(GgmlType type, const void* w, const float* x, const float* xsum,
+                         int64_t n);
 };
+
+// Whether dot_quantized handles `type`.
+bool HasQuantizedDot(GgmlType type);
 
 const VecOps& GetVecOps(Isa isa);
 
