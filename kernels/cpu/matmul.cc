@@ -1,5 +1,7 @@
 #include "kernels/cpu/matmul.h"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -35,6 +37,34 @@ void MatmulQuantizedDot(const MatmulParams& p, const VecOps& ops, int threads) {
   }
 }
 
+// From this many activation rows on, weight panels are dequantized once and multiplied by
+// OpenBLAS's SGEMM (prefill). The scalar ISA level keeps to this file's own loops so that it
+// stays a plain-C++ baseline.
+constexpr int64_t kMinRowsForBlas = 16;
+constexpr int64_t kPanelRows = 256;
+
+void MatmulBlas(const MatmulParams& p, const VecOps& ops, int threads) {
+  const GgmlTypeTraits* t = FindGgmlType(static_cast<uint32_t>(p.w_type));
+  const int64_t row_bytes = p.k / t->block_size * t->type_size;
+  openblas_set_num_threads(threads);
+  if (p.w_type == GgmlType::kF32) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, p.m, p.n, p.k, 1.f, p.x, p.k,
+                static_cast<const float*>(p.w), p.k, 0.f, p.y, p.n);
+    return;
+  }
+  std::vector<float> panel(std::min(kPanelRows, p.n) * p.k);
+  for (int64_t n0 = 0; n0 < p.n; n0 += kPanelRows) {
+    const int64_t rows = std::min(kPanelRows, p.n - n0);
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      ops.dequantize(p.w_type, static_cast<const uint8_t*>(p.w) + (n0 + r) * row_bytes,
+                     panel.data() + r * p.k, p.k);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, p.m, rows, p.k, 1.f, p.x, p.k,
+                panel.data(), p.k, 0.f, p.y + n0, p.n);
+  }
+}
+
 }  // namespace
 
 void Matmul(const MatmulParams& p, Isa isa, int threads) {
@@ -42,6 +72,7 @@ void Matmul(const MatmulParams& p, Isa isa, int threads) {
   if (p.m <= kMaxRowsForQuantizedDot && HasQuantizedDot(p.w_type)) {
     return MatmulQuantizedDot(p, ops, threads);
   }
+  if (p.m >= kMinRowsForBlas && isa != Isa::kScalar) return MatmulBlas(p, ops, threads);
   const GgmlTypeTraits* t = FindGgmlType(static_cast<uint32_t>(p.w_type));
   const int64_t row_bytes = p.k / t->block_size * t->type_size;
   const int64_t tiles = (p.n + kTileRows - 1) / kTileRows;
