@@ -49,7 +49,9 @@ class LlamaGoldenTest : public ::testing::Test {
     auto tok = Tokenizer::Create(std::move(*vocab));
     ASSERT_TRUE(tok.ok()) << tok.status();
     tokenizer_ = std::move(*tok);
-    backend_ = *kernels::CpuBackend::Create();
+    // One thread: Bazel runs tests side by side on few cores, and oversubscribed OpenMP teams
+    // slow to a crawl; this test checks numbers, not speed.
+    backend_ = *kernels::CpuBackend::Create({.threads = 1});
     auto model = LlamaModel::Load(*gguf_, *backend_);
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);

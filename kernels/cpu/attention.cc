@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/blas_threads.h"
 #include "kernels/cpu/vec.h"
 
 namespace sluice::kernels::cpu {
@@ -19,28 +20,31 @@ void AttentionBlas(const AttentionParams& p, int threads) {
   const int64_t group = p.heads / p.kv_heads;
   const int64_t kv = p.q_start + p.q_tokens;  // keys any query of the chunk can see
   const int64_t q_ld = p.heads * p.head_dim, kv_ld = p.kv_heads * p.head_dim;
-  std::vector<float> s(p.q_tokens * kv);
-  openblas_set_num_threads(threads);
-  for (int64_t h = 0; h < p.heads; ++h) {
-    const int64_t kvh = h / group;
-    // s [q_tokens, kv] = scale * q_h [q_tokens, head_dim] . k_kvh^T
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, p.q_tokens, kv, p.head_dim, p.scale,
-                p.q + h * p.head_dim, q_ld, p.k + kvh * p.head_dim, kv_ld, 0.f, s.data(), kv);
-    // Causal softmax: query t sees keys [0, q_start + t].
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-    for (int64_t t = 0; t < p.q_tokens; ++t) {
-      float* row = s.data() + t * kv;
-      const int64_t visible = p.q_start + t + 1;
-      const float mx = *std::max_element(row, row + visible);
-      float sum = 0;
-      for (int64_t j = 0; j < visible; ++j) sum += (row[j] = std::exp(row[j] - mx));
-      const float inv = 1.f / sum;
-      for (int64_t j = 0; j < visible; ++j) row[j] *= inv;
-      std::fill(row + visible, row + kv, 0.f);
+  UseSingleThreadedBlas();
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    std::vector<float> s(p.q_tokens * kv);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t h = 0; h < p.heads; ++h) {
+      const int64_t kvh = h / group;
+      // s [q_tokens, kv] = scale * q_h [q_tokens, head_dim] . k_kvh^T
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, p.q_tokens, kv, p.head_dim, p.scale,
+                  p.q + h * p.head_dim, q_ld, p.k + kvh * p.head_dim, kv_ld, 0.f, s.data(), kv);
+      // Causal softmax: query t sees keys [0, q_start + t].
+      for (int64_t t = 0; t < p.q_tokens; ++t) {
+        float* row = s.data() + t * kv;
+        const int64_t visible = p.q_start + t + 1;
+        const float mx = *std::max_element(row, row + visible);
+        float sum = 0;
+        for (int64_t j = 0; j < visible; ++j) sum += (row[j] = std::exp(row[j] - mx));
+        const float inv = 1.f / sum;
+        for (int64_t j = 0; j < visible; ++j) row[j] *= inv;
+        std::fill(row + visible, row + kv, 0.f);
+      }
+      // out_h [q_tokens, head_dim] = s . v_kvh [kv, head_dim]
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, p.q_tokens, p.head_dim, kv, 1.f,
+                  s.data(), kv, p.v + kvh * p.head_dim, kv_ld, 0.f, p.out + h * p.head_dim, q_ld);
     }
-    // out_h [q_tokens, head_dim] = s . v_kvh [kv, head_dim]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, p.q_tokens, p.head_dim, kv, 1.f,
-                s.data(), kv, p.v + kvh * p.head_dim, kv_ld, 0.f, p.out + h * p.head_dim, q_ld);
   }
 }
 

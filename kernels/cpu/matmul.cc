@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/cpu/blas_threads.h"
 #include "kernels/cpu/vec.h"
 
 namespace sluice::kernels::cpu {
@@ -31,9 +32,9 @@ void MatmulQuantizedDot(const MatmulParams& p, const VecOps& ops, int threads) {
 #pragma omp parallel for num_threads(threads) if (parallel) schedule(static)
   for (int64_t j = 0; j < p.n; ++j) {
     const void* w = static_cast<const uint8_t*>(p.w) + j * row_bytes;
-    for (int64_t i = 0; i < p.m; ++i) {
-      p.y[i * p.n + j] = ops.dot_quantized(p.w_type, w, p.x + i * p.k, &xsum[i * blocks], p.k);
-    }
+    float out[kMaxRowsForQuantizedDot];
+    ops.dot_quantized(p.w_type, w, p.x, xsum.data(), p.k, static_cast<int>(p.m), out);
+    for (int64_t i = 0; i < p.m; ++i) p.y[i * p.n + j] = out[i];
   }
 }
 
@@ -41,27 +42,32 @@ void MatmulQuantizedDot(const MatmulParams& p, const VecOps& ops, int threads) {
 // OpenBLAS's SGEMM (prefill). The scalar ISA level keeps to this file's own loops so that it
 // stays a plain-C++ baseline.
 constexpr int64_t kMinRowsForBlas = 16;
-constexpr int64_t kPanelRows = 256;
+constexpr int64_t kPanelRows = 128;
 
 void MatmulBlas(const MatmulParams& p, const VecOps& ops, int threads) {
   const GgmlTypeTraits* t = FindGgmlType(static_cast<uint32_t>(p.w_type));
   const int64_t row_bytes = p.k / t->block_size * t->type_size;
-  openblas_set_num_threads(threads);
-  if (p.w_type == GgmlType::kF32) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, p.m, p.n, p.k, 1.f, p.x, p.k,
-                static_cast<const float*>(p.w), p.k, 0.f, p.y, p.n);
-    return;
-  }
-  std::vector<float> panel(std::min(kPanelRows, p.n) * p.k);
-  for (int64_t n0 = 0; n0 < p.n; n0 += kPanelRows) {
-    const int64_t rows = std::min(kPanelRows, p.n - n0);
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      ops.dequantize(p.w_type, static_cast<const uint8_t*>(p.w) + (n0 + r) * row_bytes,
-                     panel.data() + r * p.k, p.k);
+  UseSingleThreadedBlas();
+  const int64_t panels = (p.n + kPanelRows - 1) / kPanelRows;
+#pragma omp parallel num_threads(threads) if (threads > 1 && panels > 1)
+  {
+    std::vector<float> panel(p.w_type == GgmlType::kF32 ? 0 : std::min(kPanelRows, p.n) * p.k);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t pi = 0; pi < panels; ++pi) {
+      const int64_t n0 = pi * kPanelRows;
+      const int64_t rows = std::min(kPanelRows, p.n - n0);
+      const float* w =
+          reinterpret_cast<const float*>(static_cast<const uint8_t*>(p.w) + n0 * row_bytes);
+      if (p.w_type != GgmlType::kF32) {
+        for (int64_t r = 0; r < rows; ++r) {
+          ops.dequantize(p.w_type, static_cast<const uint8_t*>(p.w) + (n0 + r) * row_bytes,
+                         panel.data() + r * p.k, p.k);
+        }
+        w = panel.data();
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, p.m, rows, p.k, 1.f, p.x, p.k, w, p.k,
+                  0.f, p.y + n0, p.n);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, p.m, rows, p.k, 1.f, p.x, p.k,
-                panel.data(), p.k, 0.f, p.y + n0, p.n);
   }
 }
 

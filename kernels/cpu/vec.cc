@@ -31,15 +31,15 @@ void Dot4x4Scalar(const float* x, int64_t xs, const float* w, int64_t ws, int64_
   }
 }
 
-float DotQuantizedScalar(GgmlType type, const void* w, const float* x, const float*, int64_t n) {
+void DotQuantizedScalar(GgmlType type, const void* w, const float* x, const float*, int64_t n,
+                        int rows, float* out) {
   const GgmlTypeTraits* t = FindGgmlType(static_cast<uint32_t>(type));
   float block[32];
-  float total = 0;
+  for (int r = 0; r < rows; ++r) out[r] = 0;
   for (int64_t b = 0; b < n / 32; ++b) {
     DequantizeRow(type, static_cast<const uint8_t*>(w) + b * t->type_size, block, 32);
-    total += DotScalar(block, x + b * 32, 32);
+    for (int r = 0; r < rows; ++r) out[r] += DotScalar(block, x + r * n + b * 32, 32);
   }
-  return total;
 }
 
 // ---- AVX2 ----
@@ -127,54 +127,68 @@ SLUICE_AVX2 void DequantizeAvx2(GgmlType type, const void* src, float* dst, int6
 
 SLUICE_AVX2 inline float HalfToFloat(uint16_t h) { return _cvtsh_ss(h); }
 
-SLUICE_AVX2 float DotQuantizedAvx2(GgmlType type, const void* w, const float* x, const float* xsum,
-                                   int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  float offset = 0;  // sum over blocks of (minimum term) * xsum
+// Decodes one 32-element block of `type` into four 8-float vectors (scale applied) and adds
+// its minimum term (q4_1 m, q4_0's -8 d) to `offset_scale`.
+SLUICE_AVX2 inline void DecodeBlockAvx2(GgmlType type, const void* w, int64_t b, __m256 v[4],
+                                        float* offset_scale) {
   const __m128i mask = _mm_set1_epi8(0x0f);
-  auto nibbles = [&](const uint8_t* qs, const float* xb) SLUICE_AVX2 {
+  auto nibbles = [&](const uint8_t* qs, float d) SLUICE_AVX2 {
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
     const __m128i lo = _mm_and_si128(q, mask);
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-    __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), _mm256_loadu_ps(xb));
-    t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))),
-                        _mm256_loadu_ps(xb + 8), t);
-    t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), _mm256_loadu_ps(xb + 16), t);
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))),
-                           _mm256_loadu_ps(xb + 24), t);
+    const __m256 vd = _mm256_set1_ps(d);
+    v[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), vd);
+    v[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), vd);
+    v[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), vd);
+    v[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), vd);
   };
-  for (int64_t b = 0; b < n / 32; ++b) {
-    const float* xb = x + b * 32;
-    switch (type) {
-      case GgmlType::kQ4_1: {
-        const auto& blk = static_cast<const BlockQ4_1*>(w)[b];
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(blk.d)), nibbles(blk.qs, xb), acc);
-        offset += HalfToFloat(blk.m) * xsum[b];
-        break;
+  switch (type) {
+    case GgmlType::kQ4_1: {
+      const auto& blk = static_cast<const BlockQ4_1*>(w)[b];
+      nibbles(blk.qs, HalfToFloat(blk.d));
+      *offset_scale = HalfToFloat(blk.m);
+      return;
+    }
+    case GgmlType::kQ4_0: {
+      const auto& blk = static_cast<const BlockQ4_0*>(w)[b];
+      const float d = HalfToFloat(blk.d);
+      nibbles(blk.qs, d);
+      *offset_scale = -8.f * d;
+      return;
+    }
+    default: {  // q8_0
+      const auto& blk = static_cast<const BlockQ8_0*>(w)[b];
+      const __m256 vd = _mm256_set1_ps(HalfToFloat(blk.d));
+      for (int j = 0; j < 4; ++j) {
+        const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk.qs + 8 * j));
+        v[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), vd);
       }
-      case GgmlType::kQ4_0: {
-        const auto& blk = static_cast<const BlockQ4_0*>(w)[b];
-        const float d = HalfToFloat(blk.d);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), nibbles(blk.qs, xb), acc);
-        offset -= 8.f * d * xsum[b];
-        break;
-      }
-      case GgmlType::kQ8_0: {
-        const auto& blk = static_cast<const BlockQ8_0*>(w)[b];
-        __m256 t = _mm256_setzero_ps();
-        for (int j = 0; j < 32; j += 8) {
-          const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk.qs + j));
-          t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_loadu_ps(xb + j),
-                              t);
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(blk.d)), t, acc);
-        break;
-      }
-      default:
-        return DotQuantizedScalar(type, w, x, xsum, n);
+      *offset_scale = 0.f;
+      return;
     }
   }
-  return HsumAvx2(acc) + offset;
+}
+
+SLUICE_AVX2 void DotQuantizedAvx2(GgmlType type, const void* w, const float* x, const float* xsum,
+                                  int64_t n, int rows, float* out) {
+  if (!HasQuantizedDot(type)) return DotQuantizedScalar(type, w, x, xsum, n, rows, out);
+  const int64_t blocks = n / 32;
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  float offset[4] = {0, 0, 0, 0};
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256 v[4];
+    float m;
+    DecodeBlockAvx2(type, w, b, v, &m);
+    for (int r = 0; r < rows; ++r) {
+      const float* xb = x + r * n + b * 32;
+      __m256 a = acc[r];
+      for (int j = 0; j < 4; ++j) a = _mm256_fmadd_ps(v[j], _mm256_loadu_ps(xb + 8 * j), a);
+      acc[r] = a;
+      offset[r] += m * xsum[r * blocks + b];
+    }
+  }
+  for (int r = 0; r < rows; ++r) out[r] = HsumAvx2(acc[r]) + offset[r];
 }
 
 // ---- AVX-512 ----
@@ -252,52 +266,67 @@ SLUICE_AVX512 void DequantizeAvx512(GgmlType type, const void* src, float* dst, 
   }
 }
 
-SLUICE_AVX512 float DotQuantizedAvx512(GgmlType type, const void* w, const float* x,
-                                       const float* xsum, int64_t n) {
-  __m512 acc = _mm512_setzero_ps();
-  float offset = 0;
+SLUICE_AVX512 inline void DecodeBlockAvx512(GgmlType type, const void* w, int64_t b, __m512 v[2],
+                                            float* offset_scale) {
   const __m128i mask = _mm_set1_epi8(0x0f);
-  auto nibbles = [&](const uint8_t* qs, const float* xb) SLUICE_AVX512 {
+  auto nibbles = [&](const uint8_t* qs, float d) SLUICE_AVX512 {
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
     const __m128i lo = _mm_and_si128(q, mask);
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-    const __m512 t =
-        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), _mm512_loadu_ps(xb));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), _mm512_loadu_ps(xb + 16),
-                           t);
+    const __m512 vd = _mm512_set1_ps(d);
+    v[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), vd);
+    v[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), vd);
   };
-  for (int64_t b = 0; b < n / 32; ++b) {
-    const float* xb = x + b * 32;
-    switch (type) {
-      case GgmlType::kQ4_1: {
-        const auto& blk = static_cast<const BlockQ4_1*>(w)[b];
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(HalfToFloat(blk.d)), nibbles(blk.qs, xb), acc);
-        offset += HalfToFloat(blk.m) * xsum[b];
-        break;
-      }
-      case GgmlType::kQ4_0: {
-        const auto& blk = static_cast<const BlockQ4_0*>(w)[b];
-        const float d = HalfToFloat(blk.d);
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), nibbles(blk.qs, xb), acc);
-        offset -= 8.f * d * xsum[b];
-        break;
-      }
-      case GgmlType::kQ8_0: {
-        const auto& blk = static_cast<const BlockQ8_0*>(w)[b];
-        const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
-        const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs + 16));
-        __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), _mm512_loadu_ps(xb));
-        t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), _mm512_loadu_ps(xb + 16),
-                            t);
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(HalfToFloat(blk.d)), t, acc);
-        break;
-      }
-      default:
-        return DotQuantizedScalar(type, w, x, xsum, n);
+  switch (type) {
+    case GgmlType::kQ4_1: {
+      const auto& blk = static_cast<const BlockQ4_1*>(w)[b];
+      nibbles(blk.qs, HalfToFloat(blk.d));
+      *offset_scale = HalfToFloat(blk.m);
+      return;
+    }
+    case GgmlType::kQ4_0: {
+      const auto& blk = static_cast<const BlockQ4_0*>(w)[b];
+      const float d = HalfToFloat(blk.d);
+      nibbles(blk.qs, d);
+      *offset_scale = -8.f * d;
+      return;
+    }
+    default: {  // q8_0
+      const auto& blk = static_cast<const BlockQ8_0*>(w)[b];
+      const __m512 vd = _mm512_set1_ps(HalfToFloat(blk.d));
+      const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
+      const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs + 16));
+      v[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), vd);
+      v[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), vd);
+      *offset_scale = 0.f;
+      return;
     }
   }
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
-  return HsumAvx2(h) + offset;
+}
+
+SLUICE_AVX512 void DotQuantizedAvx512(GgmlType type, const void* w, const float* x,
+                                      const float* xsum, int64_t n, int rows, float* out) {
+  if (!HasQuantizedDot(type)) return DotQuantizedScalar(type, w, x, xsum, n, rows, out);
+  const int64_t blocks = n / 32;
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
+  float offset[4] = {0, 0, 0, 0};
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512 v[2];
+    float m;
+    DecodeBlockAvx512(type, w, b, v, &m);
+    for (int r = 0; r < rows; ++r) {
+      const float* xb = x + r * n + b * 32;
+      acc[r] = _mm512_fmadd_ps(v[1], _mm512_loadu_ps(xb + 16),
+                               _mm512_fmadd_ps(v[0], _mm512_loadu_ps(xb), acc[r]));
+      offset[r] += m * xsum[r * blocks + b];
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    const __m256 h =
+        _mm256_add_ps(_mm512_castps512_ps256(acc[r]), _mm512_extractf32x8_ps(acc[r], 1));
+    out[r] = HsumAvx2(h) + offset[r];
+  }
 }
 
 constexpr VecOps kScalar = {DotScalar, Dot4x4Scalar, DequantizeRow, DotQuantizedScalar};

@@ -19,10 +19,11 @@ struct VecOps {
                  float* out);
   // Dequantizes n elements of `type` (a multiple of its block size) into dst.
   void (*dequantize)(GgmlType type, const void* src, float* dst, int64_t n);
-  // sum_i dequantize(w)[i] * x[i] straight from the quantized row, for q4_0, q4_1 and q8_0.
-  // xsum [n / 32] holds the sums of x over each 32-element block.
-  float (*dot_quantized)(GgmlType type, const void* w, const float* x, const float* xsum,
-                         int64_t n);
+  // out[r] = sum_i dequantize(w)[i] * x[r * n + i] for r < rows (1 to 4), straight from the
+  // quantized row (q4_0, q4_1, q8_0); each block is decoded once for all rows. xsum
+  // [rows, n / 32] holds the sums of x over each 32-element block.
+  void (*dot_quantized)(GgmlType type, const void* w, const float* x, const float* xsum, int64_t n,
+                        int rows, float* out);
 };
 
 // Whether dot_quantized handles `type`.

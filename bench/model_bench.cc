@@ -1,0 +1,123 @@
+// Prefill and decode throughput of the model runtime on the CPU: for each batch size B and
+// prompt length P, B sequences of P synthetic tokens are prefilled in one batched forward, then
+// decoded greedily for D steps with all B sequences in every step. Prints a table on stderr and
+// one JSON object on stdout (bench/model_bench.py compares it with llama.cpp).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "model/gguf.h"
+#include "model/kv_cache.h"
+#include "model/llama.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, model, "", "GGUF model path.");
+ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
+ABSL_FLAG(std::string, batches, "1,4,16", "Batch sizes.");
+ABSL_FLAG(std::string, prompt_lengths, "128,1024", "Prompt lengths in tokens.");
+ABSL_FLAG(int, decode_tokens, 32, "Decode steps per case.");
+ABSL_FLAG(int, repeats, 2, "Runs per case; the fastest is reported (this machine is noisy).");
+
+namespace sluice {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The synthetic prompt shared with the llama.cpp side: skips the 17 special tokens.
+int32_t PromptToken(int64_t seq, int64_t i, int64_t vocab) {
+  return static_cast<int32_t>(17 + (i * 7919 + seq * 104729) % (vocab - 17));
+}
+
+absl::StatusOr<std::vector<int>> ParseList(const std::string& s) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(s, ',')) {
+    int v;
+    if (!absl::SimpleAtoi(part, &v) || v <= 0) {
+      return absl::InvalidArgumentError("bad list entry '" + std::string(part) + "'");
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+absl::Status Run() {
+  SLUICE_ASSIGN_OR_RETURN(std::vector<int> batches, ParseList(absl::GetFlag(FLAGS_batches)));
+  SLUICE_ASSIGN_OR_RETURN(std::vector<int> prompts, ParseList(absl::GetFlag(FLAGS_prompt_lengths)));
+  const int decode = absl::GetFlag(FLAGS_decode_tokens);
+  SLUICE_ASSIGN_OR_RETURN(auto gguf, model::GgufFile::Open(absl::GetFlag(FLAGS_model)));
+  SLUICE_ASSIGN_OR_RETURN(auto backend,
+                          kernels::CpuBackend::Create({.threads = absl::GetFlag(FLAGS_threads)}));
+  SLUICE_ASSIGN_OR_RETURN(auto llama, model::LlamaModel::Load(*gguf, *backend));
+  const model::LlamaConfig& c = llama->config();
+
+  nlohmann::json cases = nlohmann::json::array();
+  std::fprintf(stderr, "sluice (%s)\n%6s %7s %14s %14s\n", backend->name().c_str(), "batch",
+               "prompt", "prefill tok/s", "decode tok/s");
+  const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
+  for (int p : prompts) {
+    for (int b : batches) {
+      double prefill = 0, dec = 0;
+      for (int rep = 0; rep < repeats; ++rep) {
+        model::ContiguousKvCache cache(c.layers, c.kv_heads, c.head_dim);
+        std::vector<std::vector<int32_t>> tokens(b);
+        std::vector<model::ForwardEntry> batch;
+        for (int s = 0; s < b; ++s) {
+          SLUICE_RETURN_IF_ERROR(cache.AddSequence(s, p + decode + 1));
+          for (int i = 0; i < p; ++i) tokens[s].push_back(PromptToken(s, i, c.vocab));
+          batch.push_back({s, tokens[s]});
+        }
+        std::vector<float> logits(b * c.vocab);
+        const auto t0 = Clock::now();
+        SLUICE_RETURN_IF_ERROR(llama->Forward(batch, cache, logits.data()));
+        const auto t1 = Clock::now();
+        std::vector<int32_t> next(b);
+        for (int step = 0; step < decode; ++step) {
+          for (int s = 0; s < b; ++s) {
+            const float* row = logits.data() + s * c.vocab;
+            next[s] = static_cast<int32_t>(std::max_element(row, row + c.vocab) - row);
+            batch[s].tokens = absl::MakeConstSpan(&next[s], 1);
+          }
+          SLUICE_RETURN_IF_ERROR(llama->Forward(batch, cache, logits.data()));
+        }
+        const auto t2 = Clock::now();
+        prefill = std::max(prefill, double(b) * p / std::chrono::duration<double>(t1 - t0).count());
+        dec = std::max(dec, double(b) * decode / std::chrono::duration<double>(t2 - t1).count());
+      }
+      std::fprintf(stderr, "%6d %7d %14.1f %14.1f\n", b, p, prefill, dec);
+      cases.push_back({{"batch", b},
+                       {"prompt", p},
+                       {"decode_steps", decode},
+                       {"repeats", repeats},
+                       {"prefill_tokens_per_s", prefill},
+                       {"decode_tokens_per_s", dec}});
+    }
+  }
+  nlohmann::json out = {{"system", "sluice"},
+                        {"backend", backend->name()},
+                        {"threads", backend->threads()},
+                        {"cases", cases}};
+  std::cout << out.dump() << "\n";
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace sluice
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status st = sluice::Run();
+  if (!st.ok()) {
+    std::fprintf(stderr, "model_bench: %s\n", std::string(st.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
