@@ -12,10 +12,6 @@
 namespace sluice::kernels::cpu {
 namespace {
 
-// From this many query tokens on (prefill chunks), each head's scores and outputs are two
-// SGEMMs over the whole chunk; below it (decode), per-(token, head) loops.
-constexpr int64_t kMinQueriesForBlas = 16;
-
 void AttentionBlas(const AttentionParams& p, int threads) {
   const int64_t group = p.heads / p.kv_heads;
   const int64_t kv = p.q_start + p.q_tokens;  // keys any query of the chunk can see
@@ -52,7 +48,9 @@ void AttentionBlas(const AttentionParams& p, int threads) {
 
 void Attention(const AttentionParams& p, Isa isa, int threads) {
   const VecOps& ops = GetVecOps(isa);
-  if (p.q_tokens >= kMinQueriesForBlas && isa != Isa::kScalar) return AttentionBlas(p, threads);
+  // Each head's scores and outputs are two SGEMMs over the chunk's queries (one query when
+  // decoding); the per-(token, head) loops below stay as the plain-C++ scalar baseline.
+  if (isa != Isa::kScalar) return AttentionBlas(p, threads);
   const int64_t group = p.heads / p.kv_heads;
   const int64_t tasks = p.q_tokens * p.heads;
   const bool parallel = threads > 1 && tasks > 1 && tasks * p.kv_tokens * p.head_dim >= (1 << 15);
