@@ -63,6 +63,15 @@ absl::Status Run() {
   std::fprintf(stderr, "sluice (%s)\n%6s %7s %14s %14s\n", backend->name().c_str(), "batch",
                "prompt", "prefill tok/s", "decode tok/s");
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
+  {
+    // Warm-up: page the weights in and start the thread team, as the peer's warm-up does.
+    model::ContiguousKvCache cache(c.layers, c.kv_heads, c.head_dim);
+    SLUICE_RETURN_IF_ERROR(cache.AddSequence(0, 8));
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < 8; ++i) tokens.push_back(PromptToken(0, i, c.vocab));
+    std::vector<float> logits(c.vocab);
+    SLUICE_RETURN_IF_ERROR(llama->Forward({{0, tokens}}, cache, logits.data()));
+  }
   for (int p : prompts) {
     for (int b : batches) {
       double prefill = 0, dec = 0;

@@ -71,6 +71,17 @@ class LlamaCpp:
         cap = max(cparams.n_batch, b)
         batch = L.llama_batch_init(cap, 0, b)
         try:
+            # Warm-up: a first decode builds graphs and buffers; then forget its tokens.
+            for j in range(8):
+                batch.token[j] = prompt_token(0, j, self.vocab)
+                batch.pos[j] = j
+                batch.n_seq_id[j] = 1
+                batch.seq_id[j][0] = 0
+                batch.logits[j] = 1 if j == 7 else 0
+            batch.n_tokens = 8
+            if L.llama_decode(ctx, batch) != 0:
+                raise RuntimeError("llama_decode failed during warm-up")
+            L.llama_memory_clear(L.llama_get_memory(ctx), True)
             items = [(s, i, prompt_token(s, i, self.vocab)) for s in range(b) for i in range(p)]
             t0 = time.perf_counter()
             last_index = {}

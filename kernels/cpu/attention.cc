@@ -12,7 +12,7 @@
 namespace sluice::kernels::cpu {
 namespace {
 
-void AttentionBlas(const AttentionParams& p, int threads) {
+void AttentionBlas(const AttentionParams& p, const VecOps& ops, int threads) {
   const int64_t group = p.heads / p.kv_heads;
   const int64_t kv = p.q_start + p.q_tokens;  // keys any query of the chunk can see
   const int64_t q_ld = p.heads * p.head_dim, kv_ld = p.kv_heads * p.head_dim;
@@ -31,8 +31,9 @@ void AttentionBlas(const AttentionParams& p, int threads) {
         float* row = s.data() + t * kv;
         const int64_t visible = p.q_start + t + 1;
         const float mx = *std::max_element(row, row + visible);
+        ops.exp(row, mx, row, visible);
         float sum = 0;
-        for (int64_t j = 0; j < visible; ++j) sum += (row[j] = std::exp(row[j] - mx));
+        for (int64_t j = 0; j < visible; ++j) sum += row[j];
         const float inv = 1.f / sum;
         for (int64_t j = 0; j < visible; ++j) row[j] *= inv;
         std::fill(row + visible, row + kv, 0.f);
@@ -50,7 +51,7 @@ void Attention(const AttentionParams& p, Isa isa, int threads) {
   const VecOps& ops = GetVecOps(isa);
   // Each head's scores and outputs are two SGEMMs over the chunk's queries (one query when
   // decoding); the per-(token, head) loops below stay as the plain-C++ scalar baseline.
-  if (isa != Isa::kScalar) return AttentionBlas(p, threads);
+  if (isa != Isa::kScalar) return AttentionBlas(p, ops, threads);
   const int64_t group = p.heads / p.kv_heads;
   const int64_t tasks = p.q_tokens * p.heads;
   const bool parallel = threads > 1 && tasks > 1 && tasks * p.kv_tokens * p.head_dim >= (1 << 15);

@@ -2,6 +2,8 @@
 
 #include <immintrin.h>
 
+#include <cmath>
+
 // GCC 12's AVX-512 headers self-initialize `_mm256_undefined_pd()` and warn about it when
 // inlined (a header false positive, not this file's code).
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -41,6 +43,26 @@ void DotQuantizedScalar(GgmlType type, const void* w, const float* x, const floa
     for (int r = 0; r < rows; ++r) out[r] += DotScalar(block, x + r * n + b * 32, 32);
   }
 }
+
+void ExpScalar(const float* x, float shift, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i] - shift);
+}
+
+void SwiGluScalar(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.f + std::exp(-g)) * up[i];
+  }
+}
+
+// exp(x) as 2^k * p(r), x = k ln2 + r, |r| <= ln2 / 2, with Cephes' expf polynomial.
+constexpr float kExpHi = 88.3762626647949f;
+constexpr float kExpLo = -87.3365447504019f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;
+constexpr float kLn2Lo = -2.12194440e-4f;
+constexpr float kExpP[6] = {1.9875691500E-4f, 1.3981999507E-3f, 8.3334519073E-3f,
+                            4.1665795894E-2f, 1.6666665459E-1f, 5.0000001201E-1f};
 
 // ---- AVX2 ----
 
@@ -191,6 +213,42 @@ SLUICE_AVX2 void DotQuantizedAvx2(GgmlType type, const void* w, const float* x, 
   for (int r = 0; r < rows; ++r) out[r] = HsumAvx2(acc[r]) + offset[r];
 }
 
+SLUICE_AVX2 inline __m256 Exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpLo)), _mm256_set1_ps(kExpHi));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpP[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP[i]));
+  const __m256 r2 = _mm256_mul_ps(r, r);
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.f));
+  // 2^k through the exponent field (k in [-126, 127] after the clamp).
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+SLUICE_AVX2 void ExpAvx2(const float* x, float shift, float* y, int64_t n) {
+  const __m256 s = _mm256_set1_ps(shift);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, Exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), s)));
+  for (; i < n; ++i) y[i] = std::exp(x[i] - shift);
+}
+
+SLUICE_AVX2 void SwiGluAvx2(const float* gate, const float* up, float* out, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = Exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    _mm256_storeu_ps(
+        out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+  }
+  SwiGluScalar(gate + i, up + i, out + i, n - i);
+}
+
 // ---- AVX-512 ----
 
 SLUICE_AVX512 float DotAvx512(const float* a, const float* b, int64_t n) {
@@ -329,9 +387,45 @@ SLUICE_AVX512 void DotQuantizedAvx512(GgmlType type, const void* w, const float*
   }
 }
 
-constexpr VecOps kScalar = {DotScalar, Dot4x4Scalar, DequantizeRow, DotQuantizedScalar};
-constexpr VecOps kAvx2 = {DotAvx2, Dot4x4Avx2, DequantizeAvx2, DotQuantizedAvx2};
-constexpr VecOps kAvx512 = {DotAvx512, Dot4x4Avx512, DequantizeAvx512, DotQuantizedAvx512};
+SLUICE_AVX512 inline __m512 Exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpLo)), _mm512_set1_ps(kExpHi));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpP[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpP[i]));
+  const __m512 r2 = _mm512_mul_ps(r, r);
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(y, k);
+}
+
+SLUICE_AVX512 void ExpAvx512(const float* x, float shift, float* y, int64_t n) {
+  const __m512 s = _mm512_set1_ps(shift);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = i + 16 <= n ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(y + i, m, Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), s)));
+  }
+}
+
+SLUICE_AVX512 void SwiGluAvx512(const float* gate, const float* up, float* out, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = i + 16 <= n ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1);
+    const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+    const __m512 e = Exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    _mm512_mask_storeu_ps(
+        out + i, m,
+        _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_maskz_loadu_ps(m, up + i)));
+  }
+}
+
+constexpr VecOps kScalar = {DotScalar,          Dot4x4Scalar, DequantizeRow,
+                            DotQuantizedScalar, ExpScalar,    SwiGluScalar};
+constexpr VecOps kAvx2 = {DotAvx2,          Dot4x4Avx2, DequantizeAvx2,
+                          DotQuantizedAvx2, ExpAvx2,    SwiGluAvx2};
+constexpr VecOps kAvx512 = {DotAvx512,          Dot4x4Avx512, DequantizeAvx512,
+                            DotQuantizedAvx512, ExpAvx512,    SwiGluAvx512};
 
 }  // namespace
 

@@ -24,6 +24,11 @@ struct VecOps {
   // [rows, n / 32] holds the sums of x over each 32-element block.
   void (*dot_quantized)(GgmlType type, const void* w, const float* x, const float* xsum, int64_t n,
                         int rows, float* out);
+  // y[i] = exp(x[i] - shift) (x may equal y). Within 2 ulp of expf for results >= 2^-126;
+  // inputs below -87.3 after the shift give about 1e-38 instead of smaller values.
+  void (*exp)(const float* x, float shift, float* y, int64_t n);
+  // out[i] = silu(gate[i]) * up[i] (out may equal gate or up).
+  void (*swiglu)(const float* gate, const float* up, float* out, int64_t n);
 };
 
 // Whether dot_quantized handles `type`.
