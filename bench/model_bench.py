@@ -130,7 +130,7 @@ def main():
     ap.add_argument("--batches", default="1,4,16")
     ap.add_argument("--prompt-lengths", default="128,1024")
     ap.add_argument("--decode-tokens", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=2,
+    ap.add_argument("--repeats", type=int, default=3,
                     help="runs per case; the fastest is reported (shared machines are noisy)")
     ap.add_argument("--out", default="bench/results/model-cpu.json")
     args = ap.parse_args()
@@ -138,29 +138,42 @@ def main():
     prompts = [int(x) for x in args.prompt_lengths.split(",")]
 
     print(f"model bench on {cpu_name()}, {args.threads} threads", file=sys.stderr)
-    res = subprocess.run(
-        [args.sluice, f"--model={args.model}", f"--threads={args.threads}",
-         f"--batches={args.batches}", f"--prompt_lengths={args.prompt_lengths}",
-         f"--decode_tokens={args.decode_tokens}", f"--repeats={args.repeats}"],
-        stdout=subprocess.PIPE, check=True, text=True)
-    sluice = json.loads(res.stdout)
-    by_case = {(c["batch"], c["prompt"]): c for c in sluice["cases"]}
-
     peer = LlamaCpp(args.model, args.threads)
-    print(f"llama.cpp (llama-cpp-python {peer.version})", file=sys.stderr)
+    backend = None
+
+    def run_sluice(b, p):
+        res = subprocess.run(
+            [args.sluice, f"--model={args.model}", f"--threads={args.threads}",
+             f"--batches={b}", f"--prompt_lengths={p}",
+             f"--decode_tokens={args.decode_tokens}", "--repeats=1"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=True, text=True)
+        out = json.loads(res.stdout)
+        case = out["cases"][0]
+        return out["backend"], case["prefill_tokens_per_s"], case["decode_tokens_per_s"]
+
+    # Shared machines drift: each case alternates sluice and llama.cpp runs, and the best of
+    # each is reported.
+    print(f"{'batch':>6} {'prompt':>7} | {'sluice prefill':>14} {'decode':>8} | "
+          f"{'llama.cpp prefill':>17} {'decode':>8}", file=sys.stderr)
     rows = []
     for p in prompts:
         for b in batches:
-            runs = [peer.run_case(b, p, args.decode_tokens) for _ in range(args.repeats)]
-            pre, dec = max(r[0] for r in runs), max(r[1] for r in runs)
-            print(f"{b:6d} {p:7d} {pre:14.1f} {dec:14.1f}", file=sys.stderr)
-            s = by_case[(b, p)]
+            ours, theirs = [], []
+            for _ in range(args.repeats):
+                backend, pre, dec = run_sluice(b, p)
+                ours.append((pre, dec))
+                theirs.append(peer.run_case(b, p, args.decode_tokens))
+            s_pre, s_dec = max(x[0] for x in ours), max(x[1] for x in ours)
+            l_pre, l_dec = max(x[0] for x in theirs), max(x[1] for x in theirs)
+            print(f"{b:6d} {p:7d} | {s_pre:14.1f} {s_dec:8.1f} | {l_pre:17.1f} {l_dec:8.1f}",
+                  file=sys.stderr)
             rows.append({
                 "batch": b, "prompt": p, "decode_steps": args.decode_tokens,
                 "repeats": args.repeats,
-                "sluice": {"prefill_tokens_per_s": s["prefill_tokens_per_s"],
-                           "decode_tokens_per_s": s["decode_tokens_per_s"]},
-                "llama_cpp": {"prefill_tokens_per_s": pre, "decode_tokens_per_s": dec},
+                "sluice": {"prefill_tokens_per_s": s_pre, "decode_tokens_per_s": s_dec,
+                           "runs": ours},
+                "llama_cpp": {"prefill_tokens_per_s": l_pre, "decode_tokens_per_s": l_dec,
+                              "runs": theirs},
             })
 
     print(f"\nbest of {args.repeats} runs per case, {args.threads} threads, {cpu_name()}")
@@ -177,7 +190,7 @@ def main():
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "device": "CPU (no GPU)"},
         "model": os.path.basename(args.model),
         "threads": args.threads,
-        "sluice_backend": sluice["backend"],
+        "sluice_backend": backend,
         "llama_cpp_python": peer.version,
         "cases": rows,
     }

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <type_traits>
 
 // GCC 12's AVX-512 headers self-initialize `_mm256_undefined_pd()` and warn about it when
 // inlined (a header false positive, not this file's code).
@@ -324,66 +325,92 @@ SLUICE_AVX512 void DequantizeAvx512(GgmlType type, const void* src, float* dst, 
   }
 }
 
-SLUICE_AVX512 inline void DecodeBlockAvx512(GgmlType type, const void* w, int64_t b, __m512 v[2],
-                                            float* offset_scale) {
-  const __m128i mask = _mm_set1_epi8(0x0f);
-  auto nibbles = [&](const uint8_t* qs, float d) SLUICE_AVX512 {
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+// Decodes block b of a q4_0 / q4_1 / q8_0 row into two 16-float vectors (scale applied) and
+// returns its minimum term (q4_1's m, q4_0's -8 d, 0 for q8_0).
+template <GgmlType kType>
+SLUICE_AVX512 inline float DecodeBlockAvx512(const void* w, int64_t b, __m512& v0, __m512& v1) {
+  if constexpr (kType == GgmlType::kQ8_0) {
+    const auto& blk = static_cast<const BlockQ8_0*>(w)[b];
+    const __m512 vd = _mm512_set1_ps(HalfToFloat(blk.d));
+    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
+    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs + 16));
+    v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), vd);
+    v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), vd);
+    return 0.f;
+  } else {
+    using Block = std::conditional_t<kType == GgmlType::kQ4_1, BlockQ4_1, BlockQ4_0>;
+    const auto& blk = static_cast<const Block*>(w)[b];
+    const float d = HalfToFloat(blk.d);
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
     const __m128i lo = _mm_and_si128(q, mask);
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
     const __m512 vd = _mm512_set1_ps(d);
-    v[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), vd);
-    v[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), vd);
-  };
-  switch (type) {
-    case GgmlType::kQ4_1: {
-      const auto& blk = static_cast<const BlockQ4_1*>(w)[b];
-      nibbles(blk.qs, HalfToFloat(blk.d));
-      *offset_scale = HalfToFloat(blk.m);
-      return;
+    v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), vd);
+    v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), vd);
+    if constexpr (kType == GgmlType::kQ4_1) {
+      return HalfToFloat(blk.m);
+    } else {
+      return -8.f * d;
     }
-    case GgmlType::kQ4_0: {
-      const auto& blk = static_cast<const BlockQ4_0*>(w)[b];
-      const float d = HalfToFloat(blk.d);
-      nibbles(blk.qs, d);
-      *offset_scale = -8.f * d;
-      return;
+  }
+}
+
+// kRows activation rows against one quantized weight row, accumulators in registers.
+template <GgmlType kType, int kRows>
+SLUICE_AVX512 void DotQuantizedRowsAvx512(const void* w, const float* x, const float* xsum,
+                                          int64_t n, float* out) {
+  const int64_t blocks = n / 32;
+  __m512 acc[kRows];
+  float offset[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    offset[r] = 0.f;
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512 v0, v1;
+    const float m = DecodeBlockAvx512<kType>(w, b, v0, v1);
+#pragma GCC unroll 4
+    for (int r = 0; r < kRows; ++r) {
+      const float* xb = x + r * n + b * 32;
+      acc[r] = _mm512_fmadd_ps(v1, _mm512_loadu_ps(xb + 16),
+                               _mm512_fmadd_ps(v0, _mm512_loadu_ps(xb), acc[r]));
+      if constexpr (kType != GgmlType::kQ8_0) offset[r] += m * xsum[r * blocks + b];
     }
-    default: {  // q8_0
-      const auto& blk = static_cast<const BlockQ8_0*>(w)[b];
-      const __m512 vd = _mm512_set1_ps(HalfToFloat(blk.d));
-      const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
-      const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs + 16));
-      v[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), vd);
-      v[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), vd);
-      *offset_scale = 0.f;
-      return;
-    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    const __m256 h =
+        _mm256_add_ps(_mm512_castps512_ps256(acc[r]), _mm512_extractf32x8_ps(acc[r], 1));
+    out[r] = HsumAvx2(h) + offset[r];
+  }
+}
+
+template <GgmlType kType>
+SLUICE_AVX512 void DotQuantizedTypeAvx512(const void* w, const float* x, const float* xsum,
+                                          int64_t n, int rows, float* out) {
+  switch (rows) {
+    case 1:
+      return DotQuantizedRowsAvx512<kType, 1>(w, x, xsum, n, out);
+    case 2:
+      return DotQuantizedRowsAvx512<kType, 2>(w, x, xsum, n, out);
+    case 3:
+      return DotQuantizedRowsAvx512<kType, 3>(w, x, xsum, n, out);
+    default:
+      return DotQuantizedRowsAvx512<kType, 4>(w, x, xsum, n, out);
   }
 }
 
 SLUICE_AVX512 void DotQuantizedAvx512(GgmlType type, const void* w, const float* x,
                                       const float* xsum, int64_t n, int rows, float* out) {
-  if (!HasQuantizedDot(type)) return DotQuantizedScalar(type, w, x, xsum, n, rows, out);
-  const int64_t blocks = n / 32;
-  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                   _mm512_setzero_ps()};
-  float offset[4] = {0, 0, 0, 0};
-  for (int64_t b = 0; b < blocks; ++b) {
-    __m512 v[2];
-    float m;
-    DecodeBlockAvx512(type, w, b, v, &m);
-    for (int r = 0; r < rows; ++r) {
-      const float* xb = x + r * n + b * 32;
-      acc[r] = _mm512_fmadd_ps(v[1], _mm512_loadu_ps(xb + 16),
-                               _mm512_fmadd_ps(v[0], _mm512_loadu_ps(xb), acc[r]));
-      offset[r] += m * xsum[r * blocks + b];
-    }
-  }
-  for (int r = 0; r < rows; ++r) {
-    const __m256 h =
-        _mm256_add_ps(_mm512_castps512_ps256(acc[r]), _mm512_extractf32x8_ps(acc[r], 1));
-    out[r] = HsumAvx2(h) + offset[r];
+  switch (type) {
+    case GgmlType::kQ4_1:
+      return DotQuantizedTypeAvx512<GgmlType::kQ4_1>(w, x, xsum, n, rows, out);
+    case GgmlType::kQ4_0:
+      return DotQuantizedTypeAvx512<GgmlType::kQ4_0>(w, x, xsum, n, rows, out);
+    case GgmlType::kQ8_0:
+      return DotQuantizedTypeAvx512<GgmlType::kQ8_0>(w, x, xsum, n, rows, out);
+    default:
+      return DotQuantizedScalar(type, w, x, xsum, n, rows, out);
   }
 }
 
