@@ -144,7 +144,7 @@ absl::Status Run() {
   const double prefill_tps = prompt_ids.size() / prefill_s;
   const double decode_tps = decode_s > 0 ? decode_steps / decode_s : 0;
   if (json) {
-    nlohmann::json out = {
+    nlohmann::ordered_json out = {
         {"text", text},
         {"tokens", generated},
         {"prompt_tokens", prompt_ids},
@@ -153,6 +153,7 @@ absl::Status Run() {
   } else {
     std::fwrite(tail.data(), 1, tail.size(), stdout);
     std::fprintf(stdout, "\n");
+    std::fflush(stdout);
     std::fprintf(stderr, "[%zu prompt tokens, %.1f tokens/s; %zu generated, %.1f tokens/s]\n",
                  prompt_ids.size(), prefill_tps, generated.size(), decode_tps);
   }
