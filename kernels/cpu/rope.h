@@ -1,4 +1,5 @@
-// Rotary position embedding; angles per (token, pair) computed once and shared by all heads.
+// Rotary position embedding; angles per (token, pair) computed once and shared by all heads,
+// rotation vectorized per instruction-set level.
 #ifndef SLUICE_KERNELS_CPU_ROPE_H_
 #define SLUICE_KERNELS_CPU_ROPE_H_
 
