@@ -26,6 +26,8 @@ PACKAGES=(
   libgmock-dev
   libbenchmark-dev
   libicu-dev
+  clang
+  libclang-rt-14-dev
 )
 
 missing=()
