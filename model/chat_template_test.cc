@@ -9,6 +9,8 @@
 
 #include "gtest/gtest.h"
 #include "model/gguf.h"
+#include "model/model_path.h"
+#include "model/test_util/goldens.h"
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
 
@@ -127,25 +129,10 @@ TEST(ChatTemplate, ChatMlWithoutTemplate) {
 
 // ---- the real model ---------------------------------------------------------------------
 
-std::string ModelPath() {
-  if (const char* env = std::getenv("SLUICE_MODEL"); env != nullptr && *env != '\0') return env;
-  const char* home = std::getenv("HOME");
-  return std::string(home == nullptr ? "" : home) +
-         "/.cache/sluice/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
-
-std::string GoldenPath(const std::string& name) {
-  if (const char* dir = std::getenv("SLUICE_GOLDENS_DIR"); dir != nullptr && *dir != '\0') {
-    return std::string(dir) + "/" + name;
-  }
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  return std::string(srcdir == nullptr ? "." : srcdir) + "/sluice/tests/reference/goldens/" + name;
-}
-
 class SmolLm2Chat : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string path = ModelPath();
+    const std::string path = DefaultModelPath();
     if (!std::filesystem::exists(path)) {
       GTEST_SKIP() << "model file " << path << " is absent (set SLUICE_MODEL or run ./sluice test)";
     }
@@ -183,7 +170,7 @@ TEST_F(SmolLm2Chat, TemplateFromTheModelFile) {
 // The chat prompts of the model goldens: rendered by transformers' apply_chat_template
 // (add_generation_prompt=True) and tokenized with add_special_tokens=False.
 TEST_F(SmolLm2Chat, MatchesHuggingFaceChatGoldens) {
-  const std::string path = GoldenPath("model_goldens.json");
+  const std::string path = testing::GoldenPath("model_goldens.json");
   ASSERT_TRUE(std::filesystem::exists(path)) << "no golden file at " << path;
   std::ifstream in(path);
   const nlohmann::json goldens = nlohmann::json::parse(in);

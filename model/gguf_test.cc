@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/model_path.h"
 #include "model/test_util/gguf_writer.h"
 
 namespace sluice::model {
@@ -194,14 +195,8 @@ TEST(Gguf, OpenReportsMissingFile) {
   EXPECT_THAT(f.status().message(), HasSubstr("/nonexistent/model.gguf"));
 }
 
-std::string ModelPath() {
-  if (const char* p = std::getenv("SLUICE_MODEL"); p != nullptr && *p) return p;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : "") + "/.cache/sluice/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
-
 TEST(Gguf, OpensTheBundledModel) {
-  auto f = GgufFile::Open(ModelPath());
+  auto f = GgufFile::Open(DefaultModelPath());
   if (f.status().code() == absl::StatusCode::kNotFound) {
     GTEST_SKIP() << "model not fetched (./sluice fetch-model): " << f.status();
   }

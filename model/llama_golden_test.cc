@@ -15,30 +15,21 @@
 #include "model/gguf.h"
 #include "model/kv_cache.h"
 #include "model/llama.h"
+#include "model/model_path.h"
+#include "model/test_util/goldens.h"
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace sluice::model {
 namespace {
 
-std::string GoldenDir() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  return std::string(srcdir ? srcdir : ".") + "/sluice/tests/reference/goldens/";
-}
-
-std::string ModelPath() {
-  if (const char* p = std::getenv("SLUICE_MODEL"); p != nullptr && *p) return p;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : "") + "/.cache/sluice/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
-
 class LlamaGoldenTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::ifstream f(GoldenDir() + "model_goldens.json");
-    ASSERT_TRUE(f.good()) << "missing " << GoldenDir() << "model_goldens.json";
+    std::ifstream f(testing::GoldenPath("model_goldens.json"));
+    ASSERT_TRUE(f.good()) << "missing " << testing::GoldenPath("model_goldens.json");
     goldens_ = nlohmann::json::parse(f);
-    auto gguf = GgufFile::Open(ModelPath());
+    auto gguf = GgufFile::Open(DefaultModelPath());
     if (gguf.status().code() == absl::StatusCode::kNotFound) {
       GTEST_SKIP() << "model not fetched (./sluice fetch-model): " << gguf.status();
     }
@@ -78,7 +69,7 @@ TEST_F(LlamaGoldenTest, MatchesTransformers) {
     ASSERT_TRUE(ids.ok()) << ids.status();
     EXPECT_EQ(*ids, want_ids) << "prompt token ids differ";
 
-    std::ifstream lf(GoldenDir() + g["logits_file"].get<std::string>(), std::ios::binary);
+    std::ifstream lf(testing::GoldenPath(g["logits_file"].get<std::string>()), std::ios::binary);
     std::vector<float> want(c.vocab);
     ASSERT_TRUE(lf.read(reinterpret_cast<char*>(want.data()), want.size() * 4))
         << "cannot read " << g["logits_file"];

@@ -12,7 +12,9 @@
 
 #include "gtest/gtest.h"
 #include "model/gguf.h"
+#include "model/model_path.h"
 #include "model/test_util/gguf_writer.h"
+#include "model/test_util/goldens.h"
 #include "nlohmann/json.hpp"
 
 namespace sluice::model {
@@ -304,18 +306,11 @@ TEST(StreamDecoder, ConcatenationEqualsDecode) {
 
 // ---- the real model ---------------------------------------------------------------------
 
-std::string ModelPath() {
-  if (const char* env = std::getenv("SLUICE_MODEL"); env != nullptr && *env != '\0') return env;
-  const char* home = std::getenv("HOME");
-  return std::string(home == nullptr ? "" : home) +
-         "/.cache/sluice/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
-
 // The model's vocabulary, read once; null (and the reason) when it could not be.
 const VocabSpec* ModelSpec(std::string* why) {
   static const VocabSpec* spec = nullptr;
   static const std::string* reason = [] {
-    const std::string path = ModelPath();
+    const std::string path = DefaultModelPath();
     if (!std::filesystem::exists(path)) {
       return new std::string("model file " + path +
                              " is absent (set SLUICE_MODEL or run ./sluice test)");
@@ -400,15 +395,6 @@ TEST_F(SmolLm2Tokenizer, RoundTripsVariedText) {
 
 // ---- golden data from Hugging Face transformers ------------------------------------------
 
-// tests/reference/goldens/<name>: from SLUICE_GOLDENS_DIR, else from the runfiles.
-std::string GoldenPath(const std::string& name) {
-  if (const char* dir = std::getenv("SLUICE_GOLDENS_DIR"); dir != nullptr && *dir != '\0') {
-    return std::string(dir) + "/" + name;
-  }
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  return std::string(srcdir == nullptr ? "." : srcdir) + "/sluice/tests/reference/goldens/" + name;
-}
-
 // The goldens' pre-tokenizer (their "hf_pre_tokenizer", from tokenizer.json) by GGUF name.
 std::string PreTokenizerOfGoldens(const nlohmann::json& hf) {
   if (hf.value("type", "") == "ByteLevel" && hf.value("use_regex", false)) return "default";
@@ -429,7 +415,7 @@ class SmolLm2Goldens : public SmolLm2Tokenizer {
     SmolLm2Tokenizer::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
     for (const char* name : {"tokenizer_goldens.json", "model_goldens.json"}) {
-      const std::string path = GoldenPath(name);
+      const std::string path = testing::GoldenPath(name);
       ASSERT_TRUE(std::filesystem::exists(path)) << "no golden file at " << path;
       std::ifstream in(path);
       (name[0] == 't' ? tokenizer_goldens_ : model_goldens_) = nlohmann::json::parse(in);

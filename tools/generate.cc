@@ -22,6 +22,7 @@
 #include "model/gguf.h"
 #include "model/kv_cache.h"
 #include "model/llama.h"
+#include "model/model_path.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -44,18 +45,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string DefaultModelPath() {
-  if (const char* p = std::getenv("SLUICE_MODEL"); p != nullptr && *p) return p;
-  const char* cache = std::getenv("XDG_CACHE_HOME");
-  const std::string base =
-      cache && *cache ? cache
-                      : std::string(std::getenv("HOME") ? std::getenv("HOME") : "") + "/.cache";
-  return base + "/sluice/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
-
 absl::Status Run() {
   const std::string path =
-      absl::GetFlag(FLAGS_model).empty() ? DefaultModelPath() : absl::GetFlag(FLAGS_model);
+      absl::GetFlag(FLAGS_model).empty() ? model::DefaultModelPath() : absl::GetFlag(FLAGS_model);
   model::SamplingParams sp;
   sp.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
   sp.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));

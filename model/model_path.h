@@ -1,0 +1,14 @@
+// Where the default model lives: $SLUICE_MODEL if set, else the file `./sluice fetch-model`
+// writes, ${XDG_CACHE_HOME:-$HOME/.cache}/sluice/models/SmolLM2-135M-Instruct.Q4_1.gguf.
+#ifndef SLUICE_MODEL_MODEL_PATH_H_
+#define SLUICE_MODEL_MODEL_PATH_H_
+
+#include <string>
+
+namespace sluice::model {
+
+std::string DefaultModelPath();
+
+}  // namespace sluice::model
+
+#endif  // SLUICE_MODEL_MODEL_PATH_H_
