@@ -109,45 +109,6 @@ SLUICE_AVX2 void Dot4x4Avx2(const float* x, int64_t xs, const float* w, int64_t 
   }
 }
 
-SLUICE_AVX2 void DequantizeAvx2(GgmlType type, const void* src, float* dst, int64_t n) {
-  switch (type) {
-    case GgmlType::kQ4_1: {
-      const auto* b = static_cast<const BlockQ4_1*>(src);
-      const __m128i mask = _mm_set1_epi8(0x0f);
-      for (int64_t k = 0; k < n / 32; ++k, dst += 32) {
-        const __m256 d = _mm256_set1_ps(Fp16ToFloat(b[k].d));
-        const __m256 m = _mm256_set1_ps(Fp16ToFloat(b[k].m));
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[k].qs));
-        const __m128i lo = _mm_and_si128(q, mask);
-        const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-        _mm256_storeu_ps(dst, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), d, m));
-        _mm256_storeu_ps(
-            dst + 8,
-            _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), d, m));
-        _mm256_storeu_ps(dst + 16,
-                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), d, m));
-        _mm256_storeu_ps(
-            dst + 24,
-            _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), d, m));
-      }
-      return;
-    }
-    case GgmlType::kQ8_0: {
-      const auto* b = static_cast<const BlockQ8_0*>(src);
-      for (int64_t k = 0; k < n / 32; ++k, dst += 32) {
-        const __m256 d = _mm256_set1_ps(Fp16ToFloat(b[k].d));
-        for (int j = 0; j < 32; j += 8) {
-          const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b[k].qs + j));
-          _mm256_storeu_ps(dst + j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d));
-        }
-      }
-      return;
-    }
-    default:
-      DequantizeRow(type, src, dst, n);
-  }
-}
-
 SLUICE_AVX2 inline float HalfToFloat(uint16_t h) { return _cvtsh_ss(h); }
 
 // Decodes one 32-element block of `type` into four 8-float vectors (scale applied) and adds
@@ -189,6 +150,17 @@ SLUICE_AVX2 inline void DecodeBlockAvx2(GgmlType type, const void* w, int64_t b,
       *offset_scale = 0.f;
       return;
     }
+  }
+}
+
+SLUICE_AVX2 void DequantizeAvx2(GgmlType type, const void* src, float* dst, int64_t n) {
+  if (!HasQuantizedDot(type)) return DequantizeRow(type, src, dst, n);
+  for (int64_t b = 0; b < n / 32; ++b, dst += 32) {
+    __m256 v[4];
+    float m;
+    DecodeBlockAvx2(type, src, b, v, &m);
+    const __m256 vm = _mm256_set1_ps(m);
+    for (int j = 0; j < 4; ++j) _mm256_storeu_ps(dst + 8 * j, _mm256_add_ps(v[j], vm));
   }
 }
 
@@ -292,39 +264,6 @@ SLUICE_AVX512 void Dot4x4Avx512(const float* x, int64_t xs, const float* w, int6
   }
 }
 
-SLUICE_AVX512 void DequantizeAvx512(GgmlType type, const void* src, float* dst, int64_t n) {
-  switch (type) {
-    case GgmlType::kQ4_1: {
-      const auto* b = static_cast<const BlockQ4_1*>(src);
-      const __m128i mask = _mm_set1_epi8(0x0f);
-      for (int64_t k = 0; k < n / 32; ++k, dst += 32) {
-        const __m512 d = _mm512_set1_ps(Fp16ToFloat(b[k].d));
-        const __m512 m = _mm512_set1_ps(Fp16ToFloat(b[k].m));
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[k].qs));
-        const __m128i lo = _mm_and_si128(q, mask);
-        const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-        _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), d, m));
-        _mm512_storeu_ps(dst + 16,
-                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), d, m));
-      }
-      return;
-    }
-    case GgmlType::kQ8_0: {
-      const auto* b = static_cast<const BlockQ8_0*>(src);
-      for (int64_t k = 0; k < n / 32; ++k, dst += 32) {
-        const __m512 d = _mm512_set1_ps(Fp16ToFloat(b[k].d));
-        const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[k].qs));
-        const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[k].qs + 16));
-        _mm512_storeu_ps(dst, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d));
-        _mm512_storeu_ps(dst + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d));
-      }
-      return;
-    }
-    default:
-      DequantizeRow(type, src, dst, n);
-  }
-}
-
 // Decodes block b of a q4_0 / q4_1 / q8_0 row into two 16-float vectors (scale applied) and
 // returns its minimum term (q4_1's m, q4_0's -8 d, 0 for q8_0).
 template <GgmlType kType>
@@ -353,6 +292,29 @@ SLUICE_AVX512 inline float DecodeBlockAvx512(const void* w, int64_t b, __m512& v
     } else {
       return -8.f * d;
     }
+  }
+}
+
+template <GgmlType kType>
+SLUICE_AVX512 void DequantizeTypeAvx512(const void* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b, dst += 32) {
+    __m512 v0, v1;
+    const __m512 m = _mm512_set1_ps(DecodeBlockAvx512<kType>(src, b, v0, v1));
+    _mm512_storeu_ps(dst, _mm512_add_ps(v0, m));
+    _mm512_storeu_ps(dst + 16, _mm512_add_ps(v1, m));
+  }
+}
+
+SLUICE_AVX512 void DequantizeAvx512(GgmlType type, const void* src, float* dst, int64_t n) {
+  switch (type) {
+    case GgmlType::kQ4_1:
+      return DequantizeTypeAvx512<GgmlType::kQ4_1>(src, dst, n);
+    case GgmlType::kQ4_0:
+      return DequantizeTypeAvx512<GgmlType::kQ4_0>(src, dst, n);
+    case GgmlType::kQ8_0:
+      return DequantizeTypeAvx512<GgmlType::kQ8_0>(src, dst, n);
+    default:
+      return DequantizeRow(type, src, dst, n);
   }
 }
 
