@@ -1,4 +1,4 @@
-// Vectorized, threaded RMSNorm for the CPU backend (scalar, AVX2 and AVX-512 bodies).
+// Threaded RMSNorm for the CPU backend; the sum of squares uses the ISA-level dot product.
 #ifndef SLUICE_KERNELS_CPU_RMSNORM_H_
 #define SLUICE_KERNELS_CPU_RMSNORM_H_
 
