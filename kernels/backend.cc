@@ -1,5 +1,7 @@
 #include "kernels/backend.h"
 
+#include <string>
+
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
@@ -33,6 +35,12 @@ std::string_view OpName(Op op) {
       return "softmax";
     case Op::kAttention:
       return "attention";
+    case Op::kKvQuantize:
+      return "kv_quantize";
+    case Op::kKvDequantize:
+      return "kv_dequantize";
+    case Op::kPagedAttention:
+      return "paged_attention";
   }
   return "unknown";
 }
@@ -135,6 +143,106 @@ absl::Status ValidateAttention(const AttentionParams& p) {
   return absl::OkStatus();
 }
 
+
+// The layout must be the one ComputePageLayout gives for the format: kernels trust its offsets.
+absl::Status ValidateLayout(std::string_view op, const KvTierFormat& format,
+                            const KvPageLayout& layout) {
+  auto want = ComputePageLayout(format);
+  if (!want.ok()) return Invalid(op, std::string(want.status().message()));
+  if (want->tokens != layout.tokens || want->k_meta != layout.k_meta ||
+      want->v_codes != layout.v_codes || want->v_meta != layout.v_meta ||
+      want->valid != layout.valid || want->scores != layout.scores ||
+      want->token_group != layout.token_group) {
+    return Invalid(op, "layout does not match ComputePageLayout(format)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSlots(std::string_view op, const KvPageLayout& l, int64_t slot,
+                           int64_t tokens) {
+  if (slot < 0 || tokens < 0 || slot + tokens > l.tokens) {
+    return Invalid(op, absl::StrFormat("slots [%d, %d) outside the page's %d", slot, slot + tokens,
+                                       l.tokens));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateKvQuantize(const KvQuantizeParams& p) {
+  SLUICE_RETURN_IF_ERROR(ValidateLayout("kv_quantize", p.format, p.layout));
+  SLUICE_RETURN_IF_ERROR(ValidateSlots("kv_quantize", p.layout, p.slot, p.tokens));
+  const int64_t g = p.layout.token_group;
+  if (p.slot % g != 0 || p.tokens % g != 0) {
+    return Invalid("kv_quantize", absl::StrFormat("slot %d and tokens %d must be multiples of the "
+                                                  "token group %d",
+                                                  p.slot, p.tokens, g));
+  }
+  if (p.stride < p.format.head_dim) {
+    return Invalid("kv_quantize",
+                   absl::StrFormat("stride %d < head_dim %d", p.stride, p.format.head_dim));
+  }
+  if (p.tokens > 0 && (p.k == nullptr || p.v == nullptr || p.page == nullptr)) {
+    return Invalid("kv_quantize", "k, v and page must be non-null");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateKvDequantize(const KvDequantizeParams& p) {
+  SLUICE_RETURN_IF_ERROR(ValidateLayout("kv_dequantize", p.format, p.layout));
+  SLUICE_RETURN_IF_ERROR(ValidateSlots("kv_dequantize", p.layout, p.slot, p.tokens));
+  if (p.tokens > 0 && (p.k == nullptr || p.v == nullptr || p.page == nullptr)) {
+    return Invalid("kv_dequantize", "k, v and page must be non-null");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidatePagedAttention(const PagedAttentionParams& p) {
+  constexpr std::string_view kOp = "paged_attention";
+  if (p.q_tokens < 0 || p.heads <= 0 || p.kv_heads <= 0 || p.heads % p.kv_heads != 0 ||
+      p.head_dim <= 0) {
+    return Invalid(kOp, absl::StrFormat("bad shape q_tokens=%d heads=%d kv_heads=%d head_dim=%d",
+                                        p.q_tokens, p.heads, p.kv_heads, p.head_dim));
+  }
+  if (p.recent_tokens < p.q_tokens) {
+    return Invalid(kOp, absl::StrFormat("recent_tokens=%d < q_tokens=%d", p.recent_tokens,
+                                        p.q_tokens));
+  }
+  if (p.q_tokens == 0) return absl::OkStatus();
+  if (p.q == nullptr || p.out == nullptr || p.recent_k == nullptr || p.recent_v == nullptr ||
+      p.page_offsets == nullptr) {
+    return Invalid(kOp, "q, out, recent_k, recent_v and page_offsets must be non-null");
+  }
+  if (p.tier_count < 0 || p.tier_count > 4 || (p.tier_count > 0 && (p.formats == nullptr ||
+                                                                   p.layouts == nullptr))) {
+    return Invalid(kOp, "tier_count must be in [0, 4] with formats and layouts for each");
+  }
+  for (int32_t t = 0; t < p.tier_count; ++t) {
+    SLUICE_RETURN_IF_ERROR(ValidateLayout(kOp, p.formats[t], p.layouts[t]));
+    if (p.formats[t].head_dim != p.head_dim) {
+      return Invalid(kOp, absl::StrFormat("tier %d has head_dim %d, queries %d", t,
+                                          p.formats[t].head_dim, p.head_dim));
+    }
+  }
+  // NOTE: page_offsets and pages are read here, so they must be host-readable for every backend
+  // (the CUDA backend takes them as pinned host memory).
+  if (p.page_offsets[0] != 0) return Invalid(kOp, "page_offsets[0] must be 0");
+  for (int64_t h = 0; h < p.kv_heads; ++h) {
+    if (p.page_offsets[h + 1] < p.page_offsets[h]) {
+      return Invalid(kOp, "page_offsets must not decrease");
+    }
+  }
+  const int32_t n = p.page_offsets[p.kv_heads];
+  if (n > 0 && p.pages == nullptr) return Invalid(kOp, "pages must be non-null");
+  for (int32_t i = 0; i < n; ++i) {
+    const KvPageRef& r = p.pages[i];
+    if (r.tier < 0 || r.tier >= p.tier_count || r.data == nullptr || r.slots < 0 ||
+        r.slots > p.layouts[r.tier].tokens) {
+      return Invalid(kOp, absl::StrFormat("page %d: tier %d, %d slots, data %p is not valid", i,
+                                          r.tier, r.slots, static_cast<const void*>(r.data)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status Backend::RmsNorm(const RmsNormParams& p) {
@@ -186,6 +294,27 @@ absl::Status Backend::Attention(const AttentionParams& p) {
   return DoAttention(p);
 }
 
+absl::Status Backend::KvQuantize(const KvQuantizeParams& p) {
+  if (!Supports(Op::kKvQuantize)) return Unsupported(Op::kKvQuantize);
+  SLUICE_RETURN_IF_ERROR(ValidateKvQuantize(p));
+  if (p.tokens == 0) return absl::OkStatus();
+  return DoKvQuantize(p);
+}
+
+absl::Status Backend::KvDequantize(const KvDequantizeParams& p) {
+  if (!Supports(Op::kKvDequantize)) return Unsupported(Op::kKvDequantize);
+  SLUICE_RETURN_IF_ERROR(ValidateKvDequantize(p));
+  if (p.tokens == 0) return absl::OkStatus();
+  return DoKvDequantize(p);
+}
+
+absl::Status Backend::PagedAttention(const PagedAttentionParams& p) {
+  if (!Supports(Op::kPagedAttention)) return Unsupported(Op::kPagedAttention);
+  SLUICE_RETURN_IF_ERROR(ValidatePagedAttention(p));
+  if (p.q_tokens == 0) return absl::OkStatus();
+  return DoPagedAttention(p);
+}
+
 absl::Status Backend::DoRmsNorm(const RmsNormParams&) { return Unsupported(Op::kRmsNorm); }
 absl::Status Backend::DoMatmul(const MatmulParams&) { return Unsupported(Op::kMatmul); }
 absl::Status Backend::DoGetRows(const GetRowsParams&) { return Unsupported(Op::kGetRows); }
@@ -193,6 +322,15 @@ absl::Status Backend::DoRope(const RopeParams&) { return Unsupported(Op::kRope);
 absl::Status Backend::DoSwiGlu(const SwiGluParams&) { return Unsupported(Op::kSwiGlu); }
 absl::Status Backend::DoSoftmax(const SoftmaxParams&) { return Unsupported(Op::kSoftmax); }
 absl::Status Backend::DoAttention(const AttentionParams&) { return Unsupported(Op::kAttention); }
+absl::Status Backend::DoKvQuantize(const KvQuantizeParams&) {
+  return Unsupported(Op::kKvQuantize);
+}
+absl::Status Backend::DoKvDequantize(const KvDequantizeParams&) {
+  return Unsupported(Op::kKvDequantize);
+}
+absl::Status Backend::DoPagedAttention(const PagedAttentionParams&) {
+  return Unsupported(Op::kPagedAttention);
+}
 
 absl::Status Backend::Unsupported(Op op) const {
   return absl::UnimplementedError(

@@ -20,7 +20,18 @@ namespace sluice::kernels {
 enum class BackendKind { kRef, kCpu, kCuda };
 std::string_view BackendKindName(BackendKind kind);
 
-enum class Op { kRmsNorm, kMatmul, kGetRows, kRope, kSwiGlu, kSoftmax, kAttention };
+enum class Op {
+  kRmsNorm,
+  kMatmul,
+  kGetRows,
+  kRope,
+  kSwiGlu,
+  kSoftmax,
+  kAttention,
+  kKvQuantize,
+  kKvDequantize,
+  kPagedAttention,
+};
 std::string_view OpName(Op op);
 
 class Backend {
@@ -48,6 +59,9 @@ class Backend {
   absl::Status SwiGlu(const SwiGluParams& p);
   absl::Status Softmax(const SoftmaxParams& p);
   absl::Status Attention(const AttentionParams& p);
+  absl::Status KvQuantize(const KvQuantizeParams& p);
+  absl::Status KvDequantize(const KvDequantizeParams& p);
+  absl::Status PagedAttention(const PagedAttentionParams& p);
 
  protected:
   virtual absl::Status DoRmsNorm(const RmsNormParams& p);
@@ -57,6 +71,9 @@ class Backend {
   virtual absl::Status DoSwiGlu(const SwiGluParams& p);
   virtual absl::Status DoSoftmax(const SoftmaxParams& p);
   virtual absl::Status DoAttention(const AttentionParams& p);
+  virtual absl::Status DoKvQuantize(const KvQuantizeParams& p);
+  virtual absl::Status DoKvDequantize(const KvDequantizeParams& p);
+  virtual absl::Status DoPagedAttention(const PagedAttentionParams& p);
 
   absl::Status Unsupported(Op op) const;
 };

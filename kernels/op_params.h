@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/ggml_quant.h"
+#include "kernels/kv_format.h"
 
 namespace sluice::kernels {
 
@@ -87,6 +88,65 @@ struct AttentionParams {
   int64_t kv_heads = 0;  // divides heads
   int64_t head_dim = 0;
   float scale = 1.f;  // usually 1 / sqrt(head_dim)
+};
+
+
+// Compresses `tokens` tokens of one kv-head into slots [slot, slot + tokens) of a page laid out
+// by `layout` (kernels/kv_format.h) and marks those slots valid. For K grouped along tokens,
+// slot and tokens are multiples of layout.token_group (one write per complete group).
+struct KvQuantizeParams {
+  const float* k = nullptr;  // [tokens, stride]: the head's head_dim values open each row
+  const float* v = nullptr;  // [tokens, stride]
+  int64_t stride = 0;        // floats from one token's row to the next, >= head_dim
+  int64_t tokens = 0;
+  const float* scores = nullptr;       // [tokens] or null (0 is stored); used with token_meta
+  const int32_t* positions = nullptr;  // [tokens] or null (-1 is stored); used with token_meta
+  KvTierFormat format;
+  KvPageLayout layout;  // ComputePageLayout(format)
+  uint8_t* page = nullptr;  // [format.page_bytes]
+  int64_t slot = 0;
+};
+
+// Expands slots [slot, slot + tokens) of a page back to fp32 (tests, checks and tools; the
+// attention kernels decode in registers instead).
+struct KvDequantizeParams {
+  const uint8_t* page = nullptr;  // [format.page_bytes]
+  KvTierFormat format;
+  KvPageLayout layout;
+  int64_t slot = 0;
+  int64_t tokens = 0;
+  float* k = nullptr;  // [tokens, head_dim]
+  float* v = nullptr;  // [tokens, head_dim]
+};
+
+// One page as an attention kernel sees it.
+struct KvPageRef {
+  const uint8_t* data = nullptr;  // [page_bytes], laid out by the tier's layout
+  int32_t slots = 0;              // slots written, <= layout.tokens; the valid bits say which live
+  int32_t tier = 0;               // index into PagedAttentionParams::formats
+};
+
+// Grouped-query attention of `q_tokens` queries over one sequence's compressed pages followed by
+// its full-precision recent tokens. Every live paged token precedes every query; recent token r
+// sits after all paged tokens, and query t (the last q_tokens recent tokens are the queries' own)
+// sees recent tokens [0, recent_tokens - q_tokens + t]. Query head h reads kv-head
+// h / (heads / kv_heads). Pages are decoded in registers; no fp32 copy of the KV is written.
+struct PagedAttentionParams {
+  const float* q = nullptr;  // [q_tokens, heads, head_dim]
+  float* out = nullptr;      // [q_tokens, heads, head_dim]
+  int64_t q_tokens = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;  // divides heads
+  int64_t head_dim = 0;
+  float scale = 1.f;
+  const KvTierFormat* formats = nullptr;  // [tier_count]
+  const KvPageLayout* layouts = nullptr;  // [tier_count]
+  int32_t tier_count = 0;
+  const KvPageRef* pages = nullptr;       // [page_offsets[kv_heads]]
+  const int32_t* page_offsets = nullptr;  // [kv_heads + 1]: kv-head h owns pages [po[h], po[h+1])
+  const float* recent_k = nullptr;        // [recent_tokens, kv_heads, head_dim]
+  const float* recent_v = nullptr;        // [recent_tokens, kv_heads, head_dim]
+  int64_t recent_tokens = 0;              // >= q_tokens
 };
 
 }  // namespace sluice::kernels

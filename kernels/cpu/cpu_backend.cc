@@ -2,10 +2,13 @@
 
 #include <omp.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/get_rows.h"
+#include "kernels/cpu/kv_quant.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/softmax.h"
@@ -64,6 +67,26 @@ absl::Status CpuBackend::DoSoftmax(const SoftmaxParams& p) {
 
 absl::Status CpuBackend::DoAttention(const AttentionParams& p) {
   cpu::Attention(p, isa_, threads_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DoKvQuantize(const KvQuantizeParams& p) {
+  cpu::KvQuantize(p, isa_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DoKvDequantize(const KvDequantizeParams& p) {
+  cpu::KvDequantize(p, isa_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DoPagedAttention(const PagedAttentionParams& p) {
+  if (p.heads / p.kv_heads > cpu::kPagedAttentionMaxGroup) {
+    return absl::UnimplementedError(
+        absl::StrCat("paged_attention: ", p.heads / p.kv_heads, " query heads per kv-head; the CPU "
+                     "kernel handles up to ", cpu::kPagedAttentionMaxGroup));
+  }
+  cpu::PagedAttention(p, isa_, threads_);
   return absl::OkStatus();
 }
 

@@ -39,6 +39,9 @@ class CpuBackend final : public HostBackend {
   absl::Status DoSwiGlu(const SwiGluParams& p) override;
   absl::Status DoSoftmax(const SoftmaxParams& p) override;
   absl::Status DoAttention(const AttentionParams& p) override;
+  absl::Status DoKvQuantize(const KvQuantizeParams& p) override;
+  absl::Status DoKvDequantize(const KvDequantizeParams& p) override;
+  absl::Status DoPagedAttention(const PagedAttentionParams& p) override;
 
  private:
   CpuBackend(cpu::Isa isa, int threads) : isa_(isa), threads_(threads) {}

@@ -2,7 +2,9 @@
 
 #include "kernels/ref/attention.h"
 #include "kernels/ref/get_rows.h"
+#include "kernels/ref/kv_quant.h"
 #include "kernels/ref/matmul.h"
+#include "kernels/ref/paged_attention.h"
 #include "kernels/ref/rmsnorm.h"
 #include "kernels/ref/rope.h"
 #include "kernels/ref/softmax.h"
@@ -44,6 +46,21 @@ absl::Status RefBackend::DoSoftmax(const SoftmaxParams& p) {
 
 absl::Status RefBackend::DoAttention(const AttentionParams& p) {
   ref::Attention(p);
+  return absl::OkStatus();
+}
+
+absl::Status RefBackend::DoKvQuantize(const KvQuantizeParams& p) {
+  ref::KvQuantize(p);
+  return absl::OkStatus();
+}
+
+absl::Status RefBackend::DoKvDequantize(const KvDequantizeParams& p) {
+  ref::KvDequantize(p);
+  return absl::OkStatus();
+}
+
+absl::Status RefBackend::DoPagedAttention(const PagedAttentionParams& p) {
+  ref::PagedAttention(p);
   return absl::OkStatus();
 }
 

@@ -1,0 +1,64 @@
+#include "kernels/cpu/kv_quant.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/ggml_quant.h"
+#include "kernels/kv_format.h"
+#include "kernels/ref/kv_quant.h"
+
+namespace sluice::kernels::cpu {
+namespace {
+
+#define SLUICE_KQ_NS kq_scalar
+#define SLUICE_KQ_LEVEL 0
+#include "kernels/cpu/kv_quant_impl.inc"
+#undef SLUICE_KQ_NS
+#undef SLUICE_KQ_LEVEL
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define SLUICE_KQ_NS kq_avx2
+#define SLUICE_KQ_LEVEL 1
+#include "kernels/cpu/kv_quant_impl.inc"
+#undef SLUICE_KQ_NS
+#undef SLUICE_KQ_LEVEL
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
+#define SLUICE_KQ_NS kq_avx512
+#define SLUICE_KQ_LEVEL 2
+#include "kernels/cpu/kv_quant_impl.inc"
+#undef SLUICE_KQ_NS
+#undef SLUICE_KQ_LEVEL
+#pragma GCC pop_options
+
+using SegmentFn = void (*)(const KvQuantSpec&, int, const float*, int64_t, int64_t, uint8_t*,
+                           int32_t, int32_t, int64_t);
+
+}  // namespace
+
+void KvQuantize(const KvQuantizeParams& p, Isa isa) {
+  const SegmentFn segment = isa == Isa::kAvx512 ? kq_avx512::QuantizeSegment
+                            : isa == Isa::kAvx2 ? kq_avx2::QuantizeSegment
+                                                : kq_scalar::QuantizeSegment;
+  const KvTierFormat& f = p.format;
+  const KvPageLayout& l = p.layout;
+  segment(f.k, f.head_dim, p.k, p.stride, p.tokens, p.page, l.k_codes, l.k_meta, p.slot);
+  segment(f.v, f.head_dim, p.v, p.stride, p.tokens, p.page, l.v_codes, l.v_meta, p.slot);
+  if (f.token_meta) {
+    float* scores = reinterpret_cast<float*>(p.page + l.scores);
+    int32_t* positions = reinterpret_cast<int32_t*>(p.page + l.positions);
+    for (int64_t t = 0; t < p.tokens; ++t) {
+      scores[p.slot + t] = p.scores ? p.scores[t] : 0.f;
+      positions[p.slot + t] = p.positions ? p.positions[t] : -1;
+    }
+  }
+  uint64_t* valid = reinterpret_cast<uint64_t*>(p.page + l.valid);
+  for (int64_t s = p.slot; s < p.slot + p.tokens; ++s) valid[s / 64] |= uint64_t{1} << (s % 64);
+}
+
+}  // namespace sluice::kernels::cpu

@@ -1,0 +1,261 @@
+#include "kernels/cpu/paged_attention.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/vec.h"
+#include "kernels/ggml_quant.h"
+#include "kernels/kv_format.h"
+
+namespace sluice::kernels::cpu {
+namespace {
+
+using ExpFn = void (*)(const float* x, float shift, float* y, int64_t n);
+
+constexpr int kMaxGroup = static_cast<int>(kPagedAttentionMaxGroup);
+
+struct Partial {
+  float m;     // running max of scores
+  float l;     // sum of exp(score - m)
+  float* acc;  // [head_dim] sum of exp(score - m) * v
+};
+
+#define SLUICE_PA_NS pa_scalar
+#define SLUICE_PA_LEVEL 0
+#include "kernels/cpu/paged_attention_impl.inc"
+#undef SLUICE_PA_NS
+#undef SLUICE_PA_LEVEL
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define SLUICE_PA_NS pa_avx2
+#define SLUICE_PA_LEVEL 1
+#include "kernels/cpu/paged_attention_impl.inc"
+#undef SLUICE_PA_NS
+#undef SLUICE_PA_LEVEL
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
+#define SLUICE_PA_NS pa_avx512
+#define SLUICE_PA_LEVEL 2
+#include "kernels/cpu/paged_attention_impl.inc"
+#undef SLUICE_PA_NS
+#undef SLUICE_PA_LEVEL
+#pragma GCC pop_options
+
+using AttendFn = void (*)(const PagedAttentionParams&, int64_t, int64_t, int32_t, int32_t,
+                          const float*, ExpFn, float*, Partial*);
+using DecodeRowFn = void (*)(const KvQuantSpec&, int, const uint8_t*, int32_t, int32_t, int32_t,
+                             int64_t, const float*, float*);
+
+AttendFn AttendFor(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return pa_avx512::AttendPages;
+    case Isa::kAvx2:
+      return pa_avx2::AttendPages;
+    default:
+      return pa_scalar::AttendPages;
+  }
+}
+
+DecodeRowFn DecodeRowFor(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return pa_avx512::DecodeRow;
+    case Isa::kAvx2:
+      return pa_avx2::DecodeRow;
+    default:
+      return pa_scalar::DecodeRow;
+  }
+}
+
+const float* Fp8Lut() {
+  static const std::vector<float> lut = [] {
+    std::vector<float> t(256);
+    for (int i = 0; i < 256; ++i) t[i] = Fp8E4M3ToFloat(static_cast<uint8_t>(i));
+    return t;
+  }();
+  return lut.data();
+}
+
+// Queries up to this many take the fused path; longer runs gather and use dense attention.
+constexpr int64_t kMaxFusedQueries = 4;
+
+void DenseOverGathered(const PagedAttentionParams& p, Isa isa, int threads) {
+  const int64_t d = p.head_dim, kvh_count = p.kv_heads;
+  const DecodeRowFn decode = DecodeRowFor(isa);
+  // Each kv-head holds its own number of live tokens; each runs as its own dense call.
+  std::vector<std::vector<float>> k(kvh_count), v(kvh_count);
+  for (int64_t h = 0; h < kvh_count; ++h) {
+    for (int32_t i = p.page_offsets[h]; i < p.page_offsets[h + 1]; ++i) {
+      const KvPageRef& r = p.pages[i];
+      const KvTierFormat& f = p.formats[r.tier];
+      const KvPageLayout& l = p.layouts[r.tier];
+      const uint64_t* valid = reinterpret_cast<const uint64_t*>(r.data + l.valid);
+      for (int32_t s = 0; s < r.slots; ++s) {
+        if (!((valid[s / 64] >> (s % 64)) & 1)) continue;
+        const size_t at = k[h].size();
+        k[h].resize(at + d);
+        v[h].resize(at + d);
+        decode(f.k, static_cast<int>(d), r.data, l.k_codes, l.k_row_bytes, l.k_meta, s, Fp8Lut(),
+               k[h].data() + at);
+        decode(f.v, static_cast<int>(d), r.data, l.v_codes, l.v_row_bytes, l.v_meta, s, Fp8Lut(),
+               v[h].data() + at);
+      }
+    }
+  }
+  const int64_t g = p.heads / p.kv_heads;
+  std::vector<float> q(p.q_tokens * g * d), out(p.q_tokens * g * d);
+  for (int64_t h = 0; h < kvh_count; ++h) {
+    const int64_t paged = static_cast<int64_t>(k[h].size()) / d;
+    const int64_t kv_tokens = paged + p.recent_tokens;
+    k[h].resize(kv_tokens * d);
+    v[h].resize(kv_tokens * d);
+    for (int64_t r = 0; r < p.recent_tokens; ++r) {
+      std::memcpy(k[h].data() + (paged + r) * d, p.recent_k + (r * kvh_count + h) * d, d * 4);
+      std::memcpy(v[h].data() + (paged + r) * d, p.recent_v + (r * kvh_count + h) * d, d * 4);
+    }
+    for (int64_t t = 0; t < p.q_tokens; ++t) {
+      std::memcpy(q.data() + t * g * d, p.q + (t * p.heads + h * g) * d, g * d * 4);
+    }
+    Attention({.q = q.data(),
+               .k = k[h].data(),
+               .v = v[h].data(),
+               .out = out.data(),
+               .q_tokens = p.q_tokens,
+               .kv_tokens = kv_tokens,
+               .q_start = kv_tokens - p.q_tokens,
+               .heads = g,
+               .kv_heads = 1,
+               .head_dim = d,
+               .scale = p.scale},
+              isa, threads);
+    for (int64_t t = 0; t < p.q_tokens; ++t) {
+      std::memcpy(p.out + (t * p.heads + h * g) * d, out.data() + t * g * d, g * d * 4);
+    }
+  }
+}
+
+}  // namespace
+
+void PagedAttention(const PagedAttentionParams& p, Isa isa, int threads) {
+  const bool no_pages = p.page_offsets[p.kv_heads] == 0;
+  if (no_pages && p.q_tokens > kMaxFusedQueries) {
+    // Prefill of a fresh sequence: everything is full precision.
+    return Attention({.q = p.q,
+                      .k = p.recent_k,
+                      .v = p.recent_v,
+                      .out = p.out,
+                      .q_tokens = p.q_tokens,
+                      .kv_tokens = p.recent_tokens,
+                      .q_start = p.recent_tokens - p.q_tokens,
+                      .heads = p.heads,
+                      .kv_heads = p.kv_heads,
+                      .head_dim = p.head_dim,
+                      .scale = p.scale},
+                     isa, threads);
+  }
+  if (p.q_tokens > kMaxFusedQueries) return DenseOverGathered(p, isa, threads);
+
+  const int d = static_cast<int>(p.head_dim);
+  const int g = static_cast<int>(p.heads / p.kv_heads);
+  const VecOps& ops = GetVecOps(isa);
+  const AttendFn attend = AttendFor(isa);
+  int32_t max_slots = 1;
+  for (int32_t t = 0; t < p.tier_count; ++t) max_slots = std::max(max_slots, p.layouts[t].tokens);
+
+  // Tasks: (query, kv-head, run of pages). Runs are cut so that there are a few tasks per
+  // thread even for one sequence with few kv-heads.
+  struct Task {
+    int64_t t, kvh;
+    int32_t begin, end;
+  };
+  std::vector<Task> tasks;
+  const int64_t total_pages = p.page_offsets[p.kv_heads];
+  const int64_t want_tasks = std::max<int64_t>(1, 4 * threads);
+  const int64_t run =
+      std::max<int64_t>(4, (total_pages * p.q_tokens + want_tasks - 1) / want_tasks);
+  for (int64_t t = 0; t < p.q_tokens; ++t) {
+    for (int64_t h = 0; h < p.kv_heads; ++h) {
+      for (int32_t b = p.page_offsets[h]; b < p.page_offsets[h + 1]; b += run) {
+        tasks.push_back({t, h, b, static_cast<int32_t>(std::min<int64_t>(b + run, p.page_offsets[h + 1]))});
+      }
+    }
+  }
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
+  std::vector<float> acc_store(n_tasks * g * d);
+  std::vector<Partial> parts(n_tasks * g);
+  for (int64_t i = 0; i < n_tasks * g; ++i) parts[i].acc = acc_store.data() + i * d;
+  const bool parallel = threads > 1 && n_tasks > 1;
+#pragma omp parallel num_threads(threads) if (parallel)
+  {
+    std::vector<float> scratch(static_cast<size_t>(max_slots) * g);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n_tasks; ++i) {
+      const Task& task = tasks[i];
+      attend(p, task.kvh, task.t, task.begin, task.end, Fp8Lut(), ops.exp, scratch.data(),
+             parts.data() + i * g);
+    }
+  }
+
+  // Merge the page partials of each (query, head) with its recent full-precision tokens.
+  const int64_t merges = p.q_tokens * p.heads;
+#pragma omp parallel num_threads(threads) if (threads > 1 && merges > 1 && p.recent_tokens > 64)
+  {
+    std::vector<float> s(p.recent_tokens);
+    std::vector<float> qs(d);
+#pragma omp for schedule(static)
+    for (int64_t mi = 0; mi < merges; ++mi) {
+      const int64_t t = mi / p.heads, h = mi % p.heads, kvh = h / g, hi = h % g;
+      float m = -INFINITY;
+      for (int64_t i = 0; i < n_tasks; ++i) {
+        if (tasks[i].t == t && tasks[i].kvh == kvh) m = std::max(m, parts[i * g + hi].m);
+      }
+      const float* q = p.q + (t * p.heads + h) * d;
+      const int64_t visible = p.recent_tokens - p.q_tokens + t + 1;
+      for (int c = 0; c < d; ++c) qs[c] = q[c] * p.scale;
+      for (int64_t r = 0; r < visible; ++r) {
+        s[r] = ops.dot(qs.data(), p.recent_k + (r * p.kv_heads + kvh) * d, d);
+        m = std::max(m, s[r]);
+      }
+      float* out = p.out + (t * p.heads + h) * d;
+      std::fill(out, out + d, 0.f);
+      float l = 0;
+      for (int64_t i = 0; i < n_tasks; ++i) {
+        const Partial& part = parts[i * g + hi];
+        if (tasks[i].t != t || tasks[i].kvh != kvh || part.m == -INFINITY) continue;
+        const float w = std::exp(part.m - m);
+        l += part.l * w;
+        for (int c = 0; c < d; ++c) out[c] += w * part.acc[c];
+      }
+      ops.exp(s.data(), m, s.data(), visible);
+      for (int64_t r = 0; r < visible; ++r) {
+        l += s[r];
+        const float* v = p.recent_v + (r * p.kv_heads + kvh) * d;
+        for (int c = 0; c < d; ++c) out[c] += s[r] * v[c];
+      }
+      const float inv = 1.f / l;
+      for (int c = 0; c < d; ++c) out[c] *= inv;
+    }
+  }
+}
+
+void KvDequantize(const KvDequantizeParams& p, Isa isa) {
+  const DecodeRowFn decode = DecodeRowFor(isa);
+  const KvTierFormat& f = p.format;
+  const KvPageLayout& l = p.layout;
+  const int d = f.head_dim;
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    decode(f.k, d, p.page, l.k_codes, l.k_row_bytes, l.k_meta, p.slot + t, Fp8Lut(), p.k + t * d);
+    decode(f.v, d, p.page, l.v_codes, l.v_row_bytes, l.v_meta, p.slot + t, Fp8Lut(), p.v + t * d);
+  }
+}
+
+}  // namespace sluice::kernels::cpu

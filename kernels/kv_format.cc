@@ -1,0 +1,192 @@
+#include "kernels/kv_format.h"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace sluice::kernels {
+namespace {
+
+int32_t Align64(int64_t x) { return static_cast<int32_t>((x + 63) / 64 * 64); }
+
+absl::Status ValidateSpec(const KvQuantSpec& s, int32_t head_dim, const char* which) {
+  switch (s.codec) {
+    case KvCodec::kF16:
+      if (s.bits != 16) return absl::InvalidArgumentError(absl::StrCat(which, ": f16 has 16 bits"));
+      return absl::OkStatus();
+    case KvCodec::kFp8:
+      if (s.bits != 8) return absl::InvalidArgumentError(absl::StrCat(which, ": fp8 has 8 bits"));
+      if (s.grouping != KvGrouping::kPerToken) {
+        return absl::InvalidArgumentError(absl::StrCat(which, ": fp8 groups along channels only"));
+      }
+      break;
+    case KvCodec::kInt:
+      if (s.bits != 2 && s.bits != 4 && s.bits != 8) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(which, ": int codes have 2, 4 or 8 bits, not ", s.bits));
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(which, ": unknown codec"));
+  }
+  const int32_t g = KvGroupOf(s, head_dim);
+  if (s.grouping == KvGrouping::kPerToken) {
+    if (g <= 0 || head_dim % g != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(which, ": channel group ", g, " does not divide head_dim ", head_dim));
+    }
+    return absl::OkStatus();
+  }
+  if (s.grouping != KvGrouping::kPerChannel && s.grouping != KvGrouping::kBlock) {
+    return absl::InvalidArgumentError(absl::StrCat(which, ": unknown grouping"));
+  }
+  if (g < 1 || g > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(which, ": token group ", g, " outside [1, 1024]"));
+  }
+  if (s.grouping == KvGrouping::kBlock &&
+      (s.block_channels <= 0 || head_dim % s.block_channels != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(which, ": block_channels ", s.block_channels,
+                                                   " does not divide head_dim ", head_dim));
+  }
+  return absl::OkStatus();
+}
+
+// Bytes of metadata for `tokens` tokens (a multiple of the token group for grouped specs).
+int64_t MetaBytes(const KvQuantSpec& s, int32_t head_dim, int64_t tokens) {
+  if (s.codec == KvCodec::kF16) return 0;
+  const int32_t g = KvGroupOf(s, head_dim);
+  const int64_t per_value = s.codec == KvCodec::kFp8 ? 2 : 4;  // scale (+ zero), fp16 each
+  switch (s.grouping) {
+    case KvGrouping::kPerToken:
+      return tokens * (head_dim / g) * per_value;
+    case KvGrouping::kPerChannel:
+      return tokens / g * head_dim * per_value;
+    case KvGrouping::kBlock:
+      return tokens / g * (head_dim / s.block_channels) * per_value;
+  }
+  return 0;
+}
+
+std::string SpecName(const KvQuantSpec& s, int32_t head_dim) {
+  if (s.codec == KvCodec::kF16) return "f16";
+  const std::string codec = s.codec == KvCodec::kFp8 ? "fp8" : absl::StrCat("int", s.bits);
+  const int32_t g = KvGroupOf(s, head_dim);
+  switch (s.grouping) {
+    case KvGrouping::kPerToken:
+      return absl::StrCat(codec, "/token", g);
+    case KvGrouping::kPerChannel:
+      return absl::StrCat(codec, "/channel", g);
+    case KvGrouping::kBlock:
+      return absl::StrCat(codec, "/block", g, "x", s.block_channels);
+  }
+  return codec;
+}
+
+}  // namespace
+
+int32_t KvGroupOf(const KvQuantSpec& spec, int32_t head_dim) {
+  return spec.group == 0 ? head_dim : spec.group;
+}
+
+int32_t KvRowBytes(const KvQuantSpec& spec, int32_t head_dim) {
+  return head_dim * spec.bits / 8;
+}
+
+std::string KvTierFormatName(const KvTierFormat& f) {
+  return absl::StrCat("k ", SpecName(f.k, f.head_dim), " v ", SpecName(f.v, f.head_dim));
+}
+
+absl::StatusOr<KvPageLayout> ComputePageLayout(const KvTierFormat& f) {
+  if (f.head_dim <= 0 || f.head_dim % 32 != 0 || f.head_dim > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("head_dim ", f.head_dim, " is not a multiple of 32 in [32, 256]"));
+  }
+  if (f.page_bytes < 1024 || f.page_bytes % 64 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_bytes ", f.page_bytes, " is not a multiple of 64 of at least 1024"));
+  }
+  if (absl::Status s = ValidateSpec(f.k, f.head_dim, "k"); !s.ok()) return s;
+  if (absl::Status s = ValidateSpec(f.v, f.head_dim, "v"); !s.ok()) return s;
+  if (f.v.grouping != KvGrouping::kPerToken) {
+    return absl::InvalidArgumentError("v: values are grouped along channels (per token) only");
+  }
+  KvPageLayout l;
+  l.token_group = f.k.grouping == KvGrouping::kPerToken ? 1 : KvGroupOf(f.k, f.head_dim);
+  l.k_row_bytes = KvRowBytes(f.k, f.head_dim);
+  l.v_row_bytes = KvRowBytes(f.v, f.head_dim);
+  auto lay_out = [&](int64_t n) {
+    int64_t off = 0;
+    l.k_codes = 0;
+    off = Align64(off + n * l.k_row_bytes);
+    l.k_meta = static_cast<int32_t>(off);
+    off = Align64(off + MetaBytes(f.k, f.head_dim, n));
+    l.v_codes = static_cast<int32_t>(off);
+    off = Align64(off + n * l.v_row_bytes);
+    l.v_meta = static_cast<int32_t>(off);
+    off = Align64(off + MetaBytes(f.v, f.head_dim, n));
+    if (f.token_meta) {
+      l.scores = static_cast<int32_t>(off);
+      off = Align64(off + n * 4);
+      l.positions = static_cast<int32_t>(off);
+      off = Align64(off + n * 4);
+    } else {
+      l.scores = l.positions = -1;
+    }
+    l.valid = static_cast<int32_t>(off);
+    off += (n + 63) / 64 * 8;
+    l.bytes_used = static_cast<int32_t>(off);
+    return off;
+  };
+  // Start from the per-token estimate and step down one token group at a time.
+  const int64_t per_token =
+      l.k_row_bytes + l.v_row_bytes + (f.token_meta ? 8 : 0) +
+      (MetaBytes(f.k, f.head_dim, l.token_group) + MetaBytes(f.v, f.head_dim, l.token_group)) /
+          l.token_group;
+  int64_t n = f.page_bytes / per_token / l.token_group * l.token_group;
+  while (n > 0 && lay_out(n) > f.page_bytes) n -= l.token_group;
+  if (n <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a ", f.page_bytes, "-byte page cannot hold ",
+                                                   l.token_group, " tokens of ",
+                                                   KvTierFormatName(f)));
+  }
+  l.tokens = static_cast<int32_t>(n);
+  lay_out(n);
+  return l;
+}
+
+uint8_t FloatToFp8E4M3(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  float a = std::fabs(f);
+  if (a >= 448.f) return sign | 0x7e;  // saturate to the largest finite value
+  // Subnormals: multiples of 2^-9 below 2^-6.
+  if (a < 0.015625f) {
+    const int m = static_cast<int>(std::nearbyint(a * 512.f));  // round half to even
+    return sign | static_cast<uint8_t>(m);  // m == 8 is exactly 2^-6, the first normal
+  }
+  int e;
+  const float fr = std::frexp(a, &e);  // a = fr * 2^e, fr in [0.5, 1)
+  // a = (1 + m/8) * 2^(e-1); 3 mantissa bits.
+  float mant = std::nearbyint((fr * 2.f - 1.f) * 8.f);
+  int exp = e - 1;
+  if (mant >= 8.f) {
+    mant = 0.f;
+    ++exp;
+  }
+  const int biased = exp + 7;
+  if (biased > 15 || (biased == 15 && mant > 6.f)) return sign | 0x7e;
+  return sign | static_cast<uint8_t>(biased << 3) | static_cast<uint8_t>(mant);
+}
+
+float Fp8E4M3ToFloat(uint8_t b) {
+  const float sign = (b & 0x80) ? -1.f : 1.f;
+  const int e = (b >> 3) & 0xf, m = b & 7;
+  if (e == 15 && m == 7) return NAN;
+  if (e == 0) return sign * std::ldexp(static_cast<float>(m), -9);
+  return sign * std::ldexp(1.f + m / 8.f, e - 7);
+}
+
+}  // namespace sluice::kernels

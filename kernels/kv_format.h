@@ -1,0 +1,99 @@
+// How compressed keys and values are laid out inside a KV page: the quantization spec of one
+// tier (codec, bits, grouping) and the byte layout that follows from it. Plain data, shared by
+// the quantizers, the attention kernels of every backend, and kvstore's memory manager.
+//
+// A page holds the tokens of one (sequence, layer, kv-head, tier). Its segments, each starting
+// on a 64-byte boundary:
+//   k codes   [tokens, k_row_bytes]       the token's head_dim codes, packed (see below)
+//   k meta    per grouping (see KvMetaBytes): fp16 scale/zero pairs, or fp16 scales for fp8
+//   v codes   [tokens, v_row_bytes]
+//   v meta
+//   scores    [tokens] f32   cumulative attention (only with token_meta)
+//   positions [tokens] i32   (only with token_meta)
+//   valid     [ceil(tokens / 64)] u64, bit t set = slot t holds a live token
+//
+// Packing of b-bit codes (b = 2 or 4) in a row of D codes: R = D * b / 8 bytes; byte j holds
+// codes j + s * R for s = 0 .. 8/b - 1 at bits [s * b, s * b + b). Each shift-and-mask of the
+// row's bytes then yields R consecutive codes, which is what the vector kernels want. 8-bit codes
+// are one byte each; fp16 values are raw IEEE halves; fp8 values are OCP E4M3 bytes.
+//
+// Quantization groups:
+//   kPerToken    int or fp8: one (scale, zero) — fp8: one scale — per `group` channels of a token.
+//   kPerChannel  int, K only (KIVI/MiniKV): one (scale, zero) per channel per `group` tokens.
+//   kBlock       int, K only (KVComp 2D block): one (scale, zero) per `group` tokens x
+//                `block_channels` channels.
+// Asymmetric int: x ~ zero + code * scale, code in [0, 2^bits), scale and zero in fp16.
+#ifndef SLUICE_KERNELS_KV_FORMAT_H_
+#define SLUICE_KERNELS_KV_FORMAT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace sluice::kernels {
+
+enum class KvCodec : uint8_t { kF16 = 0, kInt = 1, kFp8 = 2 };
+enum class KvGrouping : uint8_t { kPerToken = 0, kPerChannel = 1, kBlock = 2 };
+
+// How one of K or V is stored in one tier.
+struct KvQuantSpec {
+  KvCodec codec = KvCodec::kF16;
+  int32_t bits = 16;  // kF16: 16; kFp8: 8; kInt: 2, 4 or 8
+  KvGrouping grouping = KvGrouping::kPerToken;
+  int32_t group = 0;           // channels (kPerToken) or tokens (kPerChannel, kBlock); 0 = head_dim
+  int32_t block_channels = 0;  // kBlock only: channels per block
+
+  bool operator==(const KvQuantSpec&) const = default;
+};
+
+// The format of one tier's pages.
+struct KvTierFormat {
+  KvQuantSpec k;
+  KvQuantSpec v;
+  int32_t head_dim = 64;
+  int32_t page_bytes = 16 * 1024;
+  bool token_meta = false;  // scores and positions segments
+
+  bool operator==(const KvTierFormat&) const = default;
+};
+
+// Byte offsets of a page's segments and the tokens it holds; computed by ComputePageLayout.
+struct KvPageLayout {
+  int32_t tokens = 0;       // slots per page
+  int32_t token_group = 1;  // writes of K start and end on multiples of this (kPerChannel/kBlock)
+  int32_t k_row_bytes = 0;
+  int32_t v_row_bytes = 0;
+  int32_t k_codes = 0;
+  int32_t k_meta = 0;
+  int32_t v_codes = 0;
+  int32_t v_meta = 0;
+  int32_t scores = -1;     // -1 without token_meta
+  int32_t positions = -1;  // -1 without token_meta
+  int32_t valid = 0;
+  int32_t bytes_used = 0;  // end of the last segment, <= page_bytes
+};
+
+// Validates `format` and lays out the largest whole number of token groups that fits the page.
+// InvalidArgument naming the field for unsupported combinations (fp8 or f16 with token
+// groups, V grouped along tokens, head_dim not a multiple of 32 or over 256, groups that do not
+// divide head_dim, a page too small for one group).
+absl::StatusOr<KvPageLayout> ComputePageLayout(const KvTierFormat& format);
+
+// A short description, e.g. "k int2/channel32 v int2/token64".
+std::string KvTierFormatName(const KvTierFormat& format);
+
+// Bytes of the codes of one token row of `spec` with `head_dim` channels.
+int32_t KvRowBytes(const KvQuantSpec& spec, int32_t head_dim);
+
+// Effective `group` (0 resolved to head_dim) and, for kBlock, block_channels.
+int32_t KvGroupOf(const KvQuantSpec& spec, int32_t head_dim);
+
+// OCP FP8 E4M3 (bias 7, no infinities, 0x7f/0xff NaN, max 448): round to nearest even,
+// saturating to +-448; NaN maps to 0x7f.
+uint8_t FloatToFp8E4M3(float f);
+float Fp8E4M3ToFloat(uint8_t b);
+
+}  // namespace sluice::kernels
+
+#endif  // SLUICE_KERNELS_KV_FORMAT_H_

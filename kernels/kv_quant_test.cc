@@ -1,0 +1,340 @@
+// KV page quantizers on every backend against ref: byte-identical pages, matching
+// dequantization, round-trip error bounds per codec, and page layouts.
+#include "kernels/ref/kv_quant.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "kernels/kv_format.h"
+#include "kernels/test_util/op_test.h"
+
+namespace sluice::kernels {
+namespace {
+
+using testing::GuardedBuffer;
+using ::testing::HasSubstr;
+
+KvQuantSpec Int(int bits, KvGrouping grouping, int group, int block_channels = 0) {
+  return {.codec = KvCodec::kInt,
+          .bits = bits,
+          .grouping = grouping,
+          .group = group,
+          .block_channels = block_channels};
+}
+constexpr KvQuantSpec kF16{};
+KvQuantSpec Fp8(int group) {
+  return {.codec = KvCodec::kFp8, .bits = 8, .grouping = KvGrouping::kPerToken, .group = group};
+}
+
+std::vector<KvTierFormat> Formats() {
+  using G = KvGrouping;
+  std::vector<KvTierFormat> out;
+  auto add = [&](KvQuantSpec k, KvQuantSpec v, int d, bool token_meta = false) {
+    out.push_back({.k = k, .v = v, .head_dim = d, .page_bytes = 16384, .token_meta = token_meta});
+  };
+  add(kF16, kF16, 64);
+  add(Int(8, G::kPerToken, 0), Int(8, G::kPerToken, 0), 64);
+  add(Int(2, G::kPerChannel, 32), Int(2, G::kPerToken, 0), 64);
+  add(Int(4, G::kPerChannel, 32), Int(4, G::kPerToken, 32), 64, true);
+  add(Int(2, G::kPerChannel, 16), Int(2, G::kPerToken, 32), 128);
+  add(Int(4, G::kPerChannel, 64), Int(2, G::kPerToken, 0), 32);
+  add(Int(2, G::kBlock, 32, 16), Int(4, G::kPerToken, 0), 64);
+  add(Int(4, G::kPerToken, 32), Int(2, G::kPerToken, 64), 128, true);
+  add(Fp8(32), Fp8(0), 64);
+  add(Int(8, G::kPerChannel, 16), kF16, 64);
+  return out;
+}
+
+// Keys with a few large outlier channels (as real keys have), values plain.
+std::vector<float> KvRows(std::mt19937_64& rng, int64_t tokens, int64_t stride, bool keys) {
+  std::vector<float> x = testing::RandomFloats(rng, tokens * stride, -1.5f, 1.5f);
+  if (keys) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      x[t * stride + 3] *= 12.f;
+      x[t * stride + 17] += 6.f;
+    }
+  }
+  return x;
+}
+
+class KvQuantizeTest : public testing::OpTest<Op::kKvQuantize> {};
+
+TEST_P(KvQuantizeTest, PagesMatchReferenceBytes) {
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  for (const KvTierFormat& f : Formats()) {
+    auto layout = ComputePageLayout(f);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    const int64_t g = layout->token_group;
+    // A write into the middle of the page, after a group-aligned number of slots.
+    const int64_t groups = layout->tokens / g;
+    const int64_t slot = g * static_cast<int64_t>(rng() % groups);
+    const int64_t tokens = g * (1 + static_cast<int64_t>(rng() % (groups - slot / g)));
+    const int64_t stride = f.head_dim * 3 + 5;  // one head of a [tokens, 3 heads] row, ragged
+    SCOPED_TRACE(::testing::Message() << KvTierFormatName(f) << " d=" << f.head_dim
+                                      << " slot=" << slot << " tokens=" << tokens
+                                      << " seed=" << seed);
+    const std::vector<float> k = KvRows(rng, tokens, stride, true);
+    const std::vector<float> v = KvRows(rng, tokens, stride, false);
+    std::vector<float> scores = testing::RandomFloats(rng, tokens, 0, 1);
+    std::vector<int32_t> positions(tokens);
+    for (int64_t t = 0; t < tokens; ++t) positions[t] = static_cast<int32_t>(100 + t);
+    std::vector<uint8_t> want(f.page_bytes, 0);
+    KvQuantizeParams p{.k = k.data(),
+                       .v = v.data(),
+                       .stride = stride,
+                       .tokens = tokens,
+                       .scores = scores.data(),
+                       .positions = positions.data(),
+                       .format = f,
+                       .layout = *layout,
+                       .page = want.data(),
+                       .slot = slot};
+    ref::KvQuantize(p);
+
+    auto kb = GuardedBuffer::Create(*backend_, k.size());
+    auto vb = GuardedBuffer::Create(*backend_, v.size());
+    auto sb = GuardedBuffer::Create(*backend_, scores.size());
+    auto pb = GuardedBuffer::Create(*backend_, f.page_bytes / 4);
+    auto posb = GuardedBuffer::Create(*backend_, positions.size());
+    ASSERT_TRUE(kb.ok() && vb.ok() && sb.ok() && pb.ok() && posb.ok());
+    std::vector<float> pos_bits(tokens);
+    std::memcpy(pos_bits.data(), positions.data(), tokens * 4);
+    ASSERT_TRUE(kb->Upload(k).ok() && vb->Upload(v).ok() && sb->Upload(scores).ok() &&
+                pb->Upload(std::vector<float>(f.page_bytes / 4, 0.f)).ok() &&
+                posb->Upload(pos_bits).ok());
+    p.k = kb->data();
+    p.v = vb->data();
+    p.scores = sb->data();
+    p.positions = reinterpret_cast<const int32_t*>(posb->data());
+    p.page = reinterpret_cast<uint8_t*>(pb->data());
+    ASSERT_TRUE(backend_->KvQuantize(p).ok());
+    auto got = pb->DownloadChecked();
+    ASSERT_TRUE(got.ok()) << got.status();
+    int mismatches = 0;
+    for (int i = 0; i < f.page_bytes && mismatches < 5; ++i) {
+      const uint8_t b = reinterpret_cast<const uint8_t*>(got->data())[i];
+      if (b != want[i]) {
+        ADD_FAILURE() << "page byte " << i << ": got " << int{b} << " want " << int{want[i]};
+        ++mismatches;
+      }
+    }
+  }
+}
+
+TEST_P(KvQuantizeTest, RejectsWritesOffTheTokenGroup) {
+  const KvTierFormat f = Formats()[2];  // K per channel, groups of 32 tokens
+  auto layout = ComputePageLayout(f);
+  ASSERT_TRUE(layout.ok());
+  std::vector<float> x(64 * 64);
+  std::vector<uint8_t> page(f.page_bytes);
+  KvQuantizeParams p{.k = x.data(),
+                     .v = x.data(),
+                     .stride = 64,
+                     .tokens = 16,
+                     .format = f,
+                     .layout = *layout,
+                     .page = page.data(),
+                     .slot = 0};
+  EXPECT_THAT(backend_->KvQuantize(p).message(), HasSubstr("token group"));
+  p.tokens = 32;
+  p.slot = layout->tokens;  // past the page
+  EXPECT_EQ(backend_->KvQuantize(p).code(), absl::StatusCode::kInvalidArgument);
+  p.slot = 0;
+  p.layout.tokens += 1;  // a layout that is not the format's
+  EXPECT_THAT(backend_->KvQuantize(p).message(), HasSubstr("layout"));
+}
+
+SLUICE_INSTANTIATE_OP_TEST(KvQuantizeTest);
+
+class KvDequantizeTest : public testing::OpTest<Op::kKvDequantize> {};
+
+TEST_P(KvDequantizeTest, MatchesReference) {
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  for (const KvTierFormat& f : Formats()) {
+    auto layout = ComputePageLayout(f);
+    ASSERT_TRUE(layout.ok());
+    const int64_t n = layout->tokens, d = f.head_dim;
+    SCOPED_TRACE(::testing::Message() << KvTierFormatName(f) << " seed=" << seed);
+    const std::vector<float> k = KvRows(rng, n, d, true), v = KvRows(rng, n, d, false);
+    std::vector<uint8_t> page(f.page_bytes, 0);
+    ref::KvQuantize({.k = k.data(),
+                     .v = v.data(),
+                     .stride = d,
+                     .tokens = n,
+                     .format = f,
+                     .layout = *layout,
+                     .page = page.data()});
+    const int64_t slot = static_cast<int64_t>(rng() % n), tokens = 1 + rng() % (n - slot);
+    std::vector<float> want_k(tokens * d), want_v(tokens * d);
+    KvDequantizeParams p{.page = page.data(),
+                         .format = f,
+                         .layout = *layout,
+                         .slot = slot,
+                         .tokens = tokens,
+                         .k = want_k.data(),
+                         .v = want_v.data()};
+    ref::KvDequantize(p);
+    auto pb = GuardedBuffer::Create(*backend_, f.page_bytes / 4);
+    auto kb = GuardedBuffer::Create(*backend_, want_k.size());
+    auto vb = GuardedBuffer::Create(*backend_, want_v.size());
+    ASSERT_TRUE(pb.ok() && kb.ok() && vb.ok());
+    std::vector<float> page_words(f.page_bytes / 4);
+    std::memcpy(page_words.data(), page.data(), f.page_bytes);
+    ASSERT_TRUE(pb->Upload(page_words).ok());
+    p.page = reinterpret_cast<const uint8_t*>(pb->data());
+    p.k = kb->data();
+    p.v = vb->data();
+    ASSERT_TRUE(backend_->KvDequantize(p).ok());
+    auto got_k = kb->DownloadChecked();
+    auto got_v = vb->DownloadChecked();
+    ASSERT_TRUE(got_k.ok() && got_v.ok());
+    testing::ExpectNear(*got_k, want_k, {1e-5f}, 1e-6f, "k");
+    testing::ExpectNear(*got_v, want_v, {1e-5f}, 1e-6f, "v");
+  }
+}
+
+SLUICE_INSTANTIATE_OP_TEST(KvDequantizeTest);
+
+// The error of every value after a round trip stays within what its codec promises.
+TEST(KvQuantRoundTrip, ErrorWithinCodecBound) {
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  for (const KvTierFormat& f : Formats()) {
+    auto layout = ComputePageLayout(f);
+    ASSERT_TRUE(layout.ok());
+    const int64_t n = layout->tokens, d = f.head_dim;
+    SCOPED_TRACE(::testing::Message() << KvTierFormatName(f) << " seed=" << seed);
+    const std::vector<float> k = KvRows(rng, n, d, true), v = KvRows(rng, n, d, false);
+    std::vector<uint8_t> page(f.page_bytes, 0);
+    ref::KvQuantize({.k = k.data(),
+                     .v = v.data(),
+                     .stride = d,
+                     .tokens = n,
+                     .format = f,
+                     .layout = *layout,
+                     .page = page.data()});
+    std::vector<float> rk(n * d), rv(n * d);
+    ref::KvDequantize({.page = page.data(),
+                       .format = f,
+                       .layout = *layout,
+                       .slot = 0,
+                       .tokens = n,
+                       .k = rk.data(),
+                       .v = rv.data()});
+    auto check = [&](const KvQuantSpec& spec, const std::vector<float>& x,
+                     const std::vector<float>& y, const char* what) {
+      // The bound of each value from the extent of its quantization group.
+      const int gs = KvGroupOf(spec, static_cast<int32_t>(d));
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t c = 0; c < d; ++c) {
+          float lo = x[t * d + c], hi = lo;
+          if (spec.codec != KvCodec::kF16) {
+            if (spec.grouping == KvGrouping::kPerToken) {
+              for (int64_t j = c / gs * gs; j < (c / gs + 1) * gs; ++j) {
+                lo = std::min(lo, x[t * d + j]);
+                hi = std::max(hi, x[t * d + j]);
+              }
+            } else {
+              const int bc = spec.grouping == KvGrouping::kBlock ? spec.block_channels : 1;
+              for (int64_t s = t / gs * gs; s < (t / gs + 1) * gs; ++s) {
+                for (int64_t j = c / bc * bc; j < (c / bc + 1) * bc; ++j) {
+                  lo = std::min(lo, x[s * d + j]);
+                  hi = std::max(hi, x[s * d + j]);
+                }
+              }
+            }
+          }
+          const float xv = x[t * d + c], amax = std::max(std::fabs(lo), std::fabs(hi));
+          float bound;
+          switch (spec.codec) {
+            case KvCodec::kF16:
+              bound = std::ldexp(std::fabs(xv), -11) + 1e-7f;
+              break;
+            case KvCodec::kFp8:  // 3 mantissa bits, plus the fp16 scale's rounding
+              bound = std::ldexp(std::fabs(xv), -4) + std::ldexp(amax, -9) + 1e-6f;
+              break;
+            default:  // half a step, plus fp16 rounding of scale and zero
+              bound = 0.5f * (hi - lo) / ((1 << spec.bits) - 1) * (1 + 1e-3f) +
+                      std::ldexp(amax, -10) + 1e-6f;
+          }
+          const float err = std::fabs(y[t * d + c] - xv);
+          if (err > bound) {
+            ADD_FAILURE() << what << " token " << t << " channel " << c << ": " << xv << " came back "
+                          << y[t * d + c] << " (error " << err << " > bound " << bound << ")";
+            return;
+          }
+        }
+      }
+    };
+    check(f.k, k, rk, "k");
+    check(f.v, v, rv, "v");
+  }
+}
+
+TEST(KvPageLayout, SegmentsFitThePageAndDoNotOverlap) {
+  for (const KvTierFormat& f : Formats()) {
+    auto l = ComputePageLayout(f);
+    ASSERT_TRUE(l.ok()) << l.status();
+    SCOPED_TRACE(KvTierFormatName(f));
+    EXPECT_GT(l->tokens, 0);
+    EXPECT_EQ(l->tokens % l->token_group, 0);
+    EXPECT_LE(l->bytes_used, f.page_bytes);
+    EXPECT_GE(l->k_meta, l->k_codes + l->tokens * l->k_row_bytes);
+    EXPECT_GE(l->v_codes, l->k_meta);
+    EXPECT_GE(l->v_meta, l->v_codes + l->tokens * l->v_row_bytes);
+    EXPECT_GT(l->valid, l->v_meta - 1);
+    // One more token group would not fit.
+    KvTierFormat bigger = f;
+    bigger.page_bytes = f.page_bytes;
+    EXPECT_GT(l->bytes_used + l->token_group * (l->k_row_bytes + l->v_row_bytes), f.page_bytes - 64 * 7);
+  }
+  // fp16 at head_dim 64: 128 bytes of K and V per token plus the bitmap.
+  auto f16 = ComputePageLayout({.head_dim = 64});
+  ASSERT_TRUE(f16.ok());
+  EXPECT_EQ(f16->tokens, 63);
+  // KIVI-2: 16 + 16 code bytes per token, 256 bytes of K scale/zero per 32 tokens, 4 of V.
+  auto kivi2 = ComputePageLayout({.k = Int(2, KvGrouping::kPerChannel, 32),
+                                  .v = Int(2, KvGrouping::kPerToken, 0),
+                                  .head_dim = 64});
+  ASSERT_TRUE(kivi2.ok());
+  EXPECT_EQ(kivi2->tokens, 352);
+}
+
+TEST(KvPageLayout, RejectsUnsupportedFormats) {
+  auto msg = [](const KvTierFormat& f) { return std::string(ComputePageLayout(f).status().message()); };
+  EXPECT_THAT(msg({.head_dim = 48}), HasSubstr("head_dim 48"));
+  EXPECT_THAT(msg({.k = Int(3, KvGrouping::kPerToken, 0)}), HasSubstr("2, 4 or 8"));
+  EXPECT_THAT(msg({.v = Int(2, KvGrouping::kPerChannel, 32)}), HasSubstr("v:"));
+  EXPECT_THAT(msg({.k = Int(2, KvGrouping::kPerToken, 24)}), HasSubstr("does not divide"));
+  EXPECT_THAT(msg({.k = Int(2, KvGrouping::kBlock, 32, 5)}), HasSubstr("block_channels"));
+  EXPECT_THAT(msg({.k = {.codec = KvCodec::kFp8, .bits = 8, .grouping = KvGrouping::kPerChannel}}),
+              HasSubstr("fp8"));
+  EXPECT_THAT(msg({.k = Int(8, KvGrouping::kPerChannel, 1024), .page_bytes = 4096}),
+              HasSubstr("cannot hold"));
+}
+
+TEST(Fp8E4M3, EveryCodeRoundTripsAndRoundingIsToNearestEven) {
+  for (int b = 0; b < 256; ++b) {
+    const float f = Fp8E4M3ToFloat(static_cast<uint8_t>(b));
+    if (std::isnan(f)) {
+      EXPECT_TRUE((b & 0x7f) == 0x7f);
+      continue;
+    }
+    if (b == 0x80) continue;  // -0 comes back as -0; checked by sign below
+    EXPECT_EQ(FloatToFp8E4M3(f), b) << "code " << b << " value " << f;
+  }
+  EXPECT_EQ(Fp8E4M3ToFloat(0x7e), 448.f);
+  EXPECT_EQ(FloatToFp8E4M3(1e6f), 0x7e);
+  EXPECT_EQ(FloatToFp8E4M3(-1e6f), 0xfe);
+  EXPECT_EQ(FloatToFp8E4M3(1.0625f), FloatToFp8E4M3(1.f));  // halfway to 1.125: even (1.0)
+  EXPECT_EQ(FloatToFp8E4M3(1.1875f), FloatToFp8E4M3(1.25f));  // halfway to 1.25: even
+  EXPECT_EQ(Fp8E4M3ToFloat(1), std::ldexp(1.f, -9));       // smallest subnormal
+}
+
+}  // namespace
+}  // namespace sluice::kernels

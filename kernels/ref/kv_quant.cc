@@ -1,0 +1,190 @@
+#include "kernels/ref/kv_quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/ggml_quant.h"
+#include "kernels/kv_format.h"
+
+namespace sluice::kernels::ref {
+namespace {
+
+uint16_t* Meta16(uint8_t* page, int32_t offset) { return reinterpret_cast<uint16_t*>(page + offset); }
+const uint16_t* Meta16(const uint8_t* page, int32_t offset) {
+  return reinterpret_cast<const uint16_t*>(page + offset);
+}
+
+void PackCode(uint8_t* row, int bits, int row_bytes, int c, int code) {
+  if (bits == 8) {
+    row[c] = static_cast<uint8_t>(code);
+    return;
+  }
+  row[c % row_bytes] |= static_cast<uint8_t>(code << ((c / row_bytes) * bits));
+}
+
+// Quantizes the rows of tokens [0, n) (x rows `stride` apart) into slots [slot, slot + n) of one
+// segment pair (codes at `codes`, metadata at `meta`) of `page`.
+void QuantizeSegment(const KvQuantSpec& spec, int32_t d, const float* x, int64_t stride,
+                     int64_t n, uint8_t* page, int32_t codes, int32_t meta, int64_t slot) {
+  const int row_bytes = KvRowBytes(spec, d);
+  const int g = KvGroupOf(spec, d);
+  auto row = [&](int64_t t) { return page + codes + (slot + t) * row_bytes; };
+  auto value = [&](int64_t t, int c) { return x[t * stride + c]; };
+  for (int64_t t = 0; t < n; ++t) std::memset(row(t), 0, row_bytes);
+  if (spec.codec == KvCodec::kF16) {
+    for (int64_t t = 0; t < n; ++t) {
+      uint16_t* h = reinterpret_cast<uint16_t*>(row(t));
+      for (int c = 0; c < d; ++c) h[c] = FloatToFp16(value(t, c));
+    }
+    return;
+  }
+  if (spec.codec == KvCodec::kFp8) {
+    uint16_t* m = Meta16(page, meta);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int c0 = 0; c0 < d; c0 += g) {
+        float amax = 0;
+        for (int c = c0; c < c0 + g; ++c) amax = std::max(amax, std::fabs(value(t, c)));
+        const Fp8GroupParams gp = MakeFp8GroupParams(amax);
+        m[(slot + t) * (d / g) + c0 / g] = gp.scale16;
+        for (int c = c0; c < c0 + g; ++c) row(t)[c] = FloatToFp8E4M3(value(t, c) * gp.inv_scale);
+      }
+    }
+    return;
+  }
+  const int bits = spec.bits;
+  uint16_t* m = Meta16(page, meta);
+  if (spec.grouping == KvGrouping::kPerToken) {
+    for (int64_t t = 0; t < n; ++t) {
+      for (int c0 = 0; c0 < d; c0 += g) {
+        float mn = value(t, c0), mx = mn;
+        for (int c = c0; c < c0 + g; ++c) {
+          mn = std::min(mn, value(t, c));
+          mx = std::max(mx, value(t, c));
+        }
+        const IntGroupParams gp = MakeIntGroupParams(mn, mx, bits);
+        uint16_t* sz = m + ((slot + t) * (d / g) + c0 / g) * 2;
+        sz[0] = gp.scale16;
+        sz[1] = gp.zero16;
+        for (int c = c0; c < c0 + g; ++c) PackCode(row(t), bits, row_bytes, c, IntCode(value(t, c), gp, bits));
+      }
+    }
+    return;
+  }
+  // Grouped along tokens: per channel (block_channels 1) or per 2D block.
+  const int bc = spec.grouping == KvGrouping::kBlock ? spec.block_channels : 1;
+  const int blocks = d / bc;
+  for (int64_t t0 = 0; t0 < n; t0 += g) {
+    const int64_t grp = (slot + t0) / g;
+    uint16_t* scales = m + grp * 2 * blocks;
+    uint16_t* zeros = scales + blocks;
+    for (int b = 0; b < blocks; ++b) {
+      float mn = value(t0, b * bc), mx = mn;
+      for (int64_t t = t0; t < t0 + g; ++t) {
+        for (int c = b * bc; c < (b + 1) * bc; ++c) {
+          mn = std::min(mn, value(t, c));
+          mx = std::max(mx, value(t, c));
+        }
+      }
+      const IntGroupParams gp = MakeIntGroupParams(mn, mx, bits);
+      scales[b] = gp.scale16;
+      zeros[b] = gp.zero16;
+      for (int64_t t = t0; t < t0 + g; ++t) {
+        for (int c = b * bc; c < (b + 1) * bc; ++c) {
+          PackCode(row(t), bits, row_bytes, c, IntCode(value(t, c), gp, bits));
+        }
+      }
+    }
+  }
+}
+
+void DequantizeSegment(const KvQuantSpec& spec, int32_t d, const uint8_t* page, int32_t codes,
+                       int32_t meta, int64_t slot, int64_t n, float* out) {
+  const int row_bytes = KvRowBytes(spec, d);
+  const int g = KvGroupOf(spec, d);
+  const uint16_t* m = Meta16(page, meta);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t s = slot + t;
+    const uint8_t* row = page + codes + s * row_bytes;
+    float* o = out + t * d;
+    for (int c = 0; c < d; ++c) {
+      switch (spec.codec) {
+        case KvCodec::kF16:
+          o[c] = Fp16ToFloat(reinterpret_cast<const uint16_t*>(row)[c]);
+          break;
+        case KvCodec::kFp8:
+          o[c] = Fp8E4M3ToFloat(row[c]) * Fp16ToFloat(m[s * (d / g) + c / g]);
+          break;
+        case KvCodec::kInt: {
+          float scale, zero;
+          if (spec.grouping == KvGrouping::kPerToken) {
+            const uint16_t* sz = m + (s * (d / g) + c / g) * 2;
+            scale = Fp16ToFloat(sz[0]);
+            zero = Fp16ToFloat(sz[1]);
+          } else {
+            const int bc = spec.grouping == KvGrouping::kBlock ? spec.block_channels : 1;
+            const int blocks = d / bc;
+            const uint16_t* scales = m + (s / g) * 2 * blocks;
+            scale = Fp16ToFloat(scales[c / bc]);
+            zero = Fp16ToFloat(scales[blocks + c / bc]);
+          }
+          o[c] = zero + static_cast<float>(UnpackCode(row, spec.bits, row_bytes, c)) * scale;
+          break;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+IntGroupParams MakeIntGroupParams(float mn, float mx, int bits) {
+  const float levels = static_cast<float>((1 << bits) - 1);
+  IntGroupParams g;
+  g.scale16 = FloatToFp16((mx - mn) / levels);
+  g.zero16 = FloatToFp16(mn);
+  g.scale = Fp16ToFloat(g.scale16);
+  g.zero = Fp16ToFloat(g.zero16);
+  g.inv_scale = g.scale > 0.f && std::isfinite(g.scale) ? 1.f / g.scale : 0.f;
+  return g;
+}
+
+int IntCode(float x, const IntGroupParams& g, int bits) {
+  const float levels = static_cast<float>((1 << bits) - 1);
+  const float t = std::clamp((x - g.zero) * g.inv_scale, 0.f, levels);
+  return static_cast<int>(std::nearbyint(t));
+}
+
+Fp8GroupParams MakeFp8GroupParams(float amax) {
+  Fp8GroupParams g;
+  g.scale16 = FloatToFp16(amax / 448.f);
+  g.scale = Fp16ToFloat(g.scale16);
+  g.inv_scale = g.scale > 0.f && std::isfinite(g.scale) ? 1.f / g.scale : 0.f;
+  return g;
+}
+
+void KvQuantize(const KvQuantizeParams& p) {
+  const KvTierFormat& f = p.format;
+  const KvPageLayout& l = p.layout;
+  QuantizeSegment(f.k, f.head_dim, p.k, p.stride, p.tokens, p.page, l.k_codes, l.k_meta, p.slot);
+  QuantizeSegment(f.v, f.head_dim, p.v, p.stride, p.tokens, p.page, l.v_codes, l.v_meta, p.slot);
+  if (f.token_meta) {
+    float* scores = reinterpret_cast<float*>(p.page + l.scores);
+    int32_t* positions = reinterpret_cast<int32_t*>(p.page + l.positions);
+    for (int64_t t = 0; t < p.tokens; ++t) {
+      scores[p.slot + t] = p.scores ? p.scores[t] : 0.f;
+      positions[p.slot + t] = p.positions ? p.positions[t] : -1;
+    }
+  }
+  uint64_t* valid = reinterpret_cast<uint64_t*>(p.page + l.valid);
+  for (int64_t s = p.slot; s < p.slot + p.tokens; ++s) valid[s / 64] |= uint64_t{1} << (s % 64);
+}
+
+void KvDequantize(const KvDequantizeParams& p) {
+  const KvTierFormat& f = p.format;
+  const KvPageLayout& l = p.layout;
+  DequantizeSegment(f.k, f.head_dim, p.page, l.k_codes, l.k_meta, p.slot, p.tokens, p.k);
+  DequantizeSegment(f.v, f.head_dim, p.page, l.v_codes, l.v_meta, p.slot, p.tokens, p.v);
+}
+
+}  // namespace sluice::kernels::ref

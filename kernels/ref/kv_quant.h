@@ -1,0 +1,42 @@
+// Reference quantizer and dequantizer of KV pages: the definition of the page formats in
+// kernels/kv_format.h, one scalar step at a time. Other backends write byte-identical pages.
+#ifndef SLUICE_KERNELS_REF_KV_QUANT_H_
+#define SLUICE_KERNELS_REF_KV_QUANT_H_
+
+#include <cstdint>
+
+#include "kernels/op_params.h"
+
+namespace sluice::kernels::ref {
+
+// Parameters must be valid (Backend::KvQuantize checks them).
+void KvQuantize(const KvQuantizeParams& p);
+void KvDequantize(const KvDequantizeParams& p);
+
+// The asymmetric int parameters of a group with minimum `mn` and maximum `mx`, as stored (fp16)
+// and as used when coding (their fp32 values). Shared by every backend's quantizer, so that all
+// of them produce the same codes.
+struct IntGroupParams {
+  uint16_t scale16, zero16;
+  float scale, zero, inv_scale;
+};
+IntGroupParams MakeIntGroupParams(float mn, float mx, int bits);
+// clamp(round_half_even((x - zero) * inv_scale), 0, 2^bits - 1).
+int IntCode(float x, const IntGroupParams& g, int bits);
+
+// The fp8 scale of a group whose largest magnitude is `amax` (fp16 as stored; fp32 values).
+struct Fp8GroupParams {
+  uint16_t scale16;
+  float scale, inv_scale;
+};
+Fp8GroupParams MakeFp8GroupParams(float amax);
+
+// Code c of a packed row of `bits`-bit codes with `row_bytes` bytes (layout in kv_format.h).
+inline int UnpackCode(const uint8_t* row, int bits, int row_bytes, int c) {
+  if (bits == 8) return row[c];
+  return (row[c % row_bytes] >> ((c / row_bytes) * bits)) & ((1 << bits) - 1);
+}
+
+}  // namespace sluice::kernels::ref
+
+#endif  // SLUICE_KERNELS_REF_KV_QUANT_H_
