@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/kv_quant.h"
 #include "kernels/cuda/rmsnorm.h"
 
 namespace sluice::kernels {
@@ -48,7 +49,7 @@ CudaBackend::~CudaBackend() {
 
 bool CudaBackend::Supports(Op op) const {
   // The other ops run on the CPU backend until their CUDA kernels land.
-  return op == Op::kRmsNorm;
+  return op == Op::kRmsNorm || op == Op::kKvQuantize || op == Op::kKvDequantize;
 }
 
 absl::StatusOr<void*> CudaBackend::Allocate(size_t bytes) {
@@ -80,6 +81,16 @@ absl::Status CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
 
 absl::Status CudaBackend::Synchronize() {
   SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DoKvQuantize(const KvQuantizeParams& p) {
+  SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchKvQuantize(p, impl_->stream));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DoKvDequantize(const KvDequantizeParams& p) {
+  SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchKvDequantize(p, impl_->stream));
   return absl::OkStatus();
 }
 

@@ -31,6 +31,8 @@ class CudaBackend final : public Backend {
 
  protected:
   absl::Status DoRmsNorm(const RmsNormParams& p) override;
+  absl::Status DoKvQuantize(const KvQuantizeParams& p) override;
+  absl::Status DoKvDequantize(const KvDequantizeParams& p) override;
 
  private:
   struct Impl;

@@ -1,0 +1,225 @@
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/kv_quant.h"
+
+namespace sluice::kernels::cuda {
+namespace {
+
+// The fp32 values the group parameters take once stored in fp16, as ref::MakeIntGroupParams.
+struct IntGroup {
+  uint16_t scale16, zero16;
+  float zero, inv;
+};
+
+__device__ __forceinline__ uint16_t ToHalfBits(float f) {
+  return __half_as_ushort(__float2half_rn(f));
+}
+__device__ __forceinline__ float FromHalfBits(uint16_t h) {
+  return __half2float(__ushort_as_half(h));
+}
+
+__device__ IntGroup MakeIntGroup(float mn, float mx, int bits) {
+  const float levels = static_cast<float>((1 << bits) - 1);
+  IntGroup g;
+  g.scale16 = ToHalfBits(__fdiv_rn(__fsub_rn(mx, mn), levels));
+  g.zero16 = ToHalfBits(mn);
+  const float scale = FromHalfBits(g.scale16);
+  g.zero = FromHalfBits(g.zero16);
+  g.inv = scale > 0.f && isfinite(scale) ? __fdiv_rn(1.f, scale) : 0.f;
+  return g;
+}
+
+__device__ __forceinline__ int IntCode(float x, const IntGroup& g, float levels) {
+  const float t = fminf(fmaxf(__fmul_rn(__fsub_rn(x, g.zero), g.inv), 0.f), levels);
+  return static_cast<int>(rintf(t));
+}
+
+__device__ __forceinline__ void PackCode(uint8_t* row, int bits, int row_bytes, int c, int code) {
+  if (bits == 8) {
+    row[c] = static_cast<uint8_t>(code);
+  } else {
+    // Several threads may share a byte: combine with an atomic OR on the aligned word.
+    const uintptr_t at = reinterpret_cast<uintptr_t>(row + c % row_bytes);
+    const int shift = (c / row_bytes) * bits + static_cast<int>(at & 3) * 8;
+    atomicOr(reinterpret_cast<unsigned int*>(at & ~uintptr_t{3}), static_cast<unsigned int>(code) << shift);
+  }
+}
+
+__device__ __forceinline__ int UnpackCode(const uint8_t* row, int bits, int row_bytes, int c) {
+  if (bits == 8) return row[c];
+  return (row[c % row_bytes] >> ((c / row_bytes) * bits)) & ((1 << bits) - 1);
+}
+
+// One thread per (token, channel group) for per-token specs; one per (token group, channel
+// block) for specs grouped along tokens. Code rows must be zeroed first (the launcher does).
+__global__ void QuantizeKernel(KvQuantSpec spec, int d, const float* __restrict__ x,  // [n, stride]
+                               int64_t stride, int64_t n, uint8_t* page, int32_t codes_off,
+                               int32_t meta_off, int64_t slot) {
+  const int row_bytes = d * spec.bits / 8;
+  const int gs = spec.group == 0 ? d : spec.group;
+  uint16_t* meta = reinterpret_cast<uint16_t*>(page + meta_off);
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (spec.codec == KvCodec::kF16) {
+    if (i >= n * d) return;
+    const int64_t t = i / d, c = i % d;
+    reinterpret_cast<uint16_t*>(page + codes_off + (slot + t) * row_bytes)[c] =
+        ToHalfBits(x[t * stride + c]);
+    return;
+  }
+  if (spec.grouping == KvGrouping::kPerToken) {
+    const int groups = d / gs;
+    if (i >= n * groups) return;
+    const int64_t t = i / groups;
+    const int c0 = static_cast<int>(i % groups) * gs;
+    const float* xr = x + t * stride;
+    uint8_t* row = page + codes_off + (slot + t) * row_bytes;
+    float mn = xr[c0], mx = mn;
+    for (int c = c0; c < c0 + gs; ++c) {
+      mn = fminf(mn, xr[c]);
+      mx = fmaxf(mx, xr[c]);
+    }
+    if (spec.codec == KvCodec::kFp8) {
+      const uint16_t s16 = ToHalfBits(__fdiv_rn(fmaxf(-mn, mx), 448.f));
+      const float scale = FromHalfBits(s16);
+      const float inv = scale > 0.f && isfinite(scale) ? __fdiv_rn(1.f, scale) : 0.f;
+      meta[(slot + t) * groups + c0 / gs] = s16;
+      for (int c = c0; c < c0 + gs; ++c) {
+        row[c] = __nv_cvt_float_to_fp8(__fmul_rn(xr[c], inv), __NV_SATFINITE, __NV_E4M3);
+      }
+      return;
+    }
+    const IntGroup g = MakeIntGroup(mn, mx, spec.bits);
+    uint16_t* sz = meta + ((slot + t) * groups + c0 / gs) * 2;
+    sz[0] = g.scale16;
+    sz[1] = g.zero16;
+    const float levels = static_cast<float>((1 << spec.bits) - 1);
+    for (int c = c0; c < c0 + gs; ++c) PackCode(row, spec.bits, row_bytes, c, IntCode(xr[c], g, levels));
+    return;
+  }
+  const int bc = spec.grouping == KvGrouping::kBlock ? spec.block_channels : 1, blocks = d / bc;
+  const int64_t token_groups = n / gs;
+  if (i >= token_groups * blocks) return;
+  const int64_t t0 = (i / blocks) * gs;
+  const int b = static_cast<int>(i % blocks);
+  float mn = x[t0 * stride + b * bc], mx = mn;
+  for (int64_t t = t0; t < t0 + gs; ++t) {
+    for (int c = b * bc; c < (b + 1) * bc; ++c) {
+      mn = fminf(mn, x[t * stride + c]);
+      mx = fmaxf(mx, x[t * stride + c]);
+    }
+  }
+  const IntGroup g = MakeIntGroup(mn, mx, spec.bits);
+  uint16_t* scales = meta + ((slot + t0) / gs) * 2 * blocks;
+  scales[b] = g.scale16;
+  scales[blocks + b] = g.zero16;
+  const float levels = static_cast<float>((1 << spec.bits) - 1);
+  for (int64_t t = t0; t < t0 + gs; ++t) {
+    uint8_t* row = page + codes_off + (slot + t) * row_bytes;
+    for (int c = b * bc; c < (b + 1) * bc; ++c) {
+      PackCode(row, spec.bits, row_bytes, c, IntCode(x[t * stride + c], g, levels));
+    }
+  }
+}
+
+// One thread per token: scores, positions and the valid bits (atomic OR per 64-bit word).
+__global__ void TokenMetaKernel(KvQuantizeParams p) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= p.tokens) return;
+  const int64_t s = p.slot + t;
+  if (p.format.token_meta) {
+    reinterpret_cast<float*>(p.page + p.layout.scores)[s] = p.scores ? p.scores[t] : 0.f;
+    reinterpret_cast<int32_t*>(p.page + p.layout.positions)[s] = p.positions ? p.positions[t] : -1;
+  }
+  atomicOr(reinterpret_cast<unsigned long long*>(p.page + p.layout.valid) + s / 64,
+           1ull << (s % 64));
+}
+
+// One thread per (token, channel) of K and V.
+__global__ void DequantizeKernel(KvQuantSpec spec, int d, const uint8_t* page, int32_t codes_off,
+                                 int32_t meta_off, int64_t slot, int64_t n, float* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n * d) return;
+  const int64_t t = i / d, s = slot + t;
+  const int c = static_cast<int>(i % d);
+  const int row_bytes = d * spec.bits / 8;
+  const int gs = spec.group == 0 ? d : spec.group;
+  const uint8_t* row = page + codes_off + s * row_bytes;
+  const uint16_t* meta = reinterpret_cast<const uint16_t*>(page + meta_off);
+  float v;
+  if (spec.codec == KvCodec::kF16) {
+    v = FromHalfBits(reinterpret_cast<const uint16_t*>(row)[c]);
+  } else if (spec.codec == KvCodec::kFp8) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(row[c], __NV_E4M3);
+    v = __half2float(__half(h)) * FromHalfBits(meta[s * (d / gs) + c / gs]);
+  } else if (spec.grouping == KvGrouping::kPerToken) {
+    const uint16_t* sz = meta + (s * (d / gs) + c / gs) * 2;
+    v = FromHalfBits(sz[1]) + UnpackCode(row, spec.bits, row_bytes, c) * FromHalfBits(sz[0]);
+  } else {
+    const int bc = spec.grouping == KvGrouping::kBlock ? spec.block_channels : 1, blocks = d / bc;
+    const uint16_t* scales = meta + (s / gs) * 2 * blocks;
+    v = FromHalfBits(scales[blocks + c / bc]) +
+        UnpackCode(row, spec.bits, row_bytes, c) * FromHalfBits(scales[c / bc]);
+  }
+  out[t * d + c] = v;
+}
+
+constexpr int kThreads = 256;
+
+int Blocks(int64_t work) { return static_cast<int>((work + kThreads - 1) / kThreads); }
+
+cudaError_t QuantizeSegment(const KvQuantSpec& spec, int d, const float* x, int64_t stride,
+                            int64_t n, uint8_t* page, int32_t codes, int32_t meta, int64_t slot,
+                            cudaStream_t stream) {
+  const int row_bytes = d * spec.bits / 8;
+  if (cudaError_t e = cudaMemsetAsync(page + codes + slot * row_bytes, 0, n * row_bytes, stream);
+      e != cudaSuccess) {
+    return e;
+  }
+  const int gs = spec.group == 0 ? d : spec.group;
+  int64_t work;
+  if (spec.codec == KvCodec::kF16) {
+    work = n * d;
+  } else if (spec.grouping == KvGrouping::kPerToken) {
+    work = n * (d / gs);
+  } else {
+    work = n / gs * (spec.grouping == KvGrouping::kBlock ? d / spec.block_channels : d);
+  }
+  QuantizeKernel<<<Blocks(work), kThreads, 0, stream>>>(spec, d, x, stride, n, page, codes, meta,
+                                                          slot);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchKvQuantize(const KvQuantizeParams& p, cudaStream_t stream) {
+  const KvTierFormat& f = p.format;
+  const KvPageLayout& l = p.layout;
+  if (cudaError_t e = QuantizeSegment(f.k, f.head_dim, p.k, p.stride, p.tokens, p.page, l.k_codes,
+                                      l.k_meta, p.slot, stream);
+      e != cudaSuccess) {
+    return e;
+  }
+  if (cudaError_t e = QuantizeSegment(f.v, f.head_dim, p.v, p.stride, p.tokens, p.page, l.v_codes,
+                                      l.v_meta, p.slot, stream);
+      e != cudaSuccess) {
+    return e;
+  }
+  TokenMetaKernel<<<Blocks(p.tokens), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchKvDequantize(const KvDequantizeParams& p, cudaStream_t stream) {
+  const KvTierFormat& f = p.format;
+  const KvPageLayout& l = p.layout;
+  const int64_t work = p.tokens * f.head_dim;
+  DequantizeKernel<<<Blocks(work), kThreads, 0, stream>>>(f.k, f.head_dim, p.page, l.k_codes,
+                                                          l.k_meta, p.slot, p.tokens, p.k);
+  DequantizeKernel<<<Blocks(work), kThreads, 0, stream>>>(f.v, f.head_dim, p.page, l.v_codes,
+                                                          l.v_meta, p.slot, p.tokens, p.v);
+  return cudaGetLastError();
+}
+
+}  // namespace sluice::kernels::cuda
