@@ -15,8 +15,9 @@
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kvstore/kv_preset.h"
+#include "kvstore/paged_kv_cache.h"
 #include "model/gguf.h"
-#include "model/kv_cache.h"
 #include "model/llama.h"
 #include "nlohmann/json.hpp"
 
@@ -25,6 +26,7 @@ ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
 ABSL_FLAG(std::string, batches, "1,4,16", "Batch sizes.");
 ABSL_FLAG(std::string, prompt_lengths, "128,1024", "Prompt lengths in tokens.");
 ABSL_FLAG(int, decode_tokens, 32, "Decode steps per case.");
+ABSL_FLAG(std::string, preset, "fp16", "KV cache preset (llama.cpp keeps fp16 KV).");
 ABSL_FLAG(int, repeats, 2, "Runs per case; the fastest is reported (this machine is noisy).");
 
 namespace sluice {
@@ -59,13 +61,30 @@ absl::Status Run() {
   SLUICE_ASSIGN_OR_RETURN(auto llama, model::LlamaModel::Load(*gguf, *backend));
   const model::LlamaConfig& c = llama->config();
 
+  SLUICE_ASSIGN_OR_RETURN(
+      kvstore::KvPreset preset,
+      kvstore::FindKvPreset(absl::GetFlag(FLAGS_preset), static_cast<int32_t>(c.head_dim)));
+  // A cache with room for `seqs` sequences of `tokens` tokens.
+  auto make_cache = [&](int64_t seqs,
+                        int64_t tokens) -> absl::StatusOr<std::unique_ptr<kvstore::PagedKvCache>> {
+    SLUICE_ASSIGN_OR_RETURN(int64_t pages,
+                            kvstore::PagesForSequence(preset, c.layers, c.kv_heads, tokens));
+    return kvstore::PagedKvCache::Create({.layers = c.layers,
+                                          .heads = c.heads,
+                                          .kv_heads = c.kv_heads,
+                                          .head_dim = c.head_dim,
+                                          .preset = preset,
+                                          .pages = pages * seqs},
+                                         *backend);
+  };
   nlohmann::json cases = nlohmann::json::array();
   std::fprintf(stderr, "sluice (%s)\n%6s %7s %14s %14s\n", backend->name().c_str(), "batch",
                "prompt", "prefill tok/s", "decode tok/s");
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
   {
     // Warm-up: page the weights in and start the thread team, as the peer's warm-up does.
-    model::ContiguousKvCache cache(c.layers, c.kv_heads, c.head_dim);
+    SLUICE_ASSIGN_OR_RETURN(auto cache_owner, make_cache(1, 8));
+    kvstore::PagedKvCache& cache = *cache_owner;
     SLUICE_RETURN_IF_ERROR(cache.AddSequence(0, 8));
     std::vector<int32_t> tokens;
     for (int i = 0; i < 8; ++i) tokens.push_back(PromptToken(0, i, c.vocab));
@@ -76,7 +95,8 @@ absl::Status Run() {
     for (int b : batches) {
       double prefill = 0, dec = 0;
       for (int rep = 0; rep < repeats; ++rep) {
-        model::ContiguousKvCache cache(c.layers, c.kv_heads, c.head_dim);
+        SLUICE_ASSIGN_OR_RETURN(auto cache_owner, make_cache(b, p + decode + 1));
+        kvstore::PagedKvCache& cache = *cache_owner;
         std::vector<std::vector<int32_t>> tokens(b);
         std::vector<model::ForwardEntry> batch;
         for (int s = 0; s < b; ++s) {

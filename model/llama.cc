@@ -172,7 +172,6 @@ absl::Status LlamaModel::Forward(absl::Span<const ForwardEntry> batch, KvCache& 
   auto add = [&](const std::vector<float>& delta) {
     for (int64_t i = 0; i < m * c.hidden; ++i) x[i] += delta[i];
   };
-  const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
 
   for (int li = 0; li < c.layers; ++li) {
     const Layer& l = layers_[li];
@@ -200,18 +199,8 @@ absl::Status LlamaModel::Forward(absl::Span<const ForwardEntry> batch, KvCache& 
       const int64_t row = starts[e];
       SLUICE_RETURN_IF_ERROR(
           cache.Write(batch[e].seq, li, k.data() + row * kv_dim, v.data() + row * kv_dim, n));
-      SLUICE_ASSIGN_OR_RETURN(KvView view, cache.View(batch[e].seq, li, lengths[e] + n));
-      SLUICE_RETURN_IF_ERROR(backend_.Attention({.q = q.data() + row * q_dim,
-                                                 .k = view.k,
-                                                 .v = view.v,
-                                                 .out = attn.data() + row * q_dim,
-                                                 .q_tokens = n,
-                                                 .kv_tokens = view.tokens,
-                                                 .q_start = lengths[e],
-                                                 .heads = c.heads,
-                                                 .kv_heads = c.kv_heads,
-                                                 .head_dim = c.head_dim,
-                                                 .scale = scale}));
+      SLUICE_RETURN_IF_ERROR(
+          cache.Attend(batch[e].seq, li, q.data() + row * q_dim, n, attn.data() + row * q_dim));
     }
     SLUICE_RETURN_IF_ERROR(Matmul(attn.data(), l.o, proj.data(), m, c.hidden, q_dim));
     add(proj);

@@ -13,7 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/gguf.h"
-#include "model/kv_cache.h"
+#include "kvstore/paged_kv_cache.h"
 #include "model/llama.h"
 #include "model/model_path.h"
 #include "model/test_util/goldens.h"
@@ -74,7 +74,19 @@ TEST_F(LlamaGoldenTest, MatchesTransformers) {
     ASSERT_TRUE(lf.read(reinterpret_cast<char*>(want.data()), want.size() * 4))
         << "cannot read " << g["logits_file"];
 
-    ContiguousKvCache cache(c.layers, c.kv_heads, c.head_dim);
+    // fp16 pages with no residual window: every token of the greedy continuation attends over
+    // compressed pages, as in serving.
+    auto preset = kvstore::FindKvPreset("fp16", static_cast<int32_t>(c.head_dim));
+    ASSERT_TRUE(preset.ok());
+    auto cache_or = kvstore::PagedKvCache::Create({.layers = c.layers,
+                                                   .heads = c.heads,
+                                                   .kv_heads = c.kv_heads,
+                                                   .head_dim = c.head_dim,
+                                                   .preset = *preset,
+                                                   .pages = 4096},
+                                                  *backend_);
+    ASSERT_TRUE(cache_or.ok()) << cache_or.status();
+    kvstore::PagedKvCache& cache = **cache_or;
     const std::vector<int32_t> greedy_want = g["greedy_tokens"];
     ASSERT_TRUE(cache.AddSequence(0, want_ids.size() + greedy_want.size() + 1).ok());
     std::vector<float> logits(c.vocab);

@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/ref/ref_backend.h"
+#include "kvstore/paged_kv_cache.h"
 #include "model/test_util/gguf_writer.h"
 #include "model/test_util/tiny_llama.h"
 
@@ -18,6 +19,26 @@ namespace sluice::model {
 namespace {
 
 using kernels::GgmlType;
+
+// A paged KV cache for the tiny model; by default fp16 pages behind a residual window longer
+// than any test sequence, so every token stays in fp32 and results compare exactly.
+std::unique_ptr<kvstore::PagedKvCache> MakeCache(const testing::TinyLlamaSpec& spec,
+                                                 kernels::Backend& backend,
+                                                 std::string_view preset = "fp16",
+                                                 int32_t residual = 1024) {
+  auto p = kvstore::FindKvPreset(preset, static_cast<int32_t>(spec.hidden / spec.heads), 4096);
+  EXPECT_TRUE(p.ok()) << p.status();
+  p->residual = residual;
+  auto cache = kvstore::PagedKvCache::Create({.layers = spec.layers,
+                                              .heads = spec.heads,
+                                              .kv_heads = spec.kv_heads,
+                                              .head_dim = spec.hidden / spec.heads,
+                                              .preset = *p,
+                                              .pages = 512},
+                                             backend);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  return std::move(*cache);
+}
 
 struct Loaded {
   std::unique_ptr<GgufFile> gguf;
@@ -68,7 +89,8 @@ TEST_P(LlamaTest, PrefillEqualsIncrementalDecode) {
   std::mt19937_64 rng(seed_);
   const std::vector<int32_t> tokens = RandomTokens(rng, 23, spec_.vocab);
   const int64_t vocab = l.model->config().vocab;
-  ContiguousKvCache cache(spec_.layers, spec_.kv_heads, spec_.hidden / spec_.heads);
+  auto cache_owner = MakeCache(spec_, *cpu_);
+  kvstore::PagedKvCache& cache = *cache_owner;
 
   ASSERT_TRUE(cache.AddSequence(1, 64).ok());
   std::vector<float> prefill(vocab);
@@ -88,12 +110,45 @@ TEST_P(LlamaTest, PrefillEqualsIncrementalDecode) {
   for (float v : prefill) ASSERT_TRUE(std::isfinite(v));
 }
 
+// With tokens moving into compressed pages as they go, incremental decoding stays close to the
+// all-fp32 prefill: fp16 pages within fp16 rounding, 4-bit KIVI pages within a coarser bound;
+// and every page returns to the pool when the sequence ends.
+TEST_P(LlamaTest, CompressedPagesStayCloseToFullPrecision) {
+  SCOPED_TRACE(seed_);
+  Loaded l = Load(spec_, *cpu_, seed_);
+  std::mt19937_64 rng(seed_ + 3);
+  const std::vector<int32_t> tokens = RandomTokens(rng, 100, spec_.vocab);
+  const int64_t vocab = l.model->config().vocab;
+  auto exact = MakeCache(spec_, *cpu_);
+  ASSERT_TRUE(exact->AddSequence(0, 128).ok());
+  std::vector<float> want(vocab);
+  ASSERT_TRUE(l.model->Forward({{0, tokens}}, *exact, want.data()).ok());
+  for (auto [preset, residual, tol] : {std::tuple{"fp16", 0, 5e-3}, std::tuple{"int8", 0, 3e-2},
+                                       std::tuple{"kivi4", 8, 0.15}}) {
+    SCOPED_TRACE(preset);
+    auto cache = MakeCache(spec_, *cpu_, preset, residual);
+    ASSERT_TRUE(cache->AddSequence(0, 128).ok());
+    std::vector<float> got(vocab);
+    ASSERT_TRUE(
+        l.model->Forward({{0, absl::MakeSpan(tokens).subspan(0, 40)}}, *cache, got.data()).ok());
+    for (size_t i = 40; i < tokens.size(); ++i) {
+      ASSERT_TRUE(
+          l.model->Forward({{0, absl::MakeSpan(tokens).subspan(i, 1)}}, *cache, got.data()).ok());
+    }
+    EXPECT_GT(cache->pool().used_pages(), 0);
+    EXPECT_LT(MaxRelError(got, want), tol);
+    ASSERT_TRUE(cache->RemoveSequence(0).ok());
+    EXPECT_EQ(cache->pool().used_pages(), 0);
+  }
+}
+
 TEST_P(LlamaTest, BatchedDecodeEqualsSeparateRuns) {
   SCOPED_TRACE(seed_);
   Loaded l = Load(spec_, *cpu_, seed_);
   std::mt19937_64 rng(seed_ + 1);
   const int64_t vocab = l.model->config().vocab;
-  ContiguousKvCache cache(spec_.layers, spec_.kv_heads, spec_.hidden / spec_.heads);
+  auto cache_owner = MakeCache(spec_, *cpu_);
+  kvstore::PagedKvCache& cache = *cache_owner;
   std::vector<std::vector<int32_t>> prompts;
   for (int s = 0; s < 3; ++s) prompts.push_back(RandomTokens(rng, 3 + 5 * s, spec_.vocab));
 
@@ -117,8 +172,8 @@ TEST_P(LlamaTest, BatchedDecodeEqualsSeparateRuns) {
   }
   for (int s = 0; s < 3; ++s) ASSERT_TRUE(cache.RemoveSequence(s).ok());
   for (int s = 0; s < 3; ++s) ASSERT_TRUE(cache.RemoveSequence(10 + s).ok());
-  EXPECT_EQ(cache.live_sequences(), 0);
-  EXPECT_EQ(cache.bytes(), 0);
+  EXPECT_EQ(cache.Stats().sequences, 0);
+  EXPECT_EQ(cache.pool().used_pages(), 0);
 }
 
 TEST_P(LlamaTest, CpuMatchesRefBackend) {
@@ -129,7 +184,8 @@ TEST_P(LlamaTest, CpuMatchesRefBackend) {
   std::mt19937_64 rng(seed_ + 2);
   const std::vector<int32_t> tokens = RandomTokens(rng, 9, spec_.vocab);
   const int64_t vocab = lc.model->config().vocab;
-  ContiguousKvCache c1(spec_.layers, spec_.kv_heads, spec_.hidden / spec_.heads), c2 = c1;
+  auto c1_owner = MakeCache(spec_, *cpu_), c2_owner = MakeCache(spec_, ref);
+  kvstore::PagedKvCache &c1 = *c1_owner, &c2 = *c2_owner;
   ASSERT_TRUE(c1.AddSequence(0, 16).ok());
   ASSERT_TRUE(c2.AddSequence(0, 16).ok());
   std::vector<float> a(vocab), b(vocab);
@@ -140,7 +196,8 @@ TEST_P(LlamaTest, CpuMatchesRefBackend) {
 
 TEST_P(LlamaTest, RejectsBadInputWithoutCorruptingTheCache) {
   Loaded l = Load(spec_, *cpu_, seed_);
-  ContiguousKvCache cache(spec_.layers, spec_.kv_heads, spec_.hidden / spec_.heads);
+  auto cache_owner = MakeCache(spec_, *cpu_);
+  kvstore::PagedKvCache& cache = *cache_owner;
   ASSERT_TRUE(cache.AddSequence(0, 4).ok());
   std::vector<float> logits(l.model->config().vocab);
   const std::vector<int32_t> bad = {1, static_cast<int32_t>(spec_.vocab)};

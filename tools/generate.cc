@@ -18,9 +18,10 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kvstore/kv_preset.h"
+#include "kvstore/paged_kv_cache.h"
 #include "model/chat_template.h"
 #include "model/gguf.h"
-#include "model/kv_cache.h"
 #include "model/llama.h"
 #include "model/model_path.h"
 #include "model/sampler.h"
@@ -39,6 +40,8 @@ ABSL_FLAG(int64_t, seed, -1, "Sampling seed; -1 = random.");
 ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else the cache).");
 ABSL_FLAG(bool, json, false, "Print one JSON object instead of streaming text.");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
+ABSL_FLAG(std::string, preset, "fp16",
+          "KV cache compression preset: fp16, int8, kivi4 or kivi2.");
 
 namespace sluice {
 namespace {
@@ -90,7 +93,20 @@ absl::Status Run() {
     sp.stop_tokens.push_back(tokenizer->unk_id());  // <|endoftext|> ends documents
   }
 
-  model::ContiguousKvCache cache(config.layers, config.kv_heads, config.head_dim);
+  SLUICE_ASSIGN_OR_RETURN(
+      kvstore::KvPreset preset,
+      kvstore::FindKvPreset(absl::GetFlag(FLAGS_preset), static_cast<int32_t>(config.head_dim)));
+  SLUICE_ASSIGN_OR_RETURN(int64_t pages, kvstore::PagesForSequence(preset, config.layers,
+                                                                   config.kv_heads, room));
+  SLUICE_ASSIGN_OR_RETURN(auto cache_owner,
+                          kvstore::PagedKvCache::Create({.layers = config.layers,
+                                                         .heads = config.heads,
+                                                         .kv_heads = config.kv_heads,
+                                                         .head_dim = config.head_dim,
+                                                         .preset = preset,
+                                                         .pages = pages},
+                                                        *backend));
+  kvstore::PagedKvCache& cache = *cache_owner;
   SLUICE_RETURN_IF_ERROR(cache.AddSequence(0, room));
   model::Sampler sampler(sp);
   model::StopChecker stop(sp);
@@ -128,6 +144,7 @@ absl::Status Run() {
   }
   const std::string tail = stream.Flush();
   text += tail;
+  const kvstore::KvCacheStats kv = cache.Stats();
   SLUICE_RETURN_IF_ERROR(cache.RemoveSequence(0));
 
   const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
@@ -140,14 +157,24 @@ absl::Status Run() {
         {"text", text},
         {"tokens", generated},
         {"prompt_tokens", prompt_ids},
-        {"timings", {{"prefill_tokens_per_s", prefill_tps}, {"decode_tokens_per_s", decode_tps}}}};
+        {"timings", {{"prefill_tokens_per_s", prefill_tps}, {"decode_tokens_per_s", decode_tps}}},
+        {"kv",
+         {{"preset", preset.name},
+          {"pages", kv.pages.pages()},
+          {"page_bytes", kv.pages.bytes()},
+          {"residual_tokens", kv.residual_tokens},
+          {"ratio_vs_fp16", kv.ratio_vs_fp16()}}}};
     std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::fwrite(tail.data(), 1, tail.size(), stdout);
     std::fprintf(stdout, "\n");
     std::fflush(stdout);
-    std::fprintf(stderr, "[%zu prompt tokens, %.1f tokens/s; %zu generated, %.1f tokens/s]\n",
-                 prompt_ids.size(), prefill_tps, generated.size(), decode_tps);
+    std::fprintf(stderr,
+                 "[%zu prompt tokens, %.1f tokens/s; %zu generated, %.1f tokens/s; KV %s: %lld "
+                 "pages, %.2fx smaller than fp16]\n",
+                 prompt_ids.size(), prefill_tps, generated.size(), decode_tps,
+                 preset.name.c_str(), static_cast<long long>(kv.pages.pages()),
+                 kv.ratio_vs_fp16());
   }
   return absl::OkStatus();
 }

@@ -11,7 +11,7 @@ namespace sluice::model::testing {
 
 struct TinyLlamaSpec {
   int layers = 2;
-  int64_t hidden = 64;
+  int64_t hidden = 128;  // head_dim 32, the smallest the KV page formats take
   int64_t ffn = 96;
   int64_t heads = 4;
   int64_t kv_heads = 2;

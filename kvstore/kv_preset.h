@@ -1,0 +1,36 @@
+// Named KV compression presets: the page format of each tier and the full-precision window.
+//
+//   fp16   K and V in fp16 (the uncompressed baseline; the 2x of fp32 aside)
+//   int8   K and V int8 per token (asymmetric, fp16 scale/zero per token and head)
+//   kivi4  KIVI: K int4 per channel in groups of 32 tokens, V int4 per token in groups of 32
+//          channels, the most recent 128 tokens in full precision
+//   kivi2  the same with 2-bit codes
+#ifndef SLUICE_KVSTORE_KV_PRESET_H_
+#define SLUICE_KVSTORE_KV_PRESET_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/kv_format.h"
+
+namespace sluice::kvstore {
+
+struct KvPreset {
+  std::string name;
+  kernels::KvTierFormat high;  // the tier every token goes to until policies add a low tier
+  // Tokens kept in full precision after the compressed ones (KIVI's residual); tokens move to
+  // pages in whole token groups once more than this many are committed.
+  int32_t residual = 0;
+};
+
+// The preset called `name` for heads of `head_dim` channels and pages of `page_bytes`.
+// NotFound listing the known names otherwise.
+absl::StatusOr<KvPreset> FindKvPreset(std::string_view name, int32_t head_dim,
+                                      int32_t page_bytes = 16 * 1024);
+std::vector<std::string> KvPresetNames();
+
+}  // namespace sluice::kvstore
+
+#endif  // SLUICE_KVSTORE_KV_PRESET_H_

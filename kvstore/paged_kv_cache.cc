@@ -1,0 +1,256 @@
+#include "kvstore/paged_kv_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+
+namespace sluice::kvstore {
+
+double KvCacheStats::ratio_vs_fp16() const {
+  const int64_t held = pages.bytes() + residual_bytes;
+  if (held == 0) return 0;
+  // fp16 bytes of the residual tokens: 2 bytes x 2 (K, V) per channel; residual_bytes holds
+  // fp32, i.e. twice that.
+  return static_cast<double>(pages.fp16_bytes + residual_bytes / 2) / static_cast<double>(held);
+}
+
+absl::StatusOr<int64_t> PagesForSequence(const KvPreset& preset, int32_t layers, int64_t kv_heads,
+                                         int64_t tokens) {
+  SLUICE_ASSIGN_OR_RETURN(kernels::KvPageLayout layout, kernels::ComputePageLayout(preset.high));
+  return (tokens + layout.tokens - 1) / layout.tokens * layers * kv_heads;
+}
+
+absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(
+    const PagedKvCacheOptions& o, kernels::Backend& backend) {
+  if (o.layers <= 0 || o.heads <= 0 || o.kv_heads <= 0 || o.heads % o.kv_heads != 0 ||
+      o.head_dim <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "bad KV cache shape: layers=%d heads=%d kv_heads=%d head_dim=%d", o.layers, o.heads,
+        o.kv_heads, o.head_dim));
+  }
+  if (o.preset.high.head_dim != o.head_dim) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "preset %s is for head_dim %d, the model has %d", o.preset.name, o.preset.high.head_dim,
+        o.head_dim));
+  }
+  if (backend.kind() == kernels::BackendKind::kCuda) {
+    return absl::UnimplementedError("the paged KV cache keeps its pool in host memory; use the "
+                                    "cpu backend");
+  }
+  if (o.preset.residual < 0) return absl::InvalidArgumentError("preset residual must be >= 0");
+  SLUICE_ASSIGN_OR_RETURN(kernels::KvPageLayout layout, kernels::ComputePageLayout(o.preset.high));
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool,
+                          PagePool::Create(o.pages, o.preset.high.page_bytes));
+  return std::unique_ptr<PagedKvCache>(new PagedKvCache(o, layout, std::move(pool), backend));
+}
+
+PagedKvCache::PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLayout layout,
+                           std::unique_ptr<PagePool> pool, kernels::Backend& backend)
+    : options_(options),
+      layout_(layout),
+      row_(options.kv_heads * options.head_dim),
+      pool_(std::move(pool)),
+      backend_(backend) {}
+
+PagedKvCache::~PagedKvCache() {
+  for (auto& [id, s] : seqs_) {
+    for (const HeadPages& h : s.heads) pool_->Free(h.ids).IgnoreError();
+  }
+}
+
+absl::Status PagedKvCache::AddSequence(int64_t seq, int64_t max_tokens) {
+  if (max_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("max_tokens=%d must be > 0", max_tokens));
+  }
+  if (seqs_.contains(seq)) {
+    return absl::AlreadyExistsError(absl::StrFormat("sequence %d already has a KV cache", seq));
+  }
+  Seq& s = seqs_[seq];
+  s.max_tokens = max_tokens;
+  s.k.resize(options_.layers);
+  s.v.resize(options_.layers);
+  s.heads.resize(options_.layers * options_.kv_heads);
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::RemoveSequence(int64_t seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    return absl::NotFoundError(absl::StrFormat("sequence %d has no KV cache", seq));
+  }
+  std::vector<PageId> ids;
+  for (const HeadPages& h : it->second.heads) ids.insert(ids.end(), h.ids.begin(), h.ids.end());
+  seqs_.erase(it);
+  return pool_->Free(ids);
+}
+
+absl::StatusOr<PagedKvCache::Seq*> PagedKvCache::Find(int64_t seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    return absl::NotFoundError(absl::StrFormat("sequence %d has no KV cache", seq));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<int64_t> PagedKvCache::Length(int64_t seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    return absl::NotFoundError(absl::StrFormat("sequence %d has no KV cache", seq));
+  }
+  return it->second.length;
+}
+
+absl::Status PagedKvCache::Write(int64_t seq, int layer, const float* k, const float* v,
+                                 int64_t n) {
+  SLUICE_ASSIGN_OR_RETURN(Seq * s, Find(seq));
+  if (layer < 0 || layer >= options_.layers) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("layer %d outside [0, %d)", layer, options_.layers));
+  }
+  if (n < 0 || s->length + n > s->max_tokens) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("sequence %d: %d + %d tokens exceed its room of %d", seq, s->length, n,
+                        s->max_tokens));
+  }
+  const int64_t resid = s->length - s->compressed;
+  s->k[layer].resize((resid + n) * row_);
+  s->v[layer].resize((resid + n) * row_);
+  std::memcpy(s->k[layer].data() + resid * row_, k, n * row_ * sizeof(float));
+  std::memcpy(s->v[layer].data() + resid * row_, v, n * row_ * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::Attend(int64_t seq, int layer, const float* q, int64_t n,
+                                  float* out) {
+  SLUICE_ASSIGN_OR_RETURN(Seq * s, Find(seq));
+  if (layer < 0 || layer >= options_.layers) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("layer %d outside [0, %d)", layer, options_.layers));
+  }
+  const int64_t recent = static_cast<int64_t>(s->k[layer].size()) / row_;
+  if (recent < s->length - s->compressed + n) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "sequence %d layer %d: attention over %d new tokens that were not written", seq, layer, n));
+  }
+  std::vector<kernels::KvPageRef> refs;
+  std::vector<int32_t> offsets = {0};
+  for (int64_t h = 0; h < options_.kv_heads; ++h) {
+    const HeadPages& hp = s->heads[layer * options_.kv_heads + h];
+    for (size_t i = 0; i < hp.ids.size(); ++i) {
+      refs.push_back({.data = pool_->data(hp.ids[i]),
+                      .slots = i + 1 == hp.ids.size() ? hp.last_slots : layout_.tokens,
+                      .tier = 0});
+    }
+    offsets.push_back(static_cast<int32_t>(refs.size()));
+  }
+  const float scale = options_.attention_scale > 0.f
+                          ? options_.attention_scale
+                          : 1.f / std::sqrt(static_cast<float>(options_.head_dim));
+  return backend_.PagedAttention({.q = q,
+                                  .out = out,
+                                  .q_tokens = n,
+                                  .heads = options_.heads,
+                                  .kv_heads = options_.kv_heads,
+                                  .head_dim = options_.head_dim,
+                                  .scale = scale,
+                                  .formats = &options_.preset.high,
+                                  .layouts = &layout_,
+                                  .tier_count = 1,
+                                  .pages = refs.data(),
+                                  .page_offsets = offsets.data(),
+                                  .recent_k = s->k[layer].data(),
+                                  .recent_v = s->v[layer].data(),
+                                  .recent_tokens = recent});
+}
+
+absl::Status PagedKvCache::Commit(int64_t seq, int64_t n) {
+  SLUICE_ASSIGN_OR_RETURN(Seq * s, Find(seq));
+  const int64_t resid = s->length - s->compressed;
+  for (int l = 0; l < options_.layers; ++l) {
+    if (static_cast<int64_t>(s->k[l].size()) / row_ < resid + n) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "sequence %d: committing %d tokens that layer %d did not write", seq, n, l));
+    }
+  }
+  s->length += n;
+  return Flush(*s);
+}
+
+absl::Status PagedKvCache::Flush(Seq& s) {
+  const int64_t group = layout_.token_group, cap = layout_.tokens;
+  const int64_t movable = s.length - s.compressed - options_.preset.residual;
+  const int64_t flush = movable / group * group;
+  if (flush <= 0) return absl::OkStatus();
+  // Pages each (layer, head) needs beyond the room left in its last page; one batch
+  // allocation for all of them.
+  const int64_t lists = static_cast<int64_t>(s.heads.size());
+  std::vector<int32_t> counts(lists);
+  for (int64_t i = 0; i < lists; ++i) {
+    const HeadPages& hp = s.heads[i];
+    const int64_t room = hp.ids.empty() ? 0 : cap - hp.last_slots;
+    counts[i] = static_cast<int32_t>(std::max<int64_t>(0, (flush - room + cap - 1) / cap));
+  }
+  std::vector<int64_t> offsets;
+  std::vector<PageId> fresh;
+  if (absl::Status st = pool_->Allocate(counts, &offsets, &fresh); !st.ok()) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "KV page pool exhausted while compressing %d tokens of sequence: %s", flush,
+        st.message()));
+  }
+  const int64_t valid_bytes = (cap + 63) / 64 * 8;
+  for (PageId id : fresh) std::memset(pool_->data(id) + layout_.valid, 0, valid_bytes);
+  for (int64_t i = 0; i < lists; ++i) {
+    const int layer = static_cast<int>(i / options_.kv_heads);
+    const int64_t h = i % options_.kv_heads;
+    HeadPages& hp = s.heads[i];
+    int64_t next = offsets[i];
+    for (int64_t t0 = 0; t0 < flush;) {
+      if (hp.ids.empty() || hp.last_slots == cap) {
+        hp.ids.push_back(fresh[next++]);
+        hp.last_slots = 0;
+      }
+      const int64_t chunk = std::min(flush - t0, cap - hp.last_slots);
+      SLUICE_RETURN_IF_ERROR(
+          backend_.KvQuantize({.k = s.k[layer].data() + t0 * row_ + h * options_.head_dim,
+                               .v = s.v[layer].data() + t0 * row_ + h * options_.head_dim,
+                               .stride = row_,
+                               .tokens = chunk,
+                               .format = options_.preset.high,
+                               .layout = layout_,
+                               .page = pool_->data(hp.ids.back()),
+                               .slot = hp.last_slots}));
+      hp.last_slots += static_cast<int32_t>(chunk);
+      t0 += chunk;
+    }
+  }
+  for (int l = 0; l < options_.layers; ++l) {
+    s.k[l].erase(s.k[l].begin(), s.k[l].begin() + flush * row_);
+    s.v[l].erase(s.v[l].begin(), s.v[l].begin() + flush * row_);
+  }
+  s.compressed += flush;
+  return absl::OkStatus();
+}
+
+KvCacheStats PagedKvCache::Stats() const {
+  KvCacheStats st;
+  st.sequences = static_cast<int64_t>(seqs_.size());
+  st.pages.page_bytes = layout_.tokens > 0 ? options_.preset.high.page_bytes : 0;
+  for (const auto& [id, s] : seqs_) {
+    for (const HeadPages& hp : s.heads) {
+      st.pages.pages_high += static_cast<int64_t>(hp.ids.size());
+      st.pages.allocated_slots += static_cast<int64_t>(hp.ids.size()) * layout_.tokens;
+    }
+    const int64_t live = s.compressed * options_.layers * options_.kv_heads;
+    st.pages.live_slots += live;
+    st.pages.fp16_bytes += Fp16KvBytes(live, options_.head_dim);
+    const int64_t resid = (s.length - s.compressed) * options_.layers * options_.kv_heads;
+    st.residual_tokens += resid;
+    st.residual_bytes += resid * options_.head_dim * 2 * 4;
+  }
+  return st;
+}
+
+}  // namespace sluice::kvstore

@@ -1,0 +1,103 @@
+// The model's KV cache in compressed pages: the KvCache the model runs on.
+//
+// New tokens stay in full precision (fp32, the residual window) until more than the preset's
+// `residual` are committed; then whole token groups are quantized into pages of the preset's
+// format, one page list per (sequence, layer, kv-head), drawn from one PagePool. Attention runs
+// over the pages and the residual window together (Backend::PagedAttention), so a prompt's own
+// attention always sees its full-precision keys, as in KIVI and in a prefill worker.
+//
+// Not thread-safe: one owner thread (the scheduler loop) drives it.
+#ifndef SLUICE_KVSTORE_PAGED_KV_CACHE_H_
+#define SLUICE_KVSTORE_PAGED_KV_CACHE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/kv_format.h"
+#include "kvstore/kv_accounting.h"
+#include "kvstore/kv_preset.h"
+#include "kvstore/page_pool.h"
+#include "model/kv_cache.h"
+
+namespace sluice::kvstore {
+
+struct PagedKvCacheOptions {
+  int32_t layers = 0;
+  int64_t heads = 0;     // query heads
+  int64_t kv_heads = 0;  // divides heads
+  int64_t head_dim = 0;
+  KvPreset preset;
+  int64_t pages = 0;  // pool size
+  float attention_scale = 0.f;  // 0: 1 / sqrt(head_dim)
+};
+
+// What a cache holds right now.
+struct KvCacheStats {
+  KvAccounting pages;            // compressed tokens in pages
+  int64_t residual_tokens = 0;   // tokens x kv-heads x layers held in fp32 outside pages
+  int64_t residual_bytes = 0;
+  int64_t sequences = 0;
+  // Everything held (pages + residual) against the same tokens in fp16.
+  double ratio_vs_fp16() const;
+};
+
+// Pages one sequence of `tokens` tokens can occupy at most with `preset`.
+absl::StatusOr<int64_t> PagesForSequence(const KvPreset& preset, int32_t layers, int64_t kv_heads,
+                                         int64_t tokens);
+
+class PagedKvCache final : public model::KvCache {
+ public:
+  // The backend runs quantization and attention on host memory (cpu or ref); it must outlive
+  // the cache.
+  static absl::StatusOr<std::unique_ptr<PagedKvCache>> Create(const PagedKvCacheOptions& options,
+                                                              kernels::Backend& backend);
+  ~PagedKvCache() override;
+
+  absl::Status AddSequence(int64_t seq, int64_t max_tokens) override;
+  absl::Status RemoveSequence(int64_t seq) override;
+  absl::StatusOr<int64_t> Length(int64_t seq) const override;
+  absl::Status Write(int64_t seq, int layer, const float* k, const float* v, int64_t n) override;
+  absl::Status Attend(int64_t seq, int layer, const float* q, int64_t n, float* out) override;
+  absl::Status Commit(int64_t seq, int64_t n) override;
+
+  KvCacheStats Stats() const;
+  const KvPreset& preset() const { return options_.preset; }
+  const kernels::KvPageLayout& layout() const { return layout_; }
+  const PagePool& pool() const { return *pool_; }
+
+ private:
+  struct HeadPages {
+    std::vector<PageId> ids;
+    int32_t last_slots = 0;  // slots used in the last page
+  };
+  struct Seq {
+    int64_t max_tokens = 0;
+    int64_t length = 0;      // committed tokens
+    int64_t compressed = 0;  // the first `compressed` tokens live in pages
+    // Per layer: the residual window plus the written, not yet committed tokens,
+    // [tokens, kv_heads, head_dim].
+    std::vector<std::vector<float>> k, v;
+    std::vector<HeadPages> heads;  // [layers * kv_heads]
+  };
+
+  PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLayout layout,
+               std::unique_ptr<PagePool> pool, kernels::Backend& backend);
+  absl::StatusOr<Seq*> Find(int64_t seq);
+  // Moves whole token groups beyond the residual window into pages.
+  absl::Status Flush(Seq& s);
+
+  const PagedKvCacheOptions options_;
+  const kernels::KvPageLayout layout_;
+  const int64_t row_;  // kv_heads * head_dim
+  std::unique_ptr<PagePool> pool_;
+  kernels::Backend& backend_;
+  absl::flat_hash_map<int64_t, Seq> seqs_;
+};
+
+}  // namespace sluice::kvstore
+
+#endif  // SLUICE_KVSTORE_PAGED_KV_CACHE_H_
