@@ -157,6 +157,25 @@ absl::StatusOr<KvPageLayout> ComputePageLayout(const KvTierFormat& f) {
   return l;
 }
 
+KvCodePosition KvCodePositionOf(const KvQuantSpec& spec, int32_t head_dim, int64_t slot,
+                                int c) {
+  const int64_t row_bytes = KvRowBytes(spec, head_dim);
+  const int bits = spec.bits;
+  if (bits >= 8 && spec.grouping == KvGrouping::kPerToken) return {slot * row_bytes + c, 0};
+  if (spec.grouping == KvGrouping::kPerToken) {
+    return {slot * row_bytes + c % row_bytes, static_cast<int>(c / row_bytes) * bits};
+  }
+  const int64_t g = KvGroupOf(spec, head_dim), per = 8 / bits;
+  const int64_t block = slot / g * g * row_bytes;
+  return {block + (c / per) * g + slot % g, static_cast<int>(c % per) * bits};
+}
+
+int KvCodeAt(const KvQuantSpec& spec, int32_t head_dim, const uint8_t* codes, int64_t slot,
+             int c) {
+  const KvCodePosition p = KvCodePositionOf(spec, head_dim, slot, c);
+  return (codes[p.byte] >> p.shift) & ((1 << spec.bits) - 1);
+}
+
 uint8_t FloatToFp8E4M3(float f) {
   if (std::isnan(f)) return 0x7f;
   const uint8_t sign = std::signbit(f) ? 0x80 : 0;

@@ -12,13 +12,20 @@
 //   positions [tokens] i32   (only with token_meta)
 //   valid     [ceil(tokens / 64)] u64, bit t set = slot t holds a live token
 //
-// Packing of b-bit codes (b = 2 or 4) in a row of D codes: R = D * b / 8 bytes; byte j holds
-// codes j + s * R for s = 0 .. 8/b - 1 at bits [s * b, s * b + b). Each shift-and-mask of the
-// row's bytes then yields R consecutive codes, which is what the vector kernels want. 8-bit codes
-// are one byte each; fp16 values are raw IEEE halves; fp8 values are OCP E4M3 bytes.
+// Packing of b-bit codes (b = 2, 4 or 8; P = 8 / b codes per byte):
+//  - grouped per token (V, and K kPerToken): each token's row of D codes takes R = D * b / 8
+//    bytes; byte j holds codes j + s * R for s < P at bits [s * b, s * b + b). One shift-and-mask
+//    of a row's bytes yields R consecutive channels: the vector width of value accumulation.
+//  - grouped along tokens (K kPerChannel, kBlock): the G tokens of a group share one block of
+//    G * R bytes, channel-major: byte q * G + t holds channels q * P + s of the group's token t
+//    at bits [s * b, s * b + b). One shift-and-mask of consecutive bytes yields one channel of
+//    consecutive tokens: the vector width of score computation, with no horizontal sums.
+// fp16 values are raw IEEE halves (token-major); fp8 values are OCP E4M3 bytes (token-major).
 //
 // Quantization groups:
 //   kPerToken    int or fp8: one (scale, zero) — fp8: one scale — per `group` channels of a token.
+//                Stored planar over the page's N slots: scales [groups][N], then (int) zeros
+//                [groups][N], so a vector load reads consecutive tokens' scales.
 //   kPerChannel  int, K only (KIVI/MiniKV): one (scale, zero) per channel per `group` tokens.
 //   kBlock       int, K only (KVComp 2D block): one (scale, zero) per `group` tokens x
 //                `block_channels` channels.
@@ -88,6 +95,21 @@ int32_t KvRowBytes(const KvQuantSpec& spec, int32_t head_dim);
 
 // Effective `group` (0 resolved to head_dim) and, for kBlock, block_channels.
 int32_t KvGroupOf(const KvQuantSpec& spec, int32_t head_dim);
+
+// fp16 index, within a per-token meta segment of a page with `page_tokens` slots, of the scale of
+// channel group gi of slot `slot`; the zero (int codes) is at + groups * page_tokens.
+inline int64_t KvTokenMetaIndex(int32_t page_tokens, int64_t slot, int gi) {
+  return static_cast<int64_t>(gi) * page_tokens + slot;
+}
+
+// Code of channel c of slot `slot` in a code segment written with `spec` (any bits < 16).
+int KvCodeAt(const KvQuantSpec& spec, int32_t head_dim, const uint8_t* codes, int64_t slot, int c);
+// Where that code lives: byte offset in the segment and bit shift.
+struct KvCodePosition {
+  int64_t byte;
+  int shift;
+};
+KvCodePosition KvCodePositionOf(const KvQuantSpec& spec, int32_t head_dim, int64_t slot, int c);
 
 // OCP FP8 E4M3 (bias 7, no infinities, 0x7f/0xff NaN, max 448): round to nearest even,
 // saturating to +-448; NaN maps to 0x7f.

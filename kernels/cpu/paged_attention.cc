@@ -52,7 +52,7 @@ struct Partial {
 using AttendFn = void (*)(const PagedAttentionParams&, int64_t, int64_t, int32_t, int32_t,
                           const float*, ExpFn, float*, Partial*);
 using DecodeRowFn = void (*)(const KvQuantSpec&, int, const uint8_t*, int32_t, int32_t, int32_t,
-                             int64_t, const float*, float*);
+                             int64_t, int32_t, const float*, float*);
 
 AttendFn AttendFor(Isa isa) {
   switch (isa) {
@@ -104,9 +104,11 @@ void DenseOverGathered(const PagedAttentionParams& p, Isa isa, int threads) {
         const size_t at = k[h].size();
         k[h].resize(at + d);
         v[h].resize(at + d);
-        decode(f.k, static_cast<int>(d), r.data, l.k_codes, l.k_row_bytes, l.k_meta, s, Fp8Lut(),
+        decode(f.k, static_cast<int>(d), r.data, l.k_codes, l.k_row_bytes, l.k_meta, s, l.tokens,
+               Fp8Lut(),
                k[h].data() + at);
-        decode(f.v, static_cast<int>(d), r.data, l.v_codes, l.v_row_bytes, l.v_meta, s, Fp8Lut(),
+        decode(f.v, static_cast<int>(d), r.data, l.v_codes, l.v_row_bytes, l.v_meta, s, l.tokens,
+               Fp8Lut(),
                v[h].data() + at);
       }
     }
@@ -196,7 +198,7 @@ void PagedAttention(const PagedAttentionParams& p, Isa isa, int threads) {
   const bool parallel = threads > 1 && n_tasks > 1;
 #pragma omp parallel num_threads(threads) if (parallel)
   {
-    std::vector<float> scratch(static_cast<size_t>(max_slots) * g);
+    std::vector<float> scratch(static_cast<size_t>(max_slots) * g * (1 + d));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < n_tasks; ++i) {
       const Task& task = tasks[i];
@@ -253,8 +255,10 @@ void KvDequantize(const KvDequantizeParams& p, Isa isa) {
   const KvPageLayout& l = p.layout;
   const int d = f.head_dim;
   for (int64_t t = 0; t < p.tokens; ++t) {
-    decode(f.k, d, p.page, l.k_codes, l.k_row_bytes, l.k_meta, p.slot + t, Fp8Lut(), p.k + t * d);
-    decode(f.v, d, p.page, l.v_codes, l.v_row_bytes, l.v_meta, p.slot + t, Fp8Lut(), p.v + t * d);
+    decode(f.k, d, p.page, l.k_codes, l.k_row_bytes, l.k_meta, p.slot + t, l.tokens, Fp8Lut(),
+           p.k + t * d);
+    decode(f.v, d, p.page, l.v_codes, l.v_row_bytes, l.v_meta, p.slot + t, l.tokens, Fp8Lut(),
+           p.v + t * d);
   }
 }
 

@@ -37,27 +37,45 @@ __device__ __forceinline__ int IntCode(float x, const IntGroup& g, float levels)
   return static_cast<int>(rintf(t));
 }
 
-__device__ __forceinline__ void PackCode(uint8_t* row, int bits, int row_bytes, int c, int code) {
-  if (bits == 8) {
-    row[c] = static_cast<uint8_t>(code);
-  } else {
-    // Several threads may share a byte: combine with an atomic OR on the aligned word.
-    const uintptr_t at = reinterpret_cast<uintptr_t>(row + c % row_bytes);
-    const int shift = (c / row_bytes) * bits + static_cast<int>(at & 3) * 8;
-    atomicOr(reinterpret_cast<unsigned int*>(at & ~uintptr_t{3}), static_cast<unsigned int>(code) << shift);
+// Byte and shift of code c of slot `slot` (layout in kernels/kv_format.h).
+__device__ __forceinline__ void CodePosition(const KvQuantSpec& spec, int d, int64_t slot, int c,
+                                             int64_t* byte, int* shift) {
+  const int row_bytes = d * spec.bits / 8;
+  if (spec.grouping == KvGrouping::kPerToken) {
+    *byte = slot * row_bytes + c % row_bytes;
+    *shift = spec.bits == 8 ? 0 : (c / row_bytes) * spec.bits;
+    return;
   }
+  const int g = spec.group == 0 ? d : spec.group, per = 8 / spec.bits;
+  *byte = slot / g * g * row_bytes + (c / per) * g + slot % g;
+  *shift = (c % per) * spec.bits;
 }
 
-__device__ __forceinline__ int UnpackCode(const uint8_t* row, int bits, int row_bytes, int c) {
-  if (bits == 8) return row[c];
-  return (row[c % row_bytes] >> ((c / row_bytes) * bits)) & ((1 << bits) - 1);
+// ORs a code into the (zeroed) segment; several threads may share a byte, so the aligned word
+// is updated atomically.
+__device__ __forceinline__ void PackCode(const KvQuantSpec& spec, int d, uint8_t* segment,
+                                         int64_t slot, int c, int code) {
+  int64_t byte;
+  int shift;
+  CodePosition(spec, d, slot, c, &byte, &shift);
+  const uintptr_t at = reinterpret_cast<uintptr_t>(segment + byte);
+  atomicOr(reinterpret_cast<unsigned int*>(at & ~uintptr_t{3}),
+           static_cast<unsigned int>(code) << (shift + static_cast<int>(at & 3) * 8));
+}
+
+__device__ __forceinline__ int UnpackCode(const KvQuantSpec& spec, int d, const uint8_t* segment,
+                                          int64_t slot, int c) {
+  int64_t byte;
+  int shift;
+  CodePosition(spec, d, slot, c, &byte, &shift);
+  return (segment[byte] >> shift) & ((1 << spec.bits) - 1);
 }
 
 // One thread per (token, channel group) for per-token specs; one per (token group, channel
 // block) for specs grouped along tokens. Code rows must be zeroed first (the launcher does).
 __global__ void QuantizeKernel(KvQuantSpec spec, int d, const float* __restrict__ x,  // [n, stride]
                                int64_t stride, int64_t n, uint8_t* page, int32_t codes_off,
-                               int32_t meta_off, int64_t slot) {
+                               int32_t meta_off, int64_t slot, int32_t page_tokens) {
   const int row_bytes = d * spec.bits / 8;
   const int gs = spec.group == 0 ? d : spec.group;
   uint16_t* meta = reinterpret_cast<uint16_t*>(page + meta_off);
@@ -85,18 +103,20 @@ __global__ void QuantizeKernel(KvQuantSpec spec, int d, const float* __restrict_
       const uint16_t s16 = ToHalfBits(__fdiv_rn(fmaxf(-mn, mx), 448.f));
       const float scale = FromHalfBits(s16);
       const float inv = scale > 0.f && isfinite(scale) ? __fdiv_rn(1.f, scale) : 0.f;
-      meta[(slot + t) * groups + c0 / gs] = s16;
+      meta[static_cast<int64_t>(c0 / gs) * page_tokens + slot + t] = s16;
       for (int c = c0; c < c0 + gs; ++c) {
         row[c] = __nv_cvt_float_to_fp8(__fmul_rn(xr[c], inv), __NV_SATFINITE, __NV_E4M3);
       }
       return;
     }
     const IntGroup g = MakeIntGroup(mn, mx, spec.bits);
-    uint16_t* sz = meta + ((slot + t) * groups + c0 / gs) * 2;
-    sz[0] = g.scale16;
-    sz[1] = g.zero16;
+    const int64_t at = static_cast<int64_t>(c0 / gs) * page_tokens + slot + t;
+    meta[at] = g.scale16;
+    meta[at + static_cast<int64_t>(groups) * page_tokens] = g.zero16;
     const float levels = static_cast<float>((1 << spec.bits) - 1);
-    for (int c = c0; c < c0 + gs; ++c) PackCode(row, spec.bits, row_bytes, c, IntCode(xr[c], g, levels));
+    for (int c = c0; c < c0 + gs; ++c) {
+      PackCode(spec, d, page + codes_off, slot + t, c, IntCode(xr[c], g, levels));
+    }
     return;
   }
   const int bc = spec.grouping == KvGrouping::kBlock ? spec.block_channels : 1, blocks = d / bc;
@@ -117,9 +137,8 @@ __global__ void QuantizeKernel(KvQuantSpec spec, int d, const float* __restrict_
   scales[blocks + b] = g.zero16;
   const float levels = static_cast<float>((1 << spec.bits) - 1);
   for (int64_t t = t0; t < t0 + gs; ++t) {
-    uint8_t* row = page + codes_off + (slot + t) * row_bytes;
     for (int c = b * bc; c < (b + 1) * bc; ++c) {
-      PackCode(row, spec.bits, row_bytes, c, IntCode(x[t * stride + c], g, levels));
+      PackCode(spec, d, page + codes_off, slot + t, c, IntCode(x[t * stride + c], g, levels));
     }
   }
 }
@@ -139,7 +158,8 @@ __global__ void TokenMetaKernel(KvQuantizeParams p) {
 
 // One thread per (token, channel) of K and V.
 __global__ void DequantizeKernel(KvQuantSpec spec, int d, const uint8_t* page, int32_t codes_off,
-                                 int32_t meta_off, int64_t slot, int64_t n, float* out) {
+                                 int32_t meta_off, int64_t slot, int64_t n, int32_t page_tokens,
+                                 float* out) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n * d) return;
   const int64_t t = i / d, s = slot + t;
@@ -153,15 +173,16 @@ __global__ void DequantizeKernel(KvQuantSpec spec, int d, const uint8_t* page, i
     v = FromHalfBits(reinterpret_cast<const uint16_t*>(row)[c]);
   } else if (spec.codec == KvCodec::kFp8) {
     const __half_raw h = __nv_cvt_fp8_to_halfraw(row[c], __NV_E4M3);
-    v = __half2float(__half(h)) * FromHalfBits(meta[s * (d / gs) + c / gs]);
+    v = __half2float(__half(h)) * FromHalfBits(meta[static_cast<int64_t>(c / gs) * page_tokens + s]);
   } else if (spec.grouping == KvGrouping::kPerToken) {
-    const uint16_t* sz = meta + (s * (d / gs) + c / gs) * 2;
-    v = FromHalfBits(sz[1]) + UnpackCode(row, spec.bits, row_bytes, c) * FromHalfBits(sz[0]);
+    const int64_t at = static_cast<int64_t>(c / gs) * page_tokens + s;
+    v = FromHalfBits(meta[at + static_cast<int64_t>(d / gs) * page_tokens]) +
+        UnpackCode(spec, d, page + codes_off, s, c) * FromHalfBits(meta[at]);
   } else {
     const int bc = spec.grouping == KvGrouping::kBlock ? spec.block_channels : 1, blocks = d / bc;
     const uint16_t* scales = meta + (s / gs) * 2 * blocks;
     v = FromHalfBits(scales[blocks + c / bc]) +
-        UnpackCode(row, spec.bits, row_bytes, c) * FromHalfBits(scales[c / bc]);
+        UnpackCode(spec, d, page + codes_off, s, c) * FromHalfBits(scales[c / bc]);
   }
   out[t * d + c] = v;
 }
@@ -172,7 +193,7 @@ int Blocks(int64_t work) { return static_cast<int>((work + kThreads - 1) / kThre
 
 cudaError_t QuantizeSegment(const KvQuantSpec& spec, int d, const float* x, int64_t stride,
                             int64_t n, uint8_t* page, int32_t codes, int32_t meta, int64_t slot,
-                            cudaStream_t stream) {
+                            int32_t page_tokens, cudaStream_t stream) {
   const int row_bytes = d * spec.bits / 8;
   if (cudaError_t e = cudaMemsetAsync(page + codes + slot * row_bytes, 0, n * row_bytes, stream);
       e != cudaSuccess) {
@@ -188,7 +209,7 @@ cudaError_t QuantizeSegment(const KvQuantSpec& spec, int d, const float* x, int6
     work = n / gs * (spec.grouping == KvGrouping::kBlock ? d / spec.block_channels : d);
   }
   QuantizeKernel<<<Blocks(work), kThreads, 0, stream>>>(spec, d, x, stride, n, page, codes, meta,
-                                                          slot);
+                                                          slot, page_tokens);
   return cudaGetLastError();
 }
 
@@ -198,12 +219,12 @@ cudaError_t LaunchKvQuantize(const KvQuantizeParams& p, cudaStream_t stream) {
   const KvTierFormat& f = p.format;
   const KvPageLayout& l = p.layout;
   if (cudaError_t e = QuantizeSegment(f.k, f.head_dim, p.k, p.stride, p.tokens, p.page, l.k_codes,
-                                      l.k_meta, p.slot, stream);
+                                      l.k_meta, p.slot, l.tokens, stream);
       e != cudaSuccess) {
     return e;
   }
   if (cudaError_t e = QuantizeSegment(f.v, f.head_dim, p.v, p.stride, p.tokens, p.page, l.v_codes,
-                                      l.v_meta, p.slot, stream);
+                                      l.v_meta, p.slot, l.tokens, stream);
       e != cudaSuccess) {
     return e;
   }
@@ -216,9 +237,9 @@ cudaError_t LaunchKvDequantize(const KvDequantizeParams& p, cudaStream_t stream)
   const KvPageLayout& l = p.layout;
   const int64_t work = p.tokens * f.head_dim;
   DequantizeKernel<<<Blocks(work), kThreads, 0, stream>>>(f.k, f.head_dim, p.page, l.k_codes,
-                                                          l.k_meta, p.slot, p.tokens, p.k);
+                                                          l.k_meta, p.slot, p.tokens, l.tokens, p.k);
   DequantizeKernel<<<Blocks(work), kThreads, 0, stream>>>(f.v, f.head_dim, p.page, l.v_codes,
-                                                          l.v_meta, p.slot, p.tokens, p.v);
+                                                          l.v_meta, p.slot, p.tokens, l.tokens, p.v);
   return cudaGetLastError();
 }
 

@@ -15,18 +15,17 @@ const uint16_t* Meta16(const uint8_t* page, int32_t offset) {
   return reinterpret_cast<const uint16_t*>(page + offset);
 }
 
-void PackCode(uint8_t* row, int bits, int row_bytes, int c, int code) {
-  if (bits == 8) {
-    row[c] = static_cast<uint8_t>(code);
-    return;
-  }
-  row[c % row_bytes] |= static_cast<uint8_t>(code << ((c / row_bytes) * bits));
+// ORs `code` into its place in the code segment (zeroed beforehand).
+void PackCode(const KvQuantSpec& spec, int d, uint8_t* segment, int64_t slot, int c, int code) {
+  const KvCodePosition at = KvCodePositionOf(spec, d, slot, c);
+  segment[at.byte] |= static_cast<uint8_t>(code << at.shift);
 }
 
 // Quantizes the rows of tokens [0, n) (x rows `stride` apart) into slots [slot, slot + n) of one
 // segment pair (codes at `codes`, metadata at `meta`) of `page`.
 void QuantizeSegment(const KvQuantSpec& spec, int32_t d, const float* x, int64_t stride,
-                     int64_t n, uint8_t* page, int32_t codes, int32_t meta, int64_t slot) {
+                     int64_t n, uint8_t* page, int32_t codes, int32_t meta, int64_t slot,
+                     int32_t page_tokens) {
   const int row_bytes = KvRowBytes(spec, d);
   const int g = KvGroupOf(spec, d);
   auto row = [&](int64_t t) { return page + codes + (slot + t) * row_bytes; };
@@ -46,7 +45,7 @@ void QuantizeSegment(const KvQuantSpec& spec, int32_t d, const float* x, int64_t
         float amax = 0;
         for (int c = c0; c < c0 + g; ++c) amax = std::max(amax, std::fabs(value(t, c)));
         const Fp8GroupParams gp = MakeFp8GroupParams(amax);
-        m[(slot + t) * (d / g) + c0 / g] = gp.scale16;
+        m[KvTokenMetaIndex(page_tokens, slot + t, c0 / g)] = gp.scale16;
         for (int c = c0; c < c0 + g; ++c) row(t)[c] = FloatToFp8E4M3(value(t, c) * gp.inv_scale);
       }
     }
@@ -63,10 +62,12 @@ void QuantizeSegment(const KvQuantSpec& spec, int32_t d, const float* x, int64_t
           mx = std::max(mx, value(t, c));
         }
         const IntGroupParams gp = MakeIntGroupParams(mn, mx, bits);
-        uint16_t* sz = m + ((slot + t) * (d / g) + c0 / g) * 2;
-        sz[0] = gp.scale16;
-        sz[1] = gp.zero16;
-        for (int c = c0; c < c0 + g; ++c) PackCode(row(t), bits, row_bytes, c, IntCode(value(t, c), gp, bits));
+        const int64_t at = KvTokenMetaIndex(page_tokens, slot + t, c0 / g);
+        m[at] = gp.scale16;
+        m[at + static_cast<int64_t>(d / g) * page_tokens] = gp.zero16;
+        for (int c = c0; c < c0 + g; ++c) {
+          PackCode(spec, d, page + codes, slot + t, c, IntCode(value(t, c), gp, bits));
+        }
       }
     }
     return;
@@ -91,7 +92,7 @@ void QuantizeSegment(const KvQuantSpec& spec, int32_t d, const float* x, int64_t
       zeros[b] = gp.zero16;
       for (int64_t t = t0; t < t0 + g; ++t) {
         for (int c = b * bc; c < (b + 1) * bc; ++c) {
-          PackCode(row(t), bits, row_bytes, c, IntCode(value(t, c), gp, bits));
+          PackCode(spec, d, page + codes, slot + t, c, IntCode(value(t, c), gp, bits));
         }
       }
     }
@@ -99,7 +100,7 @@ void QuantizeSegment(const KvQuantSpec& spec, int32_t d, const float* x, int64_t
 }
 
 void DequantizeSegment(const KvQuantSpec& spec, int32_t d, const uint8_t* page, int32_t codes,
-                       int32_t meta, int64_t slot, int64_t n, float* out) {
+                       int32_t meta, int64_t slot, int64_t n, int32_t page_tokens, float* out) {
   const int row_bytes = KvRowBytes(spec, d);
   const int g = KvGroupOf(spec, d);
   const uint16_t* m = Meta16(page, meta);
@@ -113,14 +114,14 @@ void DequantizeSegment(const KvQuantSpec& spec, int32_t d, const uint8_t* page, 
           o[c] = Fp16ToFloat(reinterpret_cast<const uint16_t*>(row)[c]);
           break;
         case KvCodec::kFp8:
-          o[c] = Fp8E4M3ToFloat(row[c]) * Fp16ToFloat(m[s * (d / g) + c / g]);
+          o[c] = Fp8E4M3ToFloat(row[c]) * Fp16ToFloat(m[KvTokenMetaIndex(page_tokens, s, c / g)]);
           break;
         case KvCodec::kInt: {
           float scale, zero;
           if (spec.grouping == KvGrouping::kPerToken) {
-            const uint16_t* sz = m + (s * (d / g) + c / g) * 2;
-            scale = Fp16ToFloat(sz[0]);
-            zero = Fp16ToFloat(sz[1]);
+            const int64_t at = KvTokenMetaIndex(page_tokens, s, c / g);
+            scale = Fp16ToFloat(m[at]);
+            zero = Fp16ToFloat(m[at + static_cast<int64_t>(d / g) * page_tokens]);
           } else {
             const int bc = spec.grouping == KvGrouping::kBlock ? spec.block_channels : 1;
             const int blocks = d / bc;
@@ -128,7 +129,7 @@ void DequantizeSegment(const KvQuantSpec& spec, int32_t d, const uint8_t* page, 
             scale = Fp16ToFloat(scales[c / bc]);
             zero = Fp16ToFloat(scales[blocks + c / bc]);
           }
-          o[c] = zero + static_cast<float>(UnpackCode(row, spec.bits, row_bytes, c)) * scale;
+          o[c] = zero + static_cast<float>(KvCodeAt(spec, d, page + codes, s, c)) * scale;
           break;
         }
       }
@@ -166,8 +167,10 @@ Fp8GroupParams MakeFp8GroupParams(float amax) {
 void KvQuantize(const KvQuantizeParams& p) {
   const KvTierFormat& f = p.format;
   const KvPageLayout& l = p.layout;
-  QuantizeSegment(f.k, f.head_dim, p.k, p.stride, p.tokens, p.page, l.k_codes, l.k_meta, p.slot);
-  QuantizeSegment(f.v, f.head_dim, p.v, p.stride, p.tokens, p.page, l.v_codes, l.v_meta, p.slot);
+  QuantizeSegment(f.k, f.head_dim, p.k, p.stride, p.tokens, p.page, l.k_codes, l.k_meta, p.slot,
+                  l.tokens);
+  QuantizeSegment(f.v, f.head_dim, p.v, p.stride, p.tokens, p.page, l.v_codes, l.v_meta, p.slot,
+                  l.tokens);
   if (f.token_meta) {
     float* scores = reinterpret_cast<float*>(p.page + l.scores);
     int32_t* positions = reinterpret_cast<int32_t*>(p.page + l.positions);
@@ -183,8 +186,8 @@ void KvQuantize(const KvQuantizeParams& p) {
 void KvDequantize(const KvDequantizeParams& p) {
   const KvTierFormat& f = p.format;
   const KvPageLayout& l = p.layout;
-  DequantizeSegment(f.k, f.head_dim, p.page, l.k_codes, l.k_meta, p.slot, p.tokens, p.k);
-  DequantizeSegment(f.v, f.head_dim, p.page, l.v_codes, l.v_meta, p.slot, p.tokens, p.v);
+  DequantizeSegment(f.k, f.head_dim, p.page, l.k_codes, l.k_meta, p.slot, p.tokens, l.tokens, p.k);
+  DequantizeSegment(f.v, f.head_dim, p.page, l.v_codes, l.v_meta, p.slot, p.tokens, l.tokens, p.v);
 }
 
 }  // namespace sluice::kernels::ref

@@ -31,12 +31,6 @@ struct Fp8GroupParams {
 };
 Fp8GroupParams MakeFp8GroupParams(float amax);
 
-// Code c of a packed row of `bits`-bit codes with `row_bytes` bytes (layout in kv_format.h).
-inline int UnpackCode(const uint8_t* row, int bits, int row_bytes, int c) {
-  if (bits == 8) return row[c];
-  return (row[c % row_bytes] >> ((c / row_bytes) * bits)) & ((1 << bits) - 1);
-}
-
 }  // namespace sluice::kernels::ref
 
 #endif  // SLUICE_KERNELS_REF_KV_QUANT_H_

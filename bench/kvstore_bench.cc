@@ -1,0 +1,678 @@
+// kvstore microbenchmarks on this CPU. Prints a table per section on stderr and writes one JSON
+// document (bench/results/kvstore-cpu.json through `./sluice bench kvstore`):
+//   codecs       quantize and dequantize GB/s per preset; Huffman encode/decode of the codes
+//   bits         bits per value of Huffman-coded codes vs fixed width on real SmolLM2 KV
+//   attention    decode attention (one query, SmolLM2 shapes, all layers) vs context per preset
+//   decode_step  a whole model decode step at long context per preset (the kvstore target)
+//   pool         page allocate/free operations per second, batched vs one at a time
+//   eviction     internal fragmentation over time under per-step H2O eviction for four ways
+//                of managing the evicted slots (SpvLLM Fig. 2)
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/kv_format.h"
+#include "kvstore/compaction.h"
+#include "kvstore/huffman.h"
+#include "kvstore/kv_preset.h"
+#include "kvstore/page_pool.h"
+#include "kvstore/paged_kv_cache.h"
+#include "kvstore/slot_bitmap.h"
+#include "model/gguf.h"
+#include "model/llama.h"
+#include "model/model_path.h"
+#include "model/tokenizer.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, model, "", "GGUF model (default: $SLUICE_MODEL, else the cache).");
+ABSL_FLAG(std::string, text, "/usr/share/common-licenses/GPL-3",
+          "English text whose KV the bits-per-value section measures.");
+ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
+ABSL_FLAG(std::string, contexts, "1024,2048,4096,8192,16384,32768",
+          "Contexts of the attention section.");
+ABSL_FLAG(int, step_context, 16384, "Context of the decode-step section.");
+ABSL_FLAG(int, repeats, 5, "Timed runs per case; the fastest is reported.");
+ABSL_FLAG(std::string, presets, "fp16,int8,kivi4,kivi2", "Presets to measure (fp16 first).");
+ABSL_FLAG(std::string, sections, "codecs,bits,attention,decode_step,pool,eviction",
+          "Sections to run.");
+
+namespace sluice {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using kernels::KvPageLayout;
+using kernels::KvTierFormat;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Best of `repeats` runs of fn, in seconds.
+template <class Fn>
+absl::StatusOr<double> Best(int repeats, Fn fn) {
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = Clock::now();
+    SLUICE_RETURN_IF_ERROR(fn());
+    best = std::min(best, Seconds(t0, Clock::now()));
+  }
+  return best;
+}
+
+std::vector<std::string> kPresets;
+
+// SmolLM2-135M shapes.
+constexpr int kLayers = 30, kHeads = 9, kKvHeads = 3, kHeadDim = 64;
+
+// Roughly Gaussian values (a sum of four uniforms), cheap enough to fill gigabytes of KV.
+std::vector<float> Gaussian(std::mt19937_64& rng, size_t n, float sigma) {
+  std::vector<float> x(n);
+  uint64_t state = rng() | 1;
+  const float k = sigma * 1.7320508f / 2147483648.f;  // 4 uniforms in [-2^31, 2^31): var 4/3
+  for (float& v : x) {
+    float sum = 0;
+    for (int i = 0; i < 4; ++i) {
+      state ^= state << 13;
+      state ^= state >> 7;
+      state ^= state << 17;
+      sum += static_cast<float>(static_cast<int32_t>(state >> 32));
+    }
+    v = sum * k / 2.f;
+  }
+  return x;
+}
+
+// ---- codecs ----
+
+absl::StatusOr<nlohmann::json> Codecs(kernels::Backend& cpu, int repeats) {
+  std::fprintf(stderr, "\n== codecs (one kv-head's rows, %d pages per run)\n", 256);
+  std::fprintf(stderr, "%-7s %14s %16s %13s %15s\n", "preset", "quantize GB/s", "dequantize GB/s",
+               "huff enc GB/s", "huff dec GB/s");
+  nlohmann::json rows = nlohmann::json::array();
+  std::mt19937_64 rng(1);
+  for (const std::string& name : kPresets) {
+    SLUICE_ASSIGN_OR_RETURN(kvstore::KvPreset preset, kvstore::FindKvPreset(name, kHeadDim));
+    SLUICE_ASSIGN_OR_RETURN(KvPageLayout l, kernels::ComputePageLayout(preset.high));
+    const int pages = 256;
+    const int64_t n = l.tokens;
+    const std::vector<float> k = Gaussian(rng, n * kHeadDim, 1.f), v = Gaussian(rng, n * kHeadDim, 1.f);
+    std::vector<uint8_t> arena(static_cast<size_t>(pages) * preset.high.page_bytes);
+    std::vector<float> out(n * kHeadDim * 2);
+    SLUICE_ASSIGN_OR_RETURN(double tq, Best(repeats, [&]() -> absl::Status {
+      for (int p = 0; p < pages; ++p) {
+        SLUICE_RETURN_IF_ERROR(cpu.KvQuantize({.k = k.data(),
+                                               .v = v.data(),
+                                               .stride = kHeadDim,
+                                               .tokens = n,
+                                               .format = preset.high,
+                                               .layout = l,
+                                               .page = arena.data() + p * preset.high.page_bytes}));
+      }
+      return absl::OkStatus();
+    }));
+    SLUICE_ASSIGN_OR_RETURN(double td, Best(repeats, [&]() -> absl::Status {
+      for (int p = 0; p < pages; ++p) {
+        SLUICE_RETURN_IF_ERROR(cpu.KvDequantize({.page = arena.data() + p * preset.high.page_bytes,
+                                                 .format = preset.high,
+                                                 .layout = l,
+                                                 .slot = 0,
+                                                 .tokens = n,
+                                                 .k = out.data(),
+                                                 .v = out.data() + n * kHeadDim}));
+      }
+      return absl::OkStatus();
+    }));
+    const double fp32_bytes = 2.0 * n * kHeadDim * 4 * pages;
+    // Huffman over the V codes of the int presets (one symbol per code).
+    double enc_gbs = 0, dec_gbs = 0;
+    if (preset.high.v.codec == kernels::KvCodec::kInt) {
+      const int bits = preset.high.v.bits;
+      std::vector<uint8_t> symbols(n * kHeadDim);
+      std::vector<uint64_t> hist(1 << bits);
+      for (int64_t t = 0; t < n; ++t) {
+        for (int c = 0; c < kHeadDim; ++c) {
+          const int code = kernels::KvCodeAt(preset.high.v, kHeadDim, arena.data() + l.v_codes, t, c);
+          symbols[t * kHeadDim + c] = static_cast<uint8_t>(code);
+          ++hist[code];
+        }
+      }
+      SLUICE_ASSIGN_OR_RETURN(kvstore::HuffmanCodebook cb, kvstore::BuildHuffmanCodebook(1, hist));
+      std::vector<uint8_t> stream(symbols.size() * 2 + 64);
+      std::vector<uint32_t> offsets(n + 1);
+      std::vector<uint8_t> decoded(symbols.size());
+      SLUICE_ASSIGN_OR_RETURN(double te, Best(repeats, [&]() -> absl::Status {
+        return kvstore::EncodeRows(cb, symbols.data(), n, kHeadDim, stream.data(), stream.size(),
+                                   offsets.data())
+            .status();
+      }));
+      SLUICE_ASSIGN_OR_RETURN(double tdec, Best(repeats, [&]() -> absl::Status {
+        for (int64_t t = 0; t < n; ++t) {
+          kvstore::DecodeRow(cb, stream.data(), offsets[t], kHeadDim, decoded.data() + t * kHeadDim);
+        }
+        return absl::OkStatus();
+      }));
+      if (decoded != symbols) return absl::InternalError("Huffman round trip failed");
+      enc_gbs = symbols.size() / te / 1e9;
+      dec_gbs = symbols.size() / tdec / 1e9;
+    }
+    std::fprintf(stderr, "%-7s %14.2f %16.2f %13.3f %15.3f\n", name.c_str(), fp32_bytes / tq / 1e9,
+                 fp32_bytes / td / 1e9, enc_gbs, dec_gbs);
+    rows.push_back({{"preset", name},
+                    {"quantize_gbps_fp32_in", fp32_bytes / tq / 1e9},
+                    {"dequantize_gbps_fp32_out", fp32_bytes / td / 1e9},
+                    {"huffman_encode_gsymbols_per_s", enc_gbs},
+                    {"huffman_decode_gsymbols_per_s", dec_gbs}});
+  }
+  return rows;
+}
+
+// ---- bits per value on real KV ----
+
+// Records every K and V row the model writes, per layer, and keeps them in fp32.
+class RecordingCache final : public model::KvCache {
+ public:
+  RecordingCache(std::unique_ptr<kvstore::PagedKvCache> inner, int layers, int64_t row)
+      : inner_(std::move(inner)), k_(layers), v_(layers), row_(row) {}
+  absl::Status AddSequence(int64_t seq, int64_t max_tokens) override {
+    return inner_->AddSequence(seq, max_tokens);
+  }
+  absl::Status RemoveSequence(int64_t seq) override { return inner_->RemoveSequence(seq); }
+  absl::StatusOr<int64_t> Length(int64_t seq) const override { return inner_->Length(seq); }
+  absl::Status Write(int64_t seq, int layer, const float* k, const float* v, int64_t n) override {
+    k_[layer].insert(k_[layer].end(), k, k + n * row_);
+    v_[layer].insert(v_[layer].end(), v, v + n * row_);
+    return inner_->Write(seq, layer, k, v, n);
+  }
+  absl::Status Attend(int64_t seq, int layer, const float* q, int64_t n, float* out) override {
+    return inner_->Attend(seq, layer, q, n, out);
+  }
+  absl::Status Commit(int64_t seq, int64_t n) override { return inner_->Commit(seq, n); }
+  const std::vector<float>& k(int layer) const { return k_[layer]; }
+  const std::vector<float>& v(int layer) const { return v_[layer]; }
+
+ private:
+  std::unique_ptr<kvstore::PagedKvCache> inner_;
+  std::vector<std::vector<float>> k_, v_;
+  const int64_t row_;
+};
+
+// The codes of `preset` for `tokens` rows of one kv-head (rows `stride` apart), unpacked.
+absl::Status CodesOf(kernels::Backend& cpu, const kvstore::KvPreset& preset, const float* k,
+                     const float* v, int64_t stride, int64_t tokens, std::vector<uint8_t>* kc,
+                     std::vector<uint8_t>* vc) {
+  SLUICE_ASSIGN_OR_RETURN(KvPageLayout l, kernels::ComputePageLayout(preset.high));
+  std::vector<uint8_t> page(preset.high.page_bytes);
+  auto unpack = [&](const kernels::KvQuantSpec& s, int32_t codes, int64_t n,
+                    std::vector<uint8_t>* out) {
+    for (int64_t t = 0; t < n; ++t) {
+      for (int c = 0; c < kHeadDim; ++c) {
+        out->push_back(static_cast<uint8_t>(kernels::KvCodeAt(s, kHeadDim, page.data() + codes, t, c)));
+      }
+    }
+  };
+  for (int64_t t0 = 0; t0 + l.token_group <= tokens; t0 += l.tokens) {
+    const int64_t n = std::min<int64_t>(l.tokens, (tokens - t0) / l.token_group * l.token_group);
+    SLUICE_RETURN_IF_ERROR(cpu.KvQuantize({.k = k + t0 * stride,
+                                           .v = v + t0 * stride,
+                                           .stride = stride,
+                                           .tokens = n,
+                                           .format = preset.high,
+                                           .layout = l,
+                                           .page = page.data()}));
+    unpack(preset.high.k, l.k_codes, n, kc);
+    unpack(preset.high.v, l.v_codes, n, vc);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<nlohmann::json> Bits(kernels::CpuBackend& cpu) {
+  const std::string path =
+      absl::GetFlag(FLAGS_model).empty() ? model::DefaultModelPath() : absl::GetFlag(FLAGS_model);
+  SLUICE_ASSIGN_OR_RETURN(auto gguf, model::GgufFile::Open(path));
+  SLUICE_ASSIGN_OR_RETURN(model::VocabSpec vocab, model::VocabFromGguf(*gguf));
+  SLUICE_ASSIGN_OR_RETURN(auto tokenizer, model::Tokenizer::Create(std::move(vocab)));
+  SLUICE_ASSIGN_OR_RETURN(auto llama, model::LlamaModel::Load(*gguf, cpu));
+  const model::LlamaConfig& c = llama->config();
+  std::ifstream in(absl::GetFlag(FLAGS_text));
+  if (!in) return absl::NotFoundError("cannot read --text " + absl::GetFlag(FLAGS_text));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  SLUICE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(ss.str(), false));
+  const int64_t n = std::min<int64_t>(2048, static_cast<int64_t>(ids.size()));
+  ids.resize(n);
+  SLUICE_ASSIGN_OR_RETURN(kvstore::KvPreset fp16, kvstore::FindKvPreset("fp16", c.head_dim));
+  fp16.residual = static_cast<int32_t>(n);  // keep everything fp32 while recording
+  SLUICE_ASSIGN_OR_RETURN(auto inner, kvstore::PagedKvCache::Create({.layers = c.layers,
+                                                                     .heads = c.heads,
+                                                                     .kv_heads = c.kv_heads,
+                                                                     .head_dim = c.head_dim,
+                                                                     .preset = fp16,
+                                                                     .pages = 1},
+                                                                    cpu));
+  RecordingCache rec(std::move(inner), c.layers, c.kv_heads * c.head_dim);
+  SLUICE_RETURN_IF_ERROR(rec.AddSequence(0, n));
+  std::vector<float> logits(c.vocab);
+  SLUICE_RETURN_IF_ERROR(llama->Forward({{0, ids}}, rec, logits.data()));
+
+  std::fprintf(stderr, "\n== Huffman bits per value on SmolLM2 KV (%lld tokens of %s)\n",
+               static_cast<long long>(n), absl::GetFlag(FLAGS_text).c_str());
+  std::fprintf(stderr, "%-7s %6s %10s %10s %12s\n", "preset", "fixed", "K huffman", "V huffman",
+               "saving");
+  nlohmann::json rows = nlohmann::json::array();
+  // Codebooks per layer, built from the first half (the "prefill histogram"), measured on
+  // the second half.
+  for (const std::string& name : {std::string("int8"), std::string("kivi4"), std::string("kivi2")}) {
+    SLUICE_ASSIGN_OR_RETURN(kvstore::KvPreset preset, kvstore::FindKvPreset(name, c.head_dim));
+    double kbits = 0, vbits = 0, values = 0;
+    for (int layer = 0; layer < c.layers; ++layer) {
+      const int64_t half = n / 2 / 64 * 64;
+      std::vector<uint64_t> kh(1 << preset.high.k.bits), vh(1 << preset.high.v.bits);
+      std::vector<uint64_t> kh2(kh.size()), vh2(vh.size());
+      for (int64_t h = 0; h < c.kv_heads; ++h) {
+        std::vector<uint8_t> kc, vc, kc2, vc2;
+        const int64_t stride = c.kv_heads * c.head_dim;
+        SLUICE_RETURN_IF_ERROR(CodesOf(cpu, preset, rec.k(layer).data() + h * c.head_dim,
+                                       rec.v(layer).data() + h * c.head_dim, stride, half, &kc,
+                                       &vc));
+        SLUICE_RETURN_IF_ERROR(CodesOf(cpu, preset, rec.k(layer).data() + (half * stride) + h * c.head_dim,
+                                       rec.v(layer).data() + (half * stride) + h * c.head_dim, stride,
+                                       n - half, &kc2, &vc2));
+        for (uint8_t s : kc) ++kh[s];
+        for (uint8_t s : vc) ++vh[s];
+        for (uint8_t s : kc2) ++kh2[s];
+        for (uint8_t s : vc2) ++vh2[s];
+      }
+      SLUICE_ASSIGN_OR_RETURN(kvstore::HuffmanCodebook kcb, kvstore::BuildHuffmanCodebook(1, kh));
+      SLUICE_ASSIGN_OR_RETURN(kvstore::HuffmanCodebook vcb, kvstore::BuildHuffmanCodebook(2, vh));
+      double count = 0;
+      for (uint64_t x : kh2) count += static_cast<double>(x);
+      kbits += kvstore::MeanCodeLength(kcb, kh2) * count;
+      vbits += kvstore::MeanCodeLength(vcb, vh2) * count;
+      values += count;
+    }
+    const double fixed = preset.high.k.bits;
+    const double kb = kbits / values, vb = vbits / values;
+    std::fprintf(stderr, "%-7s %6.0f %10.3f %10.3f %11.1f%%\n", name.c_str(), fixed, kb, vb,
+                 100.0 * (1 - (kb + vb) / (2 * fixed)));
+    rows.push_back({{"preset", name},
+                    {"fixed_bits", fixed},
+                    {"k_huffman_bits", kb},
+                    {"v_huffman_bits", vb},
+                    {"tokens", n},
+                    {"text", absl::GetFlag(FLAGS_text)}});
+  }
+  return rows;
+}
+
+// ---- decode attention vs context ----
+
+// Fills every (layer, kv-head) of one sequence with `context` tokens of Gaussian KV.
+absl::StatusOr<std::unique_ptr<kvstore::PagedKvCache>> FilledCache(kernels::Backend& cpu,
+                                                                   const std::string& name,
+                                                                   int64_t context,
+                                                                   int64_t room = 64) {
+  SLUICE_ASSIGN_OR_RETURN(kvstore::KvPreset preset, kvstore::FindKvPreset(name, kHeadDim));
+  SLUICE_ASSIGN_OR_RETURN(int64_t pages,
+                          kvstore::PagesForSequence(preset, kLayers, kKvHeads, context + room));
+  SLUICE_ASSIGN_OR_RETURN(auto cache, kvstore::PagedKvCache::Create({.layers = kLayers,
+                                                                     .heads = kHeads,
+                                                                     .kv_heads = kKvHeads,
+                                                                     .head_dim = kHeadDim,
+                                                                     .preset = preset,
+                                                                     .pages = pages},
+                                                                    cpu));
+  SLUICE_RETURN_IF_ERROR(cache->AddSequence(0, context + room));
+  std::mt19937_64 rng(7);
+  const int64_t chunk = 1024;
+  for (int64_t t = 0; t < context; t += chunk) {
+    const int64_t n = std::min(chunk, context - t);
+    for (int l = 0; l < kLayers; ++l) {
+      const std::vector<float> k = Gaussian(rng, n * kKvHeads * kHeadDim, 1.f);
+      const std::vector<float> v = Gaussian(rng, n * kKvHeads * kHeadDim, 1.f);
+      SLUICE_RETURN_IF_ERROR(cache->Write(0, l, k.data(), v.data(), n));
+    }
+    SLUICE_RETURN_IF_ERROR(cache->Commit(0, n));
+  }
+  return cache;
+}
+
+absl::StatusOr<nlohmann::json> Attention(kernels::Backend& cpu, const std::vector<int>& contexts,
+                                         int repeats) {
+  std::fprintf(stderr,
+               "\n== decode attention, one query over all %d layers (SmolLM2: %d heads, %d kv, "
+               "d=%d)\n",
+               kLayers, kHeads, kKvHeads, kHeadDim);
+  std::fprintf(stderr, "%-7s %8s %12s %12s %10s %12s\n", "preset", "context", "time us",
+               "KV MB read", "GB/s", "vs fp16");
+  nlohmann::json rows = nlohmann::json::array();
+  std::mt19937_64 rng(3);
+  const std::vector<float> q = Gaussian(rng, kHeads * kHeadDim, 1.f);
+  const std::vector<float> kv = Gaussian(rng, kKvHeads * kHeadDim, 1.f);
+  std::vector<float> out(kHeads * kHeadDim);
+  for (int context : contexts) {
+    // Every preset's cache is built first and the timed runs alternate between presets, so a
+    // change in this (shared, noisy) machine's speed hits all of them alike.
+    std::vector<std::unique_ptr<kvstore::PagedKvCache>> caches;
+    for (const std::string& name : kPresets) {
+      SLUICE_ASSIGN_OR_RETURN(auto cache, FilledCache(cpu, name, context));
+      for (int l = 0; l < kLayers; ++l) {
+        SLUICE_RETURN_IF_ERROR(cache->Write(0, l, kv.data(), kv.data(), 1));
+      }
+      caches.push_back(std::move(cache));
+    }
+    std::vector<double> best(kPresets.size(), 1e30);
+    for (int r = 0; r < repeats; ++r) {
+      for (size_t i = 0; i < caches.size(); ++i) {
+        SLUICE_ASSIGN_OR_RETURN(double t, Best(1, [&]() -> absl::Status {
+          for (int l = 0; l < kLayers; ++l) {
+            SLUICE_RETURN_IF_ERROR(caches[i]->Attend(0, l, q.data(), 1, out.data()));
+          }
+          return absl::OkStatus();
+        }));
+        best[i] = std::min(best[i], t);
+      }
+    }
+    const double fp16_us = best[0] * 1e6;
+    for (size_t i = 0; i < caches.size(); ++i) {
+      const kvstore::KvCacheStats st = caches[i]->Stats();
+      const double bytes = static_cast<double>(st.pages.bytes() + st.residual_bytes);
+      const double us = best[i] * 1e6;
+      std::fprintf(stderr, "%-7s %8d %12.0f %12.1f %10.2f %11.2fx\n", kPresets[i].c_str(), context,
+                   us, bytes / 1e6, bytes / best[i] / 1e9, fp16_us / us);
+      rows.push_back({{"preset", kPresets[i]},
+                      {"context", context},
+                      {"layers", kLayers},
+                      {"time_us", us},
+                      {"kv_bytes", bytes},
+                      {"gbps", bytes / best[i] / 1e9},
+                      {"speedup_vs_fp16", fp16_us / us},
+                      {"ratio_vs_fp16", st.ratio_vs_fp16()}});
+    }
+  }
+  return rows;
+}
+
+// ---- whole decode step ----
+
+absl::StatusOr<nlohmann::json> DecodeStep(kernels::CpuBackend& cpu, int context, int repeats) {
+  const std::string path =
+      absl::GetFlag(FLAGS_model).empty() ? model::DefaultModelPath() : absl::GetFlag(FLAGS_model);
+  SLUICE_ASSIGN_OR_RETURN(auto gguf, model::GgufFile::Open(path));
+  SLUICE_ASSIGN_OR_RETURN(auto llama, model::LlamaModel::Load(*gguf, cpu));
+  const model::LlamaConfig& c = llama->config();
+  if (c.layers != kLayers || c.kv_heads != kKvHeads || c.head_dim != kHeadDim) {
+    return absl::FailedPreconditionError("the decode-step section expects SmolLM2-135M");
+  }
+  std::fprintf(stderr, "\n== model decode step at %d tokens of context (KV synthetic)\n", context);
+  std::fprintf(stderr, "%-7s %12s %12s %10s\n", "preset", "step ms", "KV MB", "vs fp16");
+  nlohmann::json rows = nlohmann::json::array();
+  std::vector<float> logits(c.vocab);
+  std::vector<std::unique_ptr<kvstore::PagedKvCache>> caches;
+  for (const std::string& name : kPresets) {
+    SLUICE_ASSIGN_OR_RETURN(auto cache, FilledCache(cpu, name, context, 4 * repeats + 4));
+    caches.push_back(std::move(cache));
+  }
+  // Timed steps alternate between presets (see Attention); each Forward commits its token, so
+  // every step sees one more token of context.
+  std::vector<double> best(caches.size(), 1e30);
+  const int32_t token[1] = {1000};
+  for (int r = 0; r < repeats; ++r) {
+    for (size_t i = 0; i < caches.size(); ++i) {
+      SLUICE_ASSIGN_OR_RETURN(double t, Best(1, [&]() -> absl::Status {
+        return llama->Forward({{0, token}}, *caches[i], logits.data());
+      }));
+      best[i] = std::min(best[i], t);
+    }
+  }
+  const double fp16_ms = best[0] * 1e3;
+  for (size_t i = 0; i < caches.size(); ++i) {
+    const kvstore::KvCacheStats st = caches[i]->Stats();
+    const double ms = best[i] * 1e3;
+    std::fprintf(stderr, "%-7s %12.2f %12.1f %9.2fx\n", kPresets[i].c_str(), ms,
+                 (st.pages.bytes() + st.residual_bytes) / 1e6, fp16_ms / ms);
+    rows.push_back({{"preset", kPresets[i]},
+                    {"context", context},
+                    {"step_ms", ms},
+                    {"kv_bytes", st.pages.bytes() + st.residual_bytes},
+                    {"speedup_vs_fp16", fp16_ms / ms}});
+  }
+  return rows;
+}
+
+// ---- page pool ----
+
+absl::StatusOr<nlohmann::json> Pool(int repeats) {
+  std::fprintf(stderr, "\n== page pool (65536 pages): 1-page requests\n");
+  std::fprintf(stderr, "%-28s %16s\n", "operation", "pages/s");
+  SLUICE_ASSIGN_OR_RETURN(auto pool, kvstore::PagePool::Create(65536, 1024));
+  nlohmann::json rows = nlohmann::json::array();
+  for (int batch : {1, 64, 4096, 32768}) {
+    std::vector<int32_t> counts(batch, 1);
+    std::vector<int64_t> offsets;
+    std::vector<kvstore::PageId> ids;
+    const int rounds = std::max(1, 65536 / batch);
+    SLUICE_ASSIGN_OR_RETURN(double t, Best(repeats, [&]() -> absl::Status {
+      for (int r = 0; r < rounds; ++r) {
+        SLUICE_RETURN_IF_ERROR(pool->Allocate(counts, &offsets, &ids));
+        SLUICE_RETURN_IF_ERROR(pool->Free(ids));
+      }
+      return absl::OkStatus();
+    }));
+    const double rate = 2.0 * batch * rounds / t;  // allocations + frees
+    const std::string label = "alloc+free, batch " + std::to_string(batch);
+    std::fprintf(stderr, "%-28s %16.3g\n", label.c_str(), rate);
+    rows.push_back({{"batch", batch}, {"ops_per_s", rate}});
+  }
+  return rows;
+}
+
+// ---- fragmentation under H2O eviction ----
+
+// One kv-head generating `steps` tokens under an H2O budget: once more than `budget` tokens are
+// live, the token with the lowest cumulative attention is evicted every step. Attention mass
+// per step is simulated: recent tokens and a few heavy hitters get most of it.
+absl::StatusOr<nlohmann::json> Eviction() {
+  constexpr int kSlots = 64, kBudget = 512, kSteps = 4096, kPrompt = 1024;
+  std::fprintf(stderr,
+               "\n== fragmentation (1 - live/allocated slots) under per-step H2O eviction "
+               "(budget %d, %d slots per page)\n",
+               kBudget, kSlots);
+  const std::vector<std::string> modes = {"no-op", "free-block", "sparse-copy", "slot-reuse"};
+  std::fprintf(stderr, "%6s", "step");
+  for (const std::string& m : modes) std::fprintf(stderr, " %12s", m.c_str());
+  std::fprintf(stderr, " %12s\n", "copies(sc)");
+  struct Page {
+    std::vector<uint64_t> bits = std::vector<uint64_t>(kvstore::SlotBitmapWords(kSlots), 0);
+    std::vector<int64_t> token = std::vector<int64_t>(kSlots, -1);
+    int32_t used = 0;
+  };
+  std::map<std::string, std::vector<double>> series;
+  std::vector<int> sample_steps;
+  int64_t copies = 0;
+  for (const std::string& mode : modes) {
+    std::mt19937_64 rng(11);
+    std::vector<Page> pages;
+    std::vector<double> score;  // per token id
+    std::vector<std::pair<int, int>> where;  // token -> (page, slot)
+    int64_t live = 0;
+    auto place = [&](int64_t tok) {
+      if (mode == "slot-reuse") {
+        for (size_t p = 0; p < pages.size(); ++p) {
+          const int64_t s = kvstore::FindFirstClear(pages[p].bits.data(), pages[p].used);
+          if (s >= 0 && s < pages[p].used) {
+            kvstore::SetSlot(pages[p].bits.data(), s);
+            pages[p].token[s] = tok;
+            where[tok] = {static_cast<int>(p), static_cast<int>(s)};
+            return;
+          }
+        }
+      }
+      if (pages.empty() || pages.back().used == kSlots) pages.emplace_back();
+      Page& pg = pages.back();
+      kvstore::SetSlot(pg.bits.data(), pg.used);
+      pg.token[pg.used] = tok;
+      where[tok] = {static_cast<int>(pages.size() - 1), pg.used};
+      ++pg.used;
+    };
+    auto add_token = [&]() {
+      const int64_t tok = static_cast<int64_t>(score.size());
+      score.push_back(0);
+      where.emplace_back(-1, -1);
+      place(tok);
+      ++live;
+    };
+    auto step_attention = [&]() {
+      // Recent window and heavy hitters (every 37th token) receive the mass.
+      const int64_t n = static_cast<int64_t>(score.size());
+      for (int64_t t = std::max<int64_t>(0, n - 64); t < n; ++t) score[t] += 1.0 / 64;
+      for (int64_t t = 0; t < n; t += 37) score[t] += 0.01;
+      std::uniform_int_distribution<int64_t> any(0, n - 1);
+      for (int i = 0; i < 8; ++i) score[any(rng)] += 0.02;
+    };
+    for (int i = 0; i < kPrompt; ++i) add_token();
+    std::vector<double>& s = series[mode];
+    for (int step = 0; step <= kSteps; ++step) {
+      step_attention();
+      add_token();
+      while (live > kBudget) {
+        // Evict the live token with the lowest score (keep the newest 64).
+        int64_t victim = -1;
+        const int64_t n = static_cast<int64_t>(score.size());
+        for (int64_t t = 0; t < n - 64; ++t) {
+          if (where[t].first >= 0 && (victim < 0 || score[t] < score[victim])) victim = t;
+        }
+        auto [p, sl] = where[victim];
+        kvstore::ClearSlot(pages[p].bits.data(), sl);
+        where[victim] = {-1, -1};
+        --live;
+      }
+      if (mode == "free-block" || mode == "sparse-copy") {
+        std::vector<kvstore::SlotBitmapView> views;
+        for (const Page& pg : pages) views.push_back({pg.bits.data(), pg.used});
+        if (mode == "free-block") {
+          const std::vector<int32_t> empty = kvstore::FindEmptyPages(views);
+          for (auto it = empty.rbegin(); it != empty.rend(); ++it) pages.erase(pages.begin() + *it);
+        } else {
+          SLUICE_ASSIGN_OR_RETURN(kvstore::CompactionPlan plan,
+                                  kvstore::PlanCompaction(views, kSlots));
+          std::vector<uint64_t*> bitmaps;
+          for (Page& pg : pages) bitmaps.push_back(pg.bits.data());
+          SLUICE_RETURN_IF_ERROR(kvstore::ApplyCompaction(plan, bitmaps, [&](const kvstore::SlotMove& m) {
+            for (int i = 0; i < m.slots; ++i) {
+              pages[m.dst_page].token[m.dst_slot + i] = pages[m.src_page].token[m.src_slot + i];
+            }
+            copies += m.slots;
+          }));
+          for (size_t i = 0; i < pages.size(); ++i) pages[i].used = plan.used_after[i];
+          for (auto it = plan.freed.rbegin(); it != plan.freed.rend(); ++it) {
+            pages.erase(pages.begin() + *it);
+          }
+        }
+        // Rebuild the token -> slot map after pages moved.
+        for (auto& w : where) w = {-1, -1};
+        for (size_t p = 0; p < pages.size(); ++p) {
+          for (int sl = 0; sl < pages[p].used; ++sl) {
+            if (kvstore::TestSlot(pages[p].bits.data(), sl)) {
+              where[pages[p].token[sl]] = {static_cast<int>(p), sl};
+            }
+          }
+        }
+      }
+      if (step % 512 == 0) {
+        const double allocated = static_cast<double>(pages.size()) * kSlots;
+        s.push_back(allocated > 0 ? 1.0 - live / allocated : 0.0);
+        if (mode == modes[0]) sample_steps.push_back(step);
+      }
+    }
+  }
+  for (size_t i = 0; i < sample_steps.size(); ++i) {
+    std::fprintf(stderr, "%6d", sample_steps[i]);
+    for (const std::string& m : modes) std::fprintf(stderr, " %12.3f", series[m][i]);
+    std::fprintf(stderr, "\n");
+  }
+  std::fprintf(stderr, "sparse-copy moved %lld slots in %d steps\n",
+               static_cast<long long>(copies), kSteps);
+  nlohmann::json out = {{"budget", kBudget},
+                        {"slots_per_page", kSlots},
+                        {"prompt", kPrompt},
+                        {"steps", sample_steps},
+                        {"sparse_copy_slots_moved", copies}};
+  for (const std::string& m : modes) out["fragmentation"][m] = series[m];
+  return out;
+}
+
+absl::StatusOr<std::vector<int>> ParseList(const std::string& s) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(s, ',')) {
+    int v;
+    if (!absl::SimpleAtoi(part, &v) || v <= 0) {
+      return absl::InvalidArgumentError("bad list entry '" + std::string(part) + "'");
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+absl::Status Run() {
+  SLUICE_ASSIGN_OR_RETURN(auto cpu,
+                          kernels::CpuBackend::Create({.threads = absl::GetFlag(FLAGS_threads)}));
+  SLUICE_ASSIGN_OR_RETURN(std::vector<int> contexts, ParseList(absl::GetFlag(FLAGS_contexts)));
+  const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
+  kPresets = absl::StrSplit(absl::GetFlag(FLAGS_presets), ',');
+  const std::vector<std::string> sections = absl::StrSplit(absl::GetFlag(FLAGS_sections), ',');
+  auto want = [&](const char* s) {
+    return std::find(sections.begin(), sections.end(), s) != sections.end();
+  };
+  nlohmann::json out = {{"system", "sluice"},
+                        {"backend", cpu->name()},
+                        {"threads", cpu->threads()},
+                        {"repeats", repeats}};
+  if (want("codecs")) {
+    SLUICE_ASSIGN_OR_RETURN(out["codecs"], Codecs(*cpu, repeats));
+  }
+  if (want("bits")) {
+    SLUICE_ASSIGN_OR_RETURN(out["huffman_bits"], Bits(*cpu));
+  }
+  if (want("attention")) {
+    SLUICE_ASSIGN_OR_RETURN(out["decode_attention"], Attention(*cpu, contexts, repeats));
+  }
+  if (want("decode_step")) {
+    SLUICE_ASSIGN_OR_RETURN(out["decode_step"],
+                            DecodeStep(*cpu, absl::GetFlag(FLAGS_step_context), repeats));
+  }
+  if (want("pool")) {
+    SLUICE_ASSIGN_OR_RETURN(out["page_pool"], Pool(repeats));
+  }
+  if (want("eviction")) {
+    SLUICE_ASSIGN_OR_RETURN(out["eviction_fragmentation"], Eviction());
+  }
+  std::cout << out.dump(1) << "\n";
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace sluice
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status st = sluice::Run();
+  if (!st.ok()) {
+    std::fprintf(stderr, "kvstore_bench: %s\n", std::string(st.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
