@@ -100,8 +100,8 @@ std::vector<float> Gaussian(std::mt19937_64& rng, size_t n, float sigma) {
 
 absl::StatusOr<nlohmann::json> Codecs(kernels::Backend& cpu, int repeats) {
   std::fprintf(stderr, "\n== codecs (one kv-head's rows, %d pages per run)\n", 256);
-  std::fprintf(stderr, "%-7s %14s %16s %13s %15s\n", "preset", "quantize GB/s", "dequantize GB/s",
-               "huff enc GB/s", "huff dec GB/s");
+  std::fprintf(stderr, "%-7s %14s %16s %15s %15s\n", "preset", "quantize GB/s", "dequantize GB/s",
+               "huff enc Gsym/s", "huff dec Gsym/s");
   nlohmann::json rows = nlohmann::json::array();
   std::mt19937_64 rng(1);
   for (const std::string& name : kPresets) {
@@ -109,33 +109,36 @@ absl::StatusOr<nlohmann::json> Codecs(kernels::Backend& cpu, int repeats) {
     SLUICE_ASSIGN_OR_RETURN(KvPageLayout l, kernels::ComputePageLayout(preset.high));
     const int pages = 256;
     const int64_t n = l.tokens;
-    const std::vector<float> k = Gaussian(rng, n * kHeadDim, 1.f), v = Gaussian(rng, n * kHeadDim, 1.f);
+    const std::vector<float> k = Gaussian(rng, n * kHeadDim, 1.f),
+                             v = Gaussian(rng, n * kHeadDim, 1.f);
     std::vector<uint8_t> arena(static_cast<size_t>(pages) * preset.high.page_bytes);
     std::vector<float> out(n * kHeadDim * 2);
     SLUICE_ASSIGN_OR_RETURN(double tq, Best(repeats, [&]() -> absl::Status {
-      for (int p = 0; p < pages; ++p) {
-        SLUICE_RETURN_IF_ERROR(cpu.KvQuantize({.k = k.data(),
-                                               .v = v.data(),
-                                               .stride = kHeadDim,
-                                               .tokens = n,
-                                               .format = preset.high,
-                                               .layout = l,
-                                               .page = arena.data() + p * preset.high.page_bytes}));
-      }
-      return absl::OkStatus();
-    }));
+                              for (int p = 0; p < pages; ++p) {
+                                SLUICE_RETURN_IF_ERROR(cpu.KvQuantize(
+                                    {.k = k.data(),
+                                     .v = v.data(),
+                                     .stride = kHeadDim,
+                                     .tokens = n,
+                                     .format = preset.high,
+                                     .layout = l,
+                                     .page = arena.data() + p * preset.high.page_bytes}));
+                              }
+                              return absl::OkStatus();
+                            }));
     SLUICE_ASSIGN_OR_RETURN(double td, Best(repeats, [&]() -> absl::Status {
-      for (int p = 0; p < pages; ++p) {
-        SLUICE_RETURN_IF_ERROR(cpu.KvDequantize({.page = arena.data() + p * preset.high.page_bytes,
-                                                 .format = preset.high,
-                                                 .layout = l,
-                                                 .slot = 0,
-                                                 .tokens = n,
-                                                 .k = out.data(),
-                                                 .v = out.data() + n * kHeadDim}));
-      }
-      return absl::OkStatus();
-    }));
+                              for (int p = 0; p < pages; ++p) {
+                                SLUICE_RETURN_IF_ERROR(cpu.KvDequantize(
+                                    {.page = arena.data() + p * preset.high.page_bytes,
+                                     .format = preset.high,
+                                     .layout = l,
+                                     .slot = 0,
+                                     .tokens = n,
+                                     .k = out.data(),
+                                     .v = out.data() + n * kHeadDim}));
+                              }
+                              return absl::OkStatus();
+                            }));
     const double fp32_bytes = 2.0 * n * kHeadDim * 4 * pages;
     // Huffman over the V codes of the int presets (one symbol per code).
     double enc_gbs = 0, dec_gbs = 0;
@@ -145,7 +148,8 @@ absl::StatusOr<nlohmann::json> Codecs(kernels::Backend& cpu, int repeats) {
       std::vector<uint64_t> hist(1 << bits);
       for (int64_t t = 0; t < n; ++t) {
         for (int c = 0; c < kHeadDim; ++c) {
-          const int code = kernels::KvCodeAt(preset.high.v, kHeadDim, arena.data() + l.v_codes, t, c);
+          const int code =
+              kernels::KvCodeAt(preset.high.v, kHeadDim, arena.data() + l.v_codes, t, c);
           symbols[t * kHeadDim + c] = static_cast<uint8_t>(code);
           ++hist[code];
         }
@@ -155,21 +159,23 @@ absl::StatusOr<nlohmann::json> Codecs(kernels::Backend& cpu, int repeats) {
       std::vector<uint32_t> offsets(n + 1);
       std::vector<uint8_t> decoded(symbols.size());
       SLUICE_ASSIGN_OR_RETURN(double te, Best(repeats, [&]() -> absl::Status {
-        return kvstore::EncodeRows(cb, symbols.data(), n, kHeadDim, stream.data(), stream.size(),
-                                   offsets.data())
-            .status();
-      }));
+                                return kvstore::EncodeRows(cb, symbols.data(), n, kHeadDim,
+                                                           stream.data(), stream.size(),
+                                                           offsets.data())
+                                    .status();
+                              }));
       SLUICE_ASSIGN_OR_RETURN(double tdec, Best(repeats, [&]() -> absl::Status {
-        for (int64_t t = 0; t < n; ++t) {
-          kvstore::DecodeRow(cb, stream.data(), offsets[t], kHeadDim, decoded.data() + t * kHeadDim);
-        }
-        return absl::OkStatus();
-      }));
+                                for (int64_t t = 0; t < n; ++t) {
+                                  kvstore::DecodeRow(cb, stream.data(), offsets[t], kHeadDim,
+                                                     decoded.data() + t * kHeadDim);
+                                }
+                                return absl::OkStatus();
+                              }));
       if (decoded != symbols) return absl::InternalError("Huffman round trip failed");
       enc_gbs = symbols.size() / te / 1e9;
       dec_gbs = symbols.size() / tdec / 1e9;
     }
-    std::fprintf(stderr, "%-7s %14.2f %16.2f %13.3f %15.3f\n", name.c_str(), fp32_bytes / tq / 1e9,
+    std::fprintf(stderr, "%-7s %14.2f %16.2f %15.3f %15.3f\n", name.c_str(), fp32_bytes / tq / 1e9,
                  fp32_bytes / td / 1e9, enc_gbs, dec_gbs);
     rows.push_back({{"preset", name},
                     {"quantize_gbps_fp32_in", fp32_bytes / tq / 1e9},
@@ -220,7 +226,8 @@ absl::Status CodesOf(kernels::Backend& cpu, const kvstore::KvPreset& preset, con
                     std::vector<uint8_t>* out) {
     for (int64_t t = 0; t < n; ++t) {
       for (int c = 0; c < kHeadDim; ++c) {
-        out->push_back(static_cast<uint8_t>(kernels::KvCodeAt(s, kHeadDim, page.data() + codes, t, c)));
+        out->push_back(
+            static_cast<uint8_t>(kernels::KvCodeAt(s, kHeadDim, page.data() + codes, t, c)));
       }
     }
   };
@@ -275,7 +282,8 @@ absl::StatusOr<nlohmann::json> Bits(kernels::CpuBackend& cpu) {
   nlohmann::json rows = nlohmann::json::array();
   // Codebooks per layer, built from the first half (the "prefill histogram"), measured on
   // the second half.
-  for (const std::string& name : {std::string("int8"), std::string("kivi4"), std::string("kivi2")}) {
+  for (const std::string& name :
+       {std::string("int8"), std::string("kivi4"), std::string("kivi2")}) {
     SLUICE_ASSIGN_OR_RETURN(kvstore::KvPreset preset, kvstore::FindKvPreset(name, c.head_dim));
     double kbits = 0, vbits = 0, values = 0;
     for (int layer = 0; layer < c.layers; ++layer) {
@@ -288,9 +296,9 @@ absl::StatusOr<nlohmann::json> Bits(kernels::CpuBackend& cpu) {
         SLUICE_RETURN_IF_ERROR(CodesOf(cpu, preset, rec.k(layer).data() + h * c.head_dim,
                                        rec.v(layer).data() + h * c.head_dim, stride, half, &kc,
                                        &vc));
-        SLUICE_RETURN_IF_ERROR(CodesOf(cpu, preset, rec.k(layer).data() + (half * stride) + h * c.head_dim,
-                                       rec.v(layer).data() + (half * stride) + h * c.head_dim, stride,
-                                       n - half, &kc2, &vc2));
+        SLUICE_RETURN_IF_ERROR(CodesOf(
+            cpu, preset, rec.k(layer).data() + (half * stride) + h * c.head_dim,
+            rec.v(layer).data() + (half * stride) + h * c.head_dim, stride, n - half, &kc2, &vc2));
         for (uint8_t s : kc) ++kh[s];
         for (uint8_t s : vc) ++vh[s];
         for (uint8_t s : kc2) ++kh2[s];
@@ -377,12 +385,13 @@ absl::StatusOr<nlohmann::json> Attention(kernels::Backend& cpu, const std::vecto
     std::vector<double> best(kPresets.size(), 1e30);
     for (int r = 0; r < repeats; ++r) {
       for (size_t i = 0; i < caches.size(); ++i) {
-        SLUICE_ASSIGN_OR_RETURN(double t, Best(1, [&]() -> absl::Status {
-          for (int l = 0; l < kLayers; ++l) {
-            SLUICE_RETURN_IF_ERROR(caches[i]->Attend(0, l, q.data(), 1, out.data()));
-          }
-          return absl::OkStatus();
-        }));
+        SLUICE_ASSIGN_OR_RETURN(
+            double t, Best(1, [&]() -> absl::Status {
+              for (int l = 0; l < kLayers; ++l) {
+                SLUICE_RETURN_IF_ERROR(caches[i]->Attend(0, l, q.data(), 1, out.data()));
+              }
+              return absl::OkStatus();
+            }));
         best[i] = std::min(best[i], t);
       }
     }
@@ -433,8 +442,8 @@ absl::StatusOr<nlohmann::json> DecodeStep(kernels::CpuBackend& cpu, int context,
   for (int r = 0; r < repeats; ++r) {
     for (size_t i = 0; i < caches.size(); ++i) {
       SLUICE_ASSIGN_OR_RETURN(double t, Best(1, [&]() -> absl::Status {
-        return llama->Forward({{0, token}}, *caches[i], logits.data());
-      }));
+                                return llama->Forward({{0, token}}, *caches[i], logits.data());
+                              }));
       best[i] = std::min(best[i], t);
     }
   }
@@ -466,12 +475,12 @@ absl::StatusOr<nlohmann::json> Pool(int repeats) {
     std::vector<kvstore::PageId> ids;
     const int rounds = std::max(1, 65536 / batch);
     SLUICE_ASSIGN_OR_RETURN(double t, Best(repeats, [&]() -> absl::Status {
-      for (int r = 0; r < rounds; ++r) {
-        SLUICE_RETURN_IF_ERROR(pool->Allocate(counts, &offsets, &ids));
-        SLUICE_RETURN_IF_ERROR(pool->Free(ids));
-      }
-      return absl::OkStatus();
-    }));
+                              for (int r = 0; r < rounds; ++r) {
+                                SLUICE_RETURN_IF_ERROR(pool->Allocate(counts, &offsets, &ids));
+                                SLUICE_RETURN_IF_ERROR(pool->Free(ids));
+                              }
+                              return absl::OkStatus();
+                            }));
     const double rate = 2.0 * batch * rounds / t;  // allocations + frees
     const std::string label = "alloc+free, batch " + std::to_string(batch);
     std::fprintf(stderr, "%-28s %16.3g\n", label.c_str(), rate);
@@ -494,7 +503,7 @@ absl::StatusOr<nlohmann::json> Eviction() {
   const std::vector<std::string> modes = {"no-op", "free-block", "sparse-copy", "slot-reuse"};
   std::fprintf(stderr, "%6s", "step");
   for (const std::string& m : modes) std::fprintf(stderr, " %12s", m.c_str());
-  std::fprintf(stderr, " %12s\n", "copies(sc)");
+  std::fprintf(stderr, "\n");
   struct Page {
     std::vector<uint64_t> bits = std::vector<uint64_t>(kvstore::SlotBitmapWords(kSlots), 0);
     std::vector<int64_t> token = std::vector<int64_t>(kSlots, -1);
@@ -506,7 +515,7 @@ absl::StatusOr<nlohmann::json> Eviction() {
   for (const std::string& mode : modes) {
     std::mt19937_64 rng(11);
     std::vector<Page> pages;
-    std::vector<double> score;  // per token id
+    std::vector<double> score;               // per token id
     std::vector<std::pair<int, int>> where;  // token -> (page, slot)
     int64_t live = 0;
     auto place = [&](int64_t tok) {
@@ -571,12 +580,13 @@ absl::StatusOr<nlohmann::json> Eviction() {
                                   kvstore::PlanCompaction(views, kSlots));
           std::vector<uint64_t*> bitmaps;
           for (Page& pg : pages) bitmaps.push_back(pg.bits.data());
-          SLUICE_RETURN_IF_ERROR(kvstore::ApplyCompaction(plan, bitmaps, [&](const kvstore::SlotMove& m) {
-            for (int i = 0; i < m.slots; ++i) {
-              pages[m.dst_page].token[m.dst_slot + i] = pages[m.src_page].token[m.src_slot + i];
-            }
-            copies += m.slots;
-          }));
+          SLUICE_RETURN_IF_ERROR(
+              kvstore::ApplyCompaction(plan, bitmaps, [&](const kvstore::SlotMove& m) {
+                for (int i = 0; i < m.slots; ++i) {
+                  pages[m.dst_page].token[m.dst_slot + i] = pages[m.src_page].token[m.src_slot + i];
+                }
+                copies += m.slots;
+              }));
           for (size_t i = 0; i < pages.size(); ++i) pages[i].used = plan.used_after[i];
           for (auto it = plan.freed.rbegin(); it != plan.freed.rend(); ++it) {
             pages.erase(pages.begin() + *it);
@@ -604,8 +614,8 @@ absl::StatusOr<nlohmann::json> Eviction() {
     for (const std::string& m : modes) std::fprintf(stderr, " %12.3f", series[m][i]);
     std::fprintf(stderr, "\n");
   }
-  std::fprintf(stderr, "sparse-copy moved %lld slots in %d steps\n",
-               static_cast<long long>(copies), kSteps);
+  std::fprintf(stderr, "sparse-copy moved %lld slots in %d steps\n", static_cast<long long>(copies),
+               kSteps);
   nlohmann::json out = {{"budget", kBudget},
                         {"slots_per_page", kSlots},
                         {"prompt", kPrompt},
@@ -613,6 +623,16 @@ absl::StatusOr<nlohmann::json> Eviction() {
                         {"sparse_copy_slots_moved", copies}};
   for (const std::string& m : modes) out["fragmentation"][m] = series[m];
   return out;
+}
+
+// The CPU's model name from /proc/cpuinfo, for the results file.
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown";
 }
 
 absl::StatusOr<std::vector<int>> ParseList(const std::string& s) {
@@ -638,6 +658,7 @@ absl::Status Run() {
     return std::find(sections.begin(), sections.end(), s) != sections.end();
   };
   nlohmann::json out = {{"system", "sluice"},
+                        {"device", CpuModel()},
                         {"backend", cpu->name()},
                         {"threads", cpu->threads()},
                         {"repeats", repeats}};

@@ -143,7 +143,6 @@ absl::Status ValidateAttention(const AttentionParams& p) {
   return absl::OkStatus();
 }
 
-
 // The layout must be the one ComputePageLayout gives for the format: kernels trust its offsets.
 absl::Status ValidateLayout(std::string_view op, const KvTierFormat& format,
                             const KvPageLayout& layout) {
@@ -161,8 +160,8 @@ absl::Status ValidateLayout(std::string_view op, const KvTierFormat& format,
 absl::Status ValidateSlots(std::string_view op, const KvPageLayout& l, int64_t slot,
                            int64_t tokens) {
   if (slot < 0 || tokens < 0 || slot + tokens > l.tokens) {
-    return Invalid(op, absl::StrFormat("slots [%d, %d) outside the page's %d", slot, slot + tokens,
-                                       l.tokens));
+    return Invalid(
+        op, absl::StrFormat("slots [%d, %d) outside the page's %d", slot, slot + tokens, l.tokens));
   }
   return absl::OkStatus();
 }
@@ -203,16 +202,16 @@ absl::Status ValidatePagedAttention(const PagedAttentionParams& p) {
                                         p.q_tokens, p.heads, p.kv_heads, p.head_dim));
   }
   if (p.recent_tokens < p.q_tokens) {
-    return Invalid(kOp, absl::StrFormat("recent_tokens=%d < q_tokens=%d", p.recent_tokens,
-                                        p.q_tokens));
+    return Invalid(kOp,
+                   absl::StrFormat("recent_tokens=%d < q_tokens=%d", p.recent_tokens, p.q_tokens));
   }
   if (p.q_tokens == 0) return absl::OkStatus();
   if (p.q == nullptr || p.out == nullptr || p.recent_k == nullptr || p.recent_v == nullptr ||
       p.page_offsets == nullptr) {
     return Invalid(kOp, "q, out, recent_k, recent_v and page_offsets must be non-null");
   }
-  if (p.tier_count < 0 || p.tier_count > 4 || (p.tier_count > 0 && (p.formats == nullptr ||
-                                                                   p.layouts == nullptr))) {
+  if (p.tier_count < 0 || p.tier_count > 4 ||
+      (p.tier_count > 0 && (p.formats == nullptr || p.layouts == nullptr))) {
     return Invalid(kOp, "tier_count must be in [0, 4] with formats and layouts for each");
   }
   for (int32_t t = 0; t < p.tier_count; ++t) {
@@ -322,9 +321,7 @@ absl::Status Backend::DoRope(const RopeParams&) { return Unsupported(Op::kRope);
 absl::Status Backend::DoSwiGlu(const SwiGluParams&) { return Unsupported(Op::kSwiGlu); }
 absl::Status Backend::DoSoftmax(const SoftmaxParams&) { return Unsupported(Op::kSoftmax); }
 absl::Status Backend::DoAttention(const AttentionParams&) { return Unsupported(Op::kAttention); }
-absl::Status Backend::DoKvQuantize(const KvQuantizeParams&) {
-  return Unsupported(Op::kKvQuantize);
-}
+absl::Status Backend::DoKvQuantize(const KvQuantizeParams&) { return Unsupported(Op::kKvQuantize); }
 absl::Status Backend::DoKvDequantize(const KvDequantizeParams&) {
   return Unsupported(Op::kKvDequantize);
 }

@@ -91,9 +91,7 @@ int32_t KvGroupOf(const KvQuantSpec& spec, int32_t head_dim) {
   return spec.group == 0 ? head_dim : spec.group;
 }
 
-int32_t KvRowBytes(const KvQuantSpec& spec, int32_t head_dim) {
-  return head_dim * spec.bits / 8;
-}
+int32_t KvRowBytes(const KvQuantSpec& spec, int32_t head_dim) { return head_dim * spec.bits / 8; }
 
 std::string KvTierFormatName(const KvTierFormat& f) {
   return absl::StrCat("k ", SpecName(f.k, f.head_dim), " v ", SpecName(f.v, f.head_dim));
@@ -157,8 +155,7 @@ absl::StatusOr<KvPageLayout> ComputePageLayout(const KvTierFormat& f) {
   return l;
 }
 
-KvCodePosition KvCodePositionOf(const KvQuantSpec& spec, int32_t head_dim, int64_t slot,
-                                int c) {
+KvCodePosition KvCodePositionOf(const KvQuantSpec& spec, int32_t head_dim, int64_t slot, int c) {
   const int64_t row_bytes = KvRowBytes(spec, head_dim);
   const int bits = spec.bits;
   if (bits >= 8 && spec.grouping == KvGrouping::kPerToken) return {slot * row_bytes + c, 0};
@@ -170,8 +167,7 @@ KvCodePosition KvCodePositionOf(const KvQuantSpec& spec, int32_t head_dim, int64
   return {block + (c / per) * g + slot % g, static_cast<int>(c % per) * bits};
 }
 
-int KvCodeAt(const KvQuantSpec& spec, int32_t head_dim, const uint8_t* codes, int64_t slot,
-             int c) {
+int KvCodeAt(const KvQuantSpec& spec, int32_t head_dim, const uint8_t* codes, int64_t slot, int c) {
   const KvCodePosition p = KvCodePositionOf(spec, head_dim, slot, c);
   return (codes[p.byte] >> p.shift) & ((1 << spec.bits) - 1);
 }

@@ -74,9 +74,8 @@ TEST_P(KvQuantizeTest, PagesMatchReferenceBytes) {
     const int64_t slot = g * static_cast<int64_t>(rng() % groups);
     const int64_t tokens = g * (1 + static_cast<int64_t>(rng() % (groups - slot / g)));
     const int64_t stride = f.head_dim * 3 + 5;  // one head of a [tokens, 3 heads] row, ragged
-    SCOPED_TRACE(::testing::Message() << KvTierFormatName(f) << " d=" << f.head_dim
-                                      << " slot=" << slot << " tokens=" << tokens
-                                      << " seed=" << seed);
+    SCOPED_TRACE(::testing::Message() << KvTierFormatName(f) << " d=" << f.head_dim << " slot="
+                                      << slot << " tokens=" << tokens << " seed=" << seed);
     const std::vector<float> k = KvRows(rng, tokens, stride, true);
     const std::vector<float> v = KvRows(rng, tokens, stride, false);
     std::vector<float> scores = testing::RandomFloats(rng, tokens, 0, 1);
@@ -264,8 +263,9 @@ TEST(KvQuantRoundTrip, ErrorWithinCodecBound) {
           }
           const float err = std::fabs(y[t * d + c] - xv);
           if (err > bound) {
-            ADD_FAILURE() << what << " token " << t << " channel " << c << ": " << xv << " came back "
-                          << y[t * d + c] << " (error " << err << " > bound " << bound << ")";
+            ADD_FAILURE() << what << " token " << t << " channel " << c << ": " << xv
+                          << " came back " << y[t * d + c] << " (error " << err << " > bound "
+                          << bound << ")";
             return;
           }
         }
@@ -291,7 +291,8 @@ TEST(KvPageLayout, SegmentsFitThePageAndDoNotOverlap) {
     // One more token group would not fit.
     KvTierFormat bigger = f;
     bigger.page_bytes = f.page_bytes;
-    EXPECT_GT(l->bytes_used + l->token_group * (l->k_row_bytes + l->v_row_bytes), f.page_bytes - 64 * 7);
+    EXPECT_GT(l->bytes_used + l->token_group * (l->k_row_bytes + l->v_row_bytes),
+              f.page_bytes - 64 * 7);
   }
   // fp16 at head_dim 64: 128 bytes of K and V per token plus the bitmap.
   auto f16 = ComputePageLayout({.head_dim = 64});
@@ -306,7 +307,9 @@ TEST(KvPageLayout, SegmentsFitThePageAndDoNotOverlap) {
 }
 
 TEST(KvPageLayout, RejectsUnsupportedFormats) {
-  auto msg = [](const KvTierFormat& f) { return std::string(ComputePageLayout(f).status().message()); };
+  auto msg = [](const KvTierFormat& f) {
+    return std::string(ComputePageLayout(f).status().message());
+  };
   EXPECT_THAT(msg({.head_dim = 48}), HasSubstr("head_dim 48"));
   EXPECT_THAT(msg({.k = Int(3, KvGrouping::kPerToken, 0)}), HasSubstr("2, 4 or 8"));
   EXPECT_THAT(msg({.v = Int(2, KvGrouping::kPerChannel, 32)}), HasSubstr("v:"));
@@ -331,9 +334,9 @@ TEST(Fp8E4M3, EveryCodeRoundTripsAndRoundingIsToNearestEven) {
   EXPECT_EQ(Fp8E4M3ToFloat(0x7e), 448.f);
   EXPECT_EQ(FloatToFp8E4M3(1e6f), 0x7e);
   EXPECT_EQ(FloatToFp8E4M3(-1e6f), 0xfe);
-  EXPECT_EQ(FloatToFp8E4M3(1.0625f), FloatToFp8E4M3(1.f));  // halfway to 1.125: even (1.0)
+  EXPECT_EQ(FloatToFp8E4M3(1.0625f), FloatToFp8E4M3(1.f));    // halfway to 1.125: even (1.0)
   EXPECT_EQ(FloatToFp8E4M3(1.1875f), FloatToFp8E4M3(1.25f));  // halfway to 1.25: even
-  EXPECT_EQ(Fp8E4M3ToFloat(1), std::ldexp(1.f, -9));       // smallest subnormal
+  EXPECT_EQ(Fp8E4M3ToFloat(1), std::ldexp(1.f, -9));          // smallest subnormal
 }
 
 }  // namespace

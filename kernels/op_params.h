@@ -90,7 +90,6 @@ struct AttentionParams {
   float scale = 1.f;  // usually 1 / sqrt(head_dim)
 };
 
-
 // Compresses `tokens` tokens of one kv-head into slots [slot, slot + tokens) of a page laid out
 // by `layout` (kernels/kv_format.h) and marks those slots valid. For K grouped along tokens,
 // slot and tokens are multiples of layout.token_group (one write per complete group).
@@ -102,7 +101,7 @@ struct KvQuantizeParams {
   const float* scores = nullptr;       // [tokens] or null (0 is stored); used with token_meta
   const int32_t* positions = nullptr;  // [tokens] or null (-1 is stored); used with token_meta
   KvTierFormat format;
-  KvPageLayout layout;  // ComputePageLayout(format)
+  KvPageLayout layout;      // ComputePageLayout(format)
   uint8_t* page = nullptr;  // [format.page_bytes]
   int64_t slot = 0;
 };

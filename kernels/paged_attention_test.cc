@@ -28,11 +28,12 @@ KvTierFormat High(int64_t d) {
           .page_bytes = 4096};
 }
 KvTierFormat Low(int64_t d) {
-  return {.k = {.codec = KvCodec::kInt, .bits = 2, .grouping = KvGrouping::kPerChannel, .group = 16},
-          .v = {.codec = KvCodec::kInt, .bits = 2, .grouping = KvGrouping::kPerToken},
-          .head_dim = static_cast<int32_t>(d),
-          .page_bytes = 4096,
-          .token_meta = true};
+  return {
+      .k = {.codec = KvCodec::kInt, .bits = 2, .grouping = KvGrouping::kPerChannel, .group = 16},
+      .v = {.codec = KvCodec::kInt, .bits = 2, .grouping = KvGrouping::kPerToken},
+      .head_dim = static_cast<int32_t>(d),
+      .page_bytes = 4096,
+      .token_meta = true};
 }
 
 class PagedAttentionTest : public testing::OpTest<Op::kPagedAttention> {};
@@ -43,9 +44,9 @@ TEST_P(PagedAttentionTest, MatchesReference) {
   for (const Case& c : {Case{1, 9, 3, 64, 1, 5, true}, Case{1, 8, 2, 128, 40, 3, true},
                         Case{2, 4, 4, 32, 2, 4, false}, Case{1, 16, 1, 64, 3, 9, true},
                         Case{7, 9, 3, 64, 20, 3, true}, Case{3, 6, 3, 64, 3, 0, false}}) {
-    SCOPED_TRACE(::testing::Message() << "q_tokens=" << c.q_tokens << " heads=" << c.heads << "/"
-                                      << c.kv_heads << " d=" << c.head_dim << " recent=" << c.recent
-                                      << " seed=" << seed);
+    SCOPED_TRACE(::testing::Message()
+                 << "q_tokens=" << c.q_tokens << " heads=" << c.heads << "/" << c.kv_heads
+                 << " d=" << c.head_dim << " recent=" << c.recent << " seed=" << seed);
     // Tier formats: either f16 only, or int8/int4 high and int2 low.
     std::vector<KvTierFormat> formats;
     if (c.two_tiers) {

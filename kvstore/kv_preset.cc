@@ -14,15 +14,15 @@ KvQuantSpec PerToken(int bits, int group = 0) {
   return {.codec = KvCodec::kInt, .bits = bits, .grouping = KvGrouping::kPerToken, .group = group};
 }
 KvQuantSpec PerChannel(int bits, int tokens) {
-  return {.codec = KvCodec::kInt, .bits = bits, .grouping = KvGrouping::kPerChannel, .group = tokens};
+  return {
+      .codec = KvCodec::kInt, .bits = bits, .grouping = KvGrouping::kPerChannel, .group = tokens};
 }
 
 }  // namespace
 
 std::vector<std::string> KvPresetNames() { return {"fp16", "int8", "kivi4", "kivi2"}; }
 
-absl::StatusOr<KvPreset> FindKvPreset(std::string_view name, int32_t head_dim,
-                                      int32_t page_bytes) {
+absl::StatusOr<KvPreset> FindKvPreset(std::string_view name, int32_t head_dim, int32_t page_bytes) {
   KvPreset p;
   p.name = std::string(name);
   p.high.head_dim = head_dim;
@@ -38,14 +38,14 @@ absl::StatusOr<KvPreset> FindKvPreset(std::string_view name, int32_t head_dim,
     p.high.v = PerToken(bits, 32);
     p.residual = 128;
   } else {
-    return absl::NotFoundError(absl::StrCat("unknown KV preset \"", std::string(name),
-                                            "\"; known presets: ",
-                                            absl::StrJoin(KvPresetNames(), ", ")));
+    return absl::NotFoundError(
+        absl::StrCat("unknown KV preset \"", std::string(name),
+                     "\"; known presets: ", absl::StrJoin(KvPresetNames(), ", ")));
   }
   if (auto layout = kernels::ComputePageLayout(p.high); !layout.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("preset ", std::string(name), " at head_dim ", head_dim, ": ",
-                     std::string(layout.status().message())));
+    return absl::InvalidArgumentError(absl::StrCat("preset ", std::string(name), " at head_dim ",
+                                                   head_dim, ": ",
+                                                   std::string(layout.status().message())));
   }
   return p;
 }

@@ -23,22 +23,23 @@ absl::StatusOr<int64_t> PagesForSequence(const KvPreset& preset, int32_t layers,
   return (tokens + layout.tokens - 1) / layout.tokens * layers * kv_heads;
 }
 
-absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(
-    const PagedKvCacheOptions& o, kernels::Backend& backend) {
+absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const PagedKvCacheOptions& o,
+                                                                   kernels::Backend& backend) {
   if (o.layers <= 0 || o.heads <= 0 || o.kv_heads <= 0 || o.heads % o.kv_heads != 0 ||
       o.head_dim <= 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "bad KV cache shape: layers=%d heads=%d kv_heads=%d head_dim=%d", o.layers, o.heads,
-        o.kv_heads, o.head_dim));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("bad KV cache shape: layers=%d heads=%d kv_heads=%d head_dim=%d", o.layers,
+                        o.heads, o.kv_heads, o.head_dim));
   }
   if (o.preset.high.head_dim != o.head_dim) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "preset %s is for head_dim %d, the model has %d", o.preset.name, o.preset.high.head_dim,
-        o.head_dim));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("preset %s is for head_dim %d, the model has %d", o.preset.name,
+                        o.preset.high.head_dim, o.head_dim));
   }
   if (backend.kind() == kernels::BackendKind::kCuda) {
-    return absl::UnimplementedError("the paged KV cache keeps its pool in host memory; use the "
-                                    "cpu backend");
+    return absl::UnimplementedError(
+        "the paged KV cache keeps its pool in host memory; use the "
+        "cpu backend");
   }
   if (o.preset.residual < 0) return absl::InvalidArgumentError("preset residual must be >= 0");
   SLUICE_ASSIGN_OR_RETURN(kernels::KvPageLayout layout, kernels::ComputePageLayout(o.preset.high));
@@ -111,9 +112,8 @@ absl::Status PagedKvCache::Write(int64_t seq, int layer, const float* k, const f
         absl::StrFormat("layer %d outside [0, %d)", layer, options_.layers));
   }
   if (n < 0 || s->length + n > s->max_tokens) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("sequence %d: %d + %d tokens exceed its room of %d", seq, s->length, n,
-                        s->max_tokens));
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "sequence %d: %d + %d tokens exceed its room of %d", seq, s->length, n, s->max_tokens));
   }
   const int64_t resid = s->length - s->compressed;
   s->k[layer].resize((resid + n) * row_);
@@ -123,8 +123,7 @@ absl::Status PagedKvCache::Write(int64_t seq, int layer, const float* k, const f
   return absl::OkStatus();
 }
 
-absl::Status PagedKvCache::Attend(int64_t seq, int layer, const float* q, int64_t n,
-                                  float* out) {
+absl::Status PagedKvCache::Attend(int64_t seq, int layer, const float* q, int64_t n, float* out) {
   SLUICE_ASSIGN_OR_RETURN(Seq * s, Find(seq));
   if (layer < 0 || layer >= options_.layers) {
     return absl::InvalidArgumentError(
@@ -197,8 +196,7 @@ absl::Status PagedKvCache::Flush(Seq& s) {
   std::vector<PageId> fresh;
   if (absl::Status st = pool_->Allocate(counts, &offsets, &fresh); !st.ok()) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "KV page pool exhausted while compressing %d tokens of sequence: %s", flush,
-        st.message()));
+        "KV page pool exhausted while compressing %d tokens of sequence: %s", flush, st.message()));
   }
   const int64_t valid_bytes = (cap + 63) / 64 * 8;
   for (PageId id : fresh) std::memset(pool_->data(id) + layout_.valid, 0, valid_bytes);

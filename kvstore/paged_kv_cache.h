@@ -31,14 +31,14 @@ struct PagedKvCacheOptions {
   int64_t kv_heads = 0;  // divides heads
   int64_t head_dim = 0;
   KvPreset preset;
-  int64_t pages = 0;  // pool size
+  int64_t pages = 0;            // pool size
   float attention_scale = 0.f;  // 0: 1 / sqrt(head_dim)
 };
 
 // What a cache holds right now.
 struct KvCacheStats {
-  KvAccounting pages;            // compressed tokens in pages
-  int64_t residual_tokens = 0;   // tokens x kv-heads x layers held in fp32 outside pages
+  KvAccounting pages;           // compressed tokens in pages
+  int64_t residual_tokens = 0;  // tokens x kv-heads x layers held in fp32 outside pages
   int64_t residual_bytes = 0;
   int64_t sequences = 0;
   // Everything held (pages + residual) against the same tokens in fp16.

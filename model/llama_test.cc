@@ -123,8 +123,8 @@ TEST_P(LlamaTest, CompressedPagesStayCloseToFullPrecision) {
   ASSERT_TRUE(exact->AddSequence(0, 128).ok());
   std::vector<float> want(vocab);
   ASSERT_TRUE(l.model->Forward({{0, tokens}}, *exact, want.data()).ok());
-  for (auto [preset, residual, tol] : {std::tuple{"fp16", 0, 5e-3}, std::tuple{"int8", 0, 3e-2},
-                                       std::tuple{"kivi4", 8, 0.15}}) {
+  for (auto [preset, residual, tol] :
+       {std::tuple{"fp16", 0, 5e-3}, std::tuple{"int8", 0, 3e-2}, std::tuple{"kivi4", 8, 0.15}}) {
     SCOPED_TRACE(preset);
     auto cache = MakeCache(spec_, *cpu_, preset, residual);
     ASSERT_TRUE(cache->AddSequence(0, 128).ok());

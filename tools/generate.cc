@@ -40,8 +40,7 @@ ABSL_FLAG(int64_t, seed, -1, "Sampling seed; -1 = random.");
 ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else the cache).");
 ABSL_FLAG(bool, json, false, "Print one JSON object instead of streaming text.");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
-ABSL_FLAG(std::string, preset, "fp16",
-          "KV cache compression preset: fp16, int8, kivi4 or kivi2.");
+ABSL_FLAG(std::string, preset, "fp16", "KV cache compression preset: fp16, int8, kivi4 or kivi2.");
 
 namespace sluice {
 namespace {
@@ -96,8 +95,8 @@ absl::Status Run() {
   SLUICE_ASSIGN_OR_RETURN(
       kvstore::KvPreset preset,
       kvstore::FindKvPreset(absl::GetFlag(FLAGS_preset), static_cast<int32_t>(config.head_dim)));
-  SLUICE_ASSIGN_OR_RETURN(int64_t pages, kvstore::PagesForSequence(preset, config.layers,
-                                                                   config.kv_heads, room));
+  SLUICE_ASSIGN_OR_RETURN(int64_t pages,
+                          kvstore::PagesForSequence(preset, config.layers, config.kv_heads, room));
   SLUICE_ASSIGN_OR_RETURN(auto cache_owner,
                           kvstore::PagedKvCache::Create({.layers = config.layers,
                                                          .heads = config.heads,
@@ -172,9 +171,8 @@ absl::Status Run() {
     std::fprintf(stderr,
                  "[%zu prompt tokens, %.1f tokens/s; %zu generated, %.1f tokens/s; KV %s: %lld "
                  "pages, %.2fx smaller than fp16]\n",
-                 prompt_ids.size(), prefill_tps, generated.size(), decode_tps,
-                 preset.name.c_str(), static_cast<long long>(kv.pages.pages()),
-                 kv.ratio_vs_fp16());
+                 prompt_ids.size(), prefill_tps, generated.size(), decode_tps, preset.name.c_str(),
+                 static_cast<long long>(kv.pages.pages()), kv.ratio_vs_fp16());
   }
   return absl::OkStatus();
 }

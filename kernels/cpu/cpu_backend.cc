@@ -82,9 +82,10 @@ absl::Status CpuBackend::DoKvDequantize(const KvDequantizeParams& p) {
 
 absl::Status CpuBackend::DoPagedAttention(const PagedAttentionParams& p) {
   if (p.heads / p.kv_heads > cpu::kPagedAttentionMaxGroup) {
-    return absl::UnimplementedError(
-        absl::StrCat("paged_attention: ", p.heads / p.kv_heads, " query heads per kv-head; the CPU "
-                     "kernel handles up to ", cpu::kPagedAttentionMaxGroup));
+    return absl::UnimplementedError(absl::StrCat("paged_attention: ", p.heads / p.kv_heads,
+                                                 " query heads per kv-head; the CPU "
+                                                 "kernel handles up to ",
+                                                 cpu::kPagedAttentionMaxGroup));
   }
   cpu::PagedAttention(p, isa_, threads_);
   return absl::OkStatus();

@@ -47,10 +47,8 @@ void KvQuantize(const KvQuantizeParams& p, Isa isa) {
                                                 : kq_scalar::QuantizeSegment;
   const KvTierFormat& f = p.format;
   const KvPageLayout& l = p.layout;
-  segment(f.k, f.head_dim, p.k, p.stride, p.tokens, p.page, l.k_codes, l.k_meta, p.slot,
-          l.tokens);
-  segment(f.v, f.head_dim, p.v, p.stride, p.tokens, p.page, l.v_codes, l.v_meta, p.slot,
-          l.tokens);
+  segment(f.k, f.head_dim, p.k, p.stride, p.tokens, p.page, l.k_codes, l.k_meta, p.slot, l.tokens);
+  segment(f.v, f.head_dim, p.v, p.stride, p.tokens, p.page, l.v_codes, l.v_meta, p.slot, l.tokens);
   if (f.token_meta) {
     float* scores = reinterpret_cast<float*>(p.page + l.scores);
     int32_t* positions = reinterpret_cast<int32_t*>(p.page + l.positions);

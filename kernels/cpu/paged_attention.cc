@@ -105,11 +105,9 @@ void DenseOverGathered(const PagedAttentionParams& p, Isa isa, int threads) {
         k[h].resize(at + d);
         v[h].resize(at + d);
         decode(f.k, static_cast<int>(d), r.data, l.k_codes, l.k_row_bytes, l.k_meta, s, l.tokens,
-               Fp8Lut(),
-               k[h].data() + at);
+               Fp8Lut(), k[h].data() + at);
         decode(f.v, static_cast<int>(d), r.data, l.v_codes, l.v_row_bytes, l.v_meta, s, l.tokens,
-               Fp8Lut(),
-               v[h].data() + at);
+               Fp8Lut(), v[h].data() + at);
       }
     }
   }
@@ -187,7 +185,8 @@ void PagedAttention(const PagedAttentionParams& p, Isa isa, int threads) {
   for (int64_t t = 0; t < p.q_tokens; ++t) {
     for (int64_t h = 0; h < p.kv_heads; ++h) {
       for (int32_t b = p.page_offsets[h]; b < p.page_offsets[h + 1]; b += run) {
-        tasks.push_back({t, h, b, static_cast<int32_t>(std::min<int64_t>(b + run, p.page_offsets[h + 1]))});
+        tasks.push_back(
+            {t, h, b, static_cast<int32_t>(std::min<int64_t>(b + run, p.page_offsets[h + 1]))});
       }
     }
   }

@@ -173,7 +173,8 @@ __global__ void DequantizeKernel(KvQuantSpec spec, int d, const uint8_t* page, i
     v = FromHalfBits(reinterpret_cast<const uint16_t*>(row)[c]);
   } else if (spec.codec == KvCodec::kFp8) {
     const __half_raw h = __nv_cvt_fp8_to_halfraw(row[c], __NV_E4M3);
-    v = __half2float(__half(h)) * FromHalfBits(meta[static_cast<int64_t>(c / gs) * page_tokens + s]);
+    v = __half2float(__half(h)) *
+        FromHalfBits(meta[static_cast<int64_t>(c / gs) * page_tokens + s]);
   } else if (spec.grouping == KvGrouping::kPerToken) {
     const int64_t at = static_cast<int64_t>(c / gs) * page_tokens + s;
     v = FromHalfBits(meta[at + static_cast<int64_t>(d / gs) * page_tokens]) +
@@ -209,7 +210,7 @@ cudaError_t QuantizeSegment(const KvQuantSpec& spec, int d, const float* x, int6
     work = n / gs * (spec.grouping == KvGrouping::kBlock ? d / spec.block_channels : d);
   }
   QuantizeKernel<<<Blocks(work), kThreads, 0, stream>>>(spec, d, x, stride, n, page, codes, meta,
-                                                          slot, page_tokens);
+                                                        slot, page_tokens);
   return cudaGetLastError();
 }
 
@@ -236,10 +237,10 @@ cudaError_t LaunchKvDequantize(const KvDequantizeParams& p, cudaStream_t stream)
   const KvTierFormat& f = p.format;
   const KvPageLayout& l = p.layout;
   const int64_t work = p.tokens * f.head_dim;
-  DequantizeKernel<<<Blocks(work), kThreads, 0, stream>>>(f.k, f.head_dim, p.page, l.k_codes,
-                                                          l.k_meta, p.slot, p.tokens, l.tokens, p.k);
-  DequantizeKernel<<<Blocks(work), kThreads, 0, stream>>>(f.v, f.head_dim, p.page, l.v_codes,
-                                                          l.v_meta, p.slot, p.tokens, l.tokens, p.v);
+  DequantizeKernel<<<Blocks(work), kThreads, 0, stream>>>(
+      f.k, f.head_dim, p.page, l.k_codes, l.k_meta, p.slot, p.tokens, l.tokens, p.k);
+  DequantizeKernel<<<Blocks(work), kThreads, 0, stream>>>(
+      f.v, f.head_dim, p.page, l.v_codes, l.v_meta, p.slot, p.tokens, l.tokens, p.v);
   return cudaGetLastError();
 }
 

@@ -10,7 +10,9 @@
 namespace sluice::kernels::ref {
 namespace {
 
-uint16_t* Meta16(uint8_t* page, int32_t offset) { return reinterpret_cast<uint16_t*>(page + offset); }
+uint16_t* Meta16(uint8_t* page, int32_t offset) {
+  return reinterpret_cast<uint16_t*>(page + offset);
+}
 const uint16_t* Meta16(const uint8_t* page, int32_t offset) {
   return reinterpret_cast<const uint16_t*>(page + offset);
 }
@@ -23,8 +25,8 @@ void PackCode(const KvQuantSpec& spec, int d, uint8_t* segment, int64_t slot, in
 
 // Quantizes the rows of tokens [0, n) (x rows `stride` apart) into slots [slot, slot + n) of one
 // segment pair (codes at `codes`, metadata at `meta`) of `page`.
-void QuantizeSegment(const KvQuantSpec& spec, int32_t d, const float* x, int64_t stride,
-                     int64_t n, uint8_t* page, int32_t codes, int32_t meta, int64_t slot,
+void QuantizeSegment(const KvQuantSpec& spec, int32_t d, const float* x, int64_t stride, int64_t n,
+                     uint8_t* page, int32_t codes, int32_t meta, int64_t slot,
                      int32_t page_tokens) {
   const int row_bytes = KvRowBytes(spec, d);
   const int g = KvGroupOf(spec, d);
