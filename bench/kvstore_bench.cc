@@ -31,6 +31,7 @@
 #include "kvstore/kv_preset.h"
 #include "kvstore/page_pool.h"
 #include "kvstore/paged_kv_cache.h"
+#include "kvstore/recording_kv_cache.h"
 #include "kvstore/slot_bitmap.h"
 #include "model/gguf.h"
 #include "model/llama.h"
@@ -188,34 +189,6 @@ absl::StatusOr<nlohmann::json> Codecs(kernels::Backend& cpu, int repeats) {
 
 // ---- bits per value on real KV ----
 
-// Records every K and V row the model writes, per layer, and keeps them in fp32.
-class RecordingCache final : public model::KvCache {
- public:
-  RecordingCache(std::unique_ptr<kvstore::PagedKvCache> inner, int layers, int64_t row)
-      : inner_(std::move(inner)), k_(layers), v_(layers), row_(row) {}
-  absl::Status AddSequence(int64_t seq, int64_t max_tokens) override {
-    return inner_->AddSequence(seq, max_tokens);
-  }
-  absl::Status RemoveSequence(int64_t seq) override { return inner_->RemoveSequence(seq); }
-  absl::StatusOr<int64_t> Length(int64_t seq) const override { return inner_->Length(seq); }
-  absl::Status Write(int64_t seq, int layer, const float* k, const float* v, int64_t n) override {
-    k_[layer].insert(k_[layer].end(), k, k + n * row_);
-    v_[layer].insert(v_[layer].end(), v, v + n * row_);
-    return inner_->Write(seq, layer, k, v, n);
-  }
-  absl::Status Attend(int64_t seq, int layer, const float* q, int64_t n, float* out) override {
-    return inner_->Attend(seq, layer, q, n, out);
-  }
-  absl::Status Commit(int64_t seq, int64_t n) override { return inner_->Commit(seq, n); }
-  const std::vector<float>& k(int layer) const { return k_[layer]; }
-  const std::vector<float>& v(int layer) const { return v_[layer]; }
-
- private:
-  std::unique_ptr<kvstore::PagedKvCache> inner_;
-  std::vector<std::vector<float>> k_, v_;
-  const int64_t row_;
-};
-
 // The codes of `preset` for `tokens` rows of one kv-head (rows `stride` apart), unpacked.
 absl::Status CodesOf(kernels::Backend& cpu, const kvstore::KvPreset& preset, const float* k,
                      const float* v, int64_t stride, int64_t tokens, std::vector<uint8_t>* kc,
@@ -270,7 +243,7 @@ absl::StatusOr<nlohmann::json> Bits(kernels::CpuBackend& cpu) {
                                                                      .preset = fp16,
                                                                      .pages = 1},
                                                                     cpu));
-  RecordingCache rec(std::move(inner), c.layers, c.kv_heads * c.head_dim);
+  kvstore::RecordingKvCache rec(std::move(inner), c.layers, c.kv_heads * c.head_dim);
   SLUICE_RETURN_IF_ERROR(rec.AddSequence(0, n));
   std::vector<float> logits(c.vocab);
   SLUICE_RETURN_IF_ERROR(llama->Forward({{0, ids}}, rec, logits.data()));

@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "kernels/kv_format.h"
+#include "kernels/test_util/kv_round_trip.h"
 #include "kernels/test_util/op_test.h"
 
 namespace sluice::kernels {
@@ -225,54 +226,8 @@ TEST(KvQuantRoundTrip, ErrorWithinCodecBound) {
                        .tokens = n,
                        .k = rk.data(),
                        .v = rv.data()});
-    auto check = [&](const KvQuantSpec& spec, const std::vector<float>& x,
-                     const std::vector<float>& y, const char* what) {
-      // The bound of each value from the extent of its quantization group.
-      const int gs = KvGroupOf(spec, static_cast<int32_t>(d));
-      for (int64_t t = 0; t < n; ++t) {
-        for (int64_t c = 0; c < d; ++c) {
-          float lo = x[t * d + c], hi = lo;
-          if (spec.codec != KvCodec::kF16) {
-            if (spec.grouping == KvGrouping::kPerToken) {
-              for (int64_t j = c / gs * gs; j < (c / gs + 1) * gs; ++j) {
-                lo = std::min(lo, x[t * d + j]);
-                hi = std::max(hi, x[t * d + j]);
-              }
-            } else {
-              const int bc = spec.grouping == KvGrouping::kBlock ? spec.block_channels : 1;
-              for (int64_t s = t / gs * gs; s < (t / gs + 1) * gs; ++s) {
-                for (int64_t j = c / bc * bc; j < (c / bc + 1) * bc; ++j) {
-                  lo = std::min(lo, x[s * d + j]);
-                  hi = std::max(hi, x[s * d + j]);
-                }
-              }
-            }
-          }
-          const float xv = x[t * d + c], amax = std::max(std::fabs(lo), std::fabs(hi));
-          float bound;
-          switch (spec.codec) {
-            case KvCodec::kF16:
-              bound = std::ldexp(std::fabs(xv), -11) + 1e-7f;
-              break;
-            case KvCodec::kFp8:  // 3 mantissa bits, plus the fp16 scale's rounding
-              bound = std::ldexp(std::fabs(xv), -4) + std::ldexp(amax, -9) + 1e-6f;
-              break;
-            default:  // half a step, plus fp16 rounding of scale and zero
-              bound = 0.5f * (hi - lo) / ((1 << spec.bits) - 1) * (1 + 1e-3f) +
-                      std::ldexp(amax, -10) + 1e-6f;
-          }
-          const float err = std::fabs(y[t * d + c] - xv);
-          if (err > bound) {
-            ADD_FAILURE() << what << " token " << t << " channel " << c << ": " << xv
-                          << " came back " << y[t * d + c] << " (error " << err << " > bound "
-                          << bound << ")";
-            return;
-          }
-        }
-      }
-    };
-    check(f.k, k, rk, "k");
-    check(f.v, v, rv, "v");
+    EXPECT_TRUE(testing::RoundTripWithinBound(f.k, f.head_dim, k.data(), rk.data(), n)) << "k";
+    EXPECT_TRUE(testing::RoundTripWithinBound(f.v, f.head_dim, v.data(), rv.data(), n)) << "v";
   }
 }
 

@@ -1,0 +1,167 @@
+// Every KV page codec on real SmolLM2 keys and values: the model reads 256 tokens of English
+// text, every row it writes is recorded, and each (layer, kv-head) goes through the cpu
+// quantizer and back. Each value must stay within its codec's bound, the cpu pages must equal
+// ref's byte for byte, and the overall error must rank the codecs as their bit widths say.
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/kv_format.h"
+#include "kernels/ref/kv_quant.h"
+#include "kernels/test_util/kv_round_trip.h"
+#include "kvstore/kv_preset.h"
+#include "kvstore/paged_kv_cache.h"
+#include "kvstore/recording_kv_cache.h"
+#include "model/gguf.h"
+#include "model/llama.h"
+#include "model/model_path.h"
+#include "model/tokenizer.h"
+
+namespace sluice::kvstore {
+namespace {
+
+using kernels::KvCodec;
+using kernels::KvGrouping;
+using kernels::KvQuantSpec;
+using kernels::KvTierFormat;
+
+KvQuantSpec Int(int bits, KvGrouping grouping, int group, int block_channels = 0) {
+  return {.codec = KvCodec::kInt,
+          .bits = bits,
+          .grouping = grouping,
+          .group = group,
+          .block_channels = block_channels};
+}
+
+TEST(KvQuantRealKv, SmolLM2KeysAndValuesStayWithinBounds) {
+  auto gguf = model::GgufFile::Open(model::DefaultModelPath());
+  if (gguf.status().code() == absl::StatusCode::kNotFound) {
+    GTEST_SKIP() << "model not fetched (./sluice fetch-model): " << gguf.status();
+  }
+  ASSERT_TRUE(gguf.ok()) << gguf.status();
+  auto vocab = model::VocabFromGguf(**gguf);
+  ASSERT_TRUE(vocab.ok());
+  auto tokenizer = model::Tokenizer::Create(std::move(*vocab));
+  ASSERT_TRUE(tokenizer.ok());
+  auto cpu = kernels::CpuBackend::Create({.threads = 1});
+  ASSERT_TRUE(cpu.ok());
+  auto llama = model::LlamaModel::Load(**gguf, **cpu);
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  const model::LlamaConfig& c = (*llama)->config();
+
+  std::ifstream in("/usr/share/common-licenses/GPL-3");  // Debian's base-files ships it
+  ASSERT_TRUE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  auto ids = (*tokenizer)->Encode(text.str(), false);
+  ASSERT_TRUE(ids.ok());
+  constexpr int64_t kTokens = 256;
+  ASSERT_GE(static_cast<int64_t>(ids->size()), kTokens);
+  ids->resize(kTokens);
+
+  auto fp16 = FindKvPreset("fp16", static_cast<int32_t>(c.head_dim));
+  ASSERT_TRUE(fp16.ok());
+  fp16->residual = kTokens;  // the recording run keeps everything in fp32
+  auto inner = PagedKvCache::Create({.layers = c.layers,
+                                     .heads = c.heads,
+                                     .kv_heads = c.kv_heads,
+                                     .head_dim = c.head_dim,
+                                     .preset = *fp16,
+                                     .pages = 1},
+                                    **cpu);
+  ASSERT_TRUE(inner.ok());
+  RecordingKvCache rec(std::move(*inner), c.layers, c.kv_heads * c.head_dim);
+  ASSERT_TRUE(rec.AddSequence(0, kTokens).ok());
+  std::vector<float> logits(c.vocab);
+  ASSERT_TRUE((*llama)->Forward({{0, *ids}}, rec, logits.data()).ok());
+
+  using G = KvGrouping;
+  const int32_t d = static_cast<int32_t>(c.head_dim);
+  struct Case {
+    KvQuantSpec spec;
+    double max_rel_rms;  // sqrt(mean err^2 / mean x^2) over all layers and heads
+  };
+  const Case cases[] = {
+      {{}, 1e-3},  // fp16
+      {{.codec = KvCodec::kFp8, .bits = 8, .grouping = G::kPerToken, .group = 32}, 0.05},
+      {Int(8, G::kPerToken, 0), 0.02},
+      {Int(4, G::kPerToken, 32), 0.2},
+      {Int(4, G::kPerChannel, 32), 0.2},
+      {Int(2, G::kPerChannel, 32), 0.6},
+      {Int(2, G::kPerToken, 32), 0.8},
+      {Int(4, G::kBlock, 64, 16), 0.3},
+  };
+  for (const Case& cs : cases) {
+    // K and V both in this spec where it is valid for V (per-token); K only otherwise.
+    const KvTierFormat f{.k = cs.spec,
+                         .v = cs.spec.grouping == G::kPerToken ? cs.spec : KvQuantSpec{},
+                         .head_dim = d};
+    auto layout = kernels::ComputePageLayout(f);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    SCOPED_TRACE(kernels::KvTierFormatName(f));
+    // Pages of whole token groups, as the cache fills them.
+    const int64_t per_page = layout->tokens;
+    double err2[2] = {0, 0}, x2[2] = {0, 0};
+    for (int layer = 0; layer < c.layers; ++layer) {
+      for (int64_t h = 0; h < c.kv_heads; ++h) {
+        for (int64_t t0 = 0; t0 + layout->token_group <= kTokens; t0 += per_page) {
+          const int64_t n =
+              std::min(per_page, (kTokens - t0) / layout->token_group * layout->token_group);
+          const int64_t stride = c.kv_heads * d;
+          const float* k = rec.k(layer).data() + t0 * stride + h * d;
+          const float* v = rec.v(layer).data() + t0 * stride + h * d;
+          std::vector<uint8_t> page(f.page_bytes, 0), want(f.page_bytes, 0);
+          kernels::KvQuantizeParams p{.k = k,
+                                      .v = v,
+                                      .stride = stride,
+                                      .tokens = n,
+                                      .format = f,
+                                      .layout = *layout,
+                                      .page = page.data()};
+          ASSERT_TRUE((*cpu)->KvQuantize(p).ok());
+          p.page = want.data();
+          kernels::ref::KvQuantize(p);
+          ASSERT_EQ(page, want) << "layer " << layer << " head " << h << " token " << t0;
+          std::vector<float> rk(n * d), rv(n * d), xk(n * d), xv(n * d);
+          ASSERT_TRUE((*cpu)
+                          ->KvDequantize({.page = page.data(),
+                                          .format = f,
+                                          .layout = *layout,
+                                          .slot = 0,
+                                          .tokens = n,
+                                          .k = rk.data(),
+                                          .v = rv.data()})
+                          .ok());
+          for (int64_t t = 0; t < n; ++t) {
+            for (int j = 0; j < d; ++j) {
+              xk[t * d + j] = k[t * stride + j];
+              xv[t * d + j] = v[t * stride + j];
+            }
+          }
+          ASSERT_TRUE(kernels::testing::RoundTripWithinBound(f.k, d, xk.data(), rk.data(), n))
+              << "k of layer " << layer << " head " << h;
+          ASSERT_TRUE(kernels::testing::RoundTripWithinBound(f.v, d, xv.data(), rv.data(), n))
+              << "v of layer " << layer << " head " << h;
+          for (int64_t i = 0; i < n * d; ++i) {
+            err2[0] += (rk[i] - xk[i]) * double(rk[i] - xk[i]);
+            err2[1] += (rv[i] - xv[i]) * double(rv[i] - xv[i]);
+            x2[0] += xk[i] * double(xk[i]);
+            x2[1] += xv[i] * double(xv[i]);
+          }
+        }
+      }
+    }
+    const double k_rel = std::sqrt(err2[0] / x2[0]), v_rel = std::sqrt(err2[1] / x2[1]);
+    RecordProperty(kernels::KvTierFormatName(f) + " k_rel_rms", std::to_string(k_rel));
+    EXPECT_LT(k_rel, cs.max_rel_rms) << "k";
+    if (f.v == cs.spec) EXPECT_LT(v_rel, cs.max_rel_rms) << "v";
+  }
+}
+
+}  // namespace
+}  // namespace sluice::kvstore
