@@ -59,6 +59,65 @@ TEST_P(AttentionTest, MatchesReference) {
   }
 }
 
+// Cumulative attention per key: a long prompt in one call (several query blocks and key tiles,
+// lengths that are not multiples of either), chunked prefill accumulating into the same scores,
+// GQA groups. Each query's weights sum to 1, so each head's scores sum to the query count.
+TEST_P(AttentionTest, KeyScoresMatchReference) {
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  struct Shape {
+    int64_t q_tokens, q_start, heads, kv_heads, head_dim;
+  };
+  for (const Shape& sh : {Shape{300, 0, 9, 3, 64}, Shape{70, 523, 4, 2, 32}, Shape{1, 40, 2, 1, 16},
+                          Shape{129, 0, 1, 1, 64}}) {
+    const int64_t kv_tokens = sh.q_start + sh.q_tokens;
+    SCOPED_TRACE(::testing::Message()
+                 << "q_tokens=" << sh.q_tokens << " q_start=" << sh.q_start << " heads=" << sh.heads
+                 << "/" << sh.kv_heads << " seed=" << seed);
+    std::vector<float> q = testing::RandomFloats(rng, sh.q_tokens * sh.heads * sh.head_dim, -2, 2);
+    std::vector<float> k = testing::RandomFloats(rng, kv_tokens * sh.kv_heads * sh.head_dim, -2, 2);
+    std::vector<float> v = testing::RandomFloats(rng, kv_tokens * sh.kv_heads * sh.head_dim, -2, 2);
+    // Scores start from earlier chunks' values, which the op must add to.
+    std::vector<float> prior = testing::RandomFloats(rng, sh.heads * kv_tokens, 0, 3);
+    std::vector<float> want(q.size()), want_scores = prior;
+    AttentionParams p{.q = q.data(),
+                      .k = k.data(),
+                      .v = v.data(),
+                      .out = want.data(),
+                      .q_tokens = sh.q_tokens,
+                      .kv_tokens = kv_tokens,
+                      .q_start = sh.q_start,
+                      .heads = sh.heads,
+                      .kv_heads = sh.kv_heads,
+                      .head_dim = sh.head_dim,
+                      .scale = 1.f / std::sqrt(float(sh.head_dim)),
+                      .key_scores = want_scores.data()};
+    ref::Attention(p);
+    double total = 0;
+    for (size_t i = 0; i < want_scores.size(); ++i) total += want_scores[i] - prior[i];
+    EXPECT_NEAR(total, double(sh.heads * sh.q_tokens), 1e-3 * sh.heads * sh.q_tokens);
+    auto qb = GuardedBuffer::Create(*backend_, q.size());
+    auto kb = GuardedBuffer::Create(*backend_, k.size());
+    auto vb = GuardedBuffer::Create(*backend_, v.size());
+    auto ob = GuardedBuffer::Create(*backend_, q.size());
+    auto sb = GuardedBuffer::Create(*backend_, prior.size());
+    ASSERT_TRUE(qb.ok() && kb.ok() && vb.ok() && ob.ok() && sb.ok());
+    ASSERT_TRUE(qb->Upload(q).ok() && kb->Upload(k).ok() && vb->Upload(v).ok() &&
+                sb->Upload(prior).ok());
+    p.q = qb->data();
+    p.k = kb->data();
+    p.v = vb->data();
+    p.out = ob->data();
+    p.key_scores = sb->data();
+    ASSERT_TRUE(backend_->Attention(p).ok());
+    auto got = ob->DownloadChecked();
+    auto got_scores = sb->DownloadChecked();
+    ASSERT_TRUE(got.ok() && got_scores.ok());
+    testing::ExpectNear(*got, want, {2e-6f}, 2e-5f, "attention output");
+    testing::ExpectNear(*got_scores, want_scores, {2e-5f}, 2e-5f, "key scores");
+  }
+}
+
 TEST_P(AttentionTest, RejectsQueriesPastTheCache) {
   float buf[64];
   const absl::Status st = backend_->Attention({.q = buf,

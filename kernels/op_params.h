@@ -88,6 +88,11 @@ struct AttentionParams {
   int64_t kv_heads = 0;  // divides heads
   int64_t head_dim = 0;
   float scale = 1.f;  // usually 1 / sqrt(head_dim)
+  // Optional, [heads, kv_tokens]: key_scores[h, j] += the softmax weight key j gets from each
+  // query of head h, summed over the queries (cumulative attention, the H2O / MiniKV score).
+  // The CPU backend computes it in two passes over key tiles (row normalizers first, then the
+  // weights), so the extra memory does not grow with the number of queries.
+  float* key_scores = nullptr;
 };
 
 // Compresses `tokens` tokens of one kv-head into slots [slot, slot + tokens) of a page laid out

@@ -1,4 +1,6 @@
-// Causal grouped-query attention over a contiguous KV cache, one (token, head) per task.
+// Causal grouped-query attention over a contiguous KV cache: two SGEMMs per head (the scalar
+// ISA level keeps plain per-(token, head) loops), or, when key scores are asked for, a two-pass
+// tiled kernel whose memory does not grow with the number of queries.
 #ifndef SLUICE_KERNELS_CPU_ATTENTION_H_
 #define SLUICE_KERNELS_CPU_ATTENTION_H_
 

@@ -24,6 +24,11 @@ void Attention(const AttentionParams& p) {
       }
       double sum = 0;
       for (int64_t s = 0; s < visible; ++s) sum += (score[s] = std::exp(score[s] - mx));
+      if (p.key_scores != nullptr) {
+        for (int64_t s = 0; s < visible; ++s) {
+          p.key_scores[h * p.kv_tokens + s] += static_cast<float>(score[s] / sum);
+        }
+      }
       float* out = p.out + (t * p.heads + h) * p.head_dim;
       for (int64_t d = 0; d < p.head_dim; ++d) {
         double acc = 0;
