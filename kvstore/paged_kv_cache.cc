@@ -58,7 +58,7 @@ PagedKvCache::PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLa
 
 PagedKvCache::~PagedKvCache() {
   for (auto& [id, s] : seqs_) {
-    for (const HeadPages& h : s.heads) pool_->Free(h.ids).IgnoreError();
+    for (const HeadPages& h : s.heads) pool_->Free(h.table.AllPages()).IgnoreError();
   }
 }
 
@@ -83,7 +83,10 @@ absl::Status PagedKvCache::RemoveSequence(int64_t seq) {
     return absl::NotFoundError(absl::StrFormat("sequence %d has no KV cache", seq));
   }
   std::vector<PageId> ids;
-  for (const HeadPages& h : it->second.heads) ids.insert(ids.end(), h.ids.begin(), h.ids.end());
+  for (const HeadPages& h : it->second.heads) {
+    const std::vector<PageId> pages = h.table.AllPages();
+    ids.insert(ids.end(), pages.begin(), pages.end());
+  }
   seqs_.erase(it);
   return pool_->Free(ids);
 }
@@ -138,9 +141,10 @@ absl::Status PagedKvCache::Attend(int64_t seq, int layer, const float* q, int64_
   std::vector<int32_t> offsets = {0};
   for (int64_t h = 0; h < options_.kv_heads; ++h) {
     const HeadPages& hp = s->heads[layer * options_.kv_heads + h];
-    for (size_t i = 0; i < hp.ids.size(); ++i) {
-      refs.push_back({.data = pool_->data(hp.ids[i]),
-                      .slots = i + 1 == hp.ids.size() ? hp.last_slots : layout_.tokens,
+    const int32_t n = hp.table.high_count();
+    for (int32_t i = 0; i < n; ++i) {
+      refs.push_back({.data = pool_->data(hp.table.high(i)),
+                      .slots = i + 1 == n ? hp.last_slots : layout_.tokens,
                       .tier = 0});
     }
     offsets.push_back(static_cast<int32_t>(refs.size()));
@@ -189,7 +193,7 @@ absl::Status PagedKvCache::Flush(Seq& s) {
   std::vector<int32_t> counts(lists);
   for (int64_t i = 0; i < lists; ++i) {
     const HeadPages& hp = s.heads[i];
-    const int64_t room = hp.ids.empty() ? 0 : cap - hp.last_slots;
+    const int64_t room = hp.table.high_count() == 0 ? 0 : cap - hp.last_slots;
     counts[i] = static_cast<int32_t>(std::max<int64_t>(0, (flush - room + cap - 1) / cap));
   }
   std::vector<int64_t> offsets;
@@ -206,8 +210,8 @@ absl::Status PagedKvCache::Flush(Seq& s) {
     HeadPages& hp = s.heads[i];
     int64_t next = offsets[i];
     for (int64_t t0 = 0; t0 < flush;) {
-      if (hp.ids.empty() || hp.last_slots == cap) {
-        hp.ids.push_back(fresh[next++]);
+      if (hp.table.high_count() == 0 || hp.last_slots == cap) {
+        SLUICE_RETURN_IF_ERROR(hp.table.PushHigh(fresh[next++]));
         hp.last_slots = 0;
       }
       const int64_t chunk = std::min(flush - t0, cap - hp.last_slots);
@@ -218,7 +222,7 @@ absl::Status PagedKvCache::Flush(Seq& s) {
                                .tokens = chunk,
                                .format = options_.preset.high,
                                .layout = layout_,
-                               .page = pool_->data(hp.ids.back()),
+                               .page = pool_->data(hp.table.high(hp.table.high_count() - 1)),
                                .slot = hp.last_slots}));
       hp.last_slots += static_cast<int32_t>(chunk);
       t0 += chunk;
@@ -232,22 +236,88 @@ absl::Status PagedKvCache::Flush(Seq& s) {
   return absl::OkStatus();
 }
 
+absl::Status PagedKvCache::ForkSequence(int64_t src, int64_t dst, int64_t max_tokens) {
+  SLUICE_ASSIGN_OR_RETURN(Seq * from, Find(src));
+  if (seqs_.contains(dst)) {
+    return absl::AlreadyExistsError(absl::StrFormat("sequence %d already has a KV cache", dst));
+  }
+  if (max_tokens < from->length) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("max_tokens=%d is less than the %d tokens forked from sequence %d",
+                        max_tokens, from->length, src));
+  }
+  const int64_t resid = from->length - from->compressed;
+  for (int l = 0; l < options_.layers; ++l) {
+    if (static_cast<int64_t>(from->k[l].size()) != resid * row_) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "sequence %d has written tokens it has not committed; fork after Commit", src));
+    }
+  }
+  // Full pages are shared; a partly filled last page gets a private copy.
+  std::vector<PageId> shared;
+  std::vector<int32_t> copies(from->heads.size());
+  for (size_t i = 0; i < from->heads.size(); ++i) {
+    const HeadPages& hp = from->heads[i];
+    const int32_t n = hp.table.high_count();
+    const bool partial = n > 0 && hp.last_slots < layout_.tokens;
+    for (int32_t j = 0; j < n - (partial ? 1 : 0); ++j) shared.push_back(hp.table.high(j));
+    copies[i] = partial ? 1 : 0;
+  }
+  std::vector<int64_t> offsets;
+  std::vector<PageId> fresh;
+  SLUICE_RETURN_IF_ERROR(pool_->Allocate(copies, &offsets, &fresh));
+  if (absl::Status st = pool_->Retain(shared); !st.ok()) {
+    pool_->Free(fresh).IgnoreError();
+    return st;
+  }
+  Seq to;
+  to.max_tokens = max_tokens;
+  to.length = from->length;
+  to.compressed = from->compressed;
+  to.k = from->k;
+  to.v = from->v;
+  to.heads.resize(from->heads.size());
+  for (size_t i = 0; i < from->heads.size(); ++i) {
+    const HeadPages& hp = from->heads[i];
+    HeadPages& out = to.heads[i];
+    const int32_t n = hp.table.high_count();
+    for (int32_t j = 0; j < n; ++j) {
+      PageId id = hp.table.high(j);
+      if (j == n - 1 && copies[i] == 1) {
+        id = fresh[offsets[i]];
+        std::memcpy(pool_->data(id), pool_->data(hp.table.high(j)), pool_->page_bytes());
+      }
+      SLUICE_RETURN_IF_ERROR(out.table.PushHigh(id));
+    }
+    out.last_slots = hp.last_slots;
+  }
+  seqs_.emplace(dst, std::move(to));
+  return absl::OkStatus();
+}
+
 KvCacheStats PagedKvCache::Stats() const {
   KvCacheStats st;
   st.sequences = static_cast<int64_t>(seqs_.size());
-  st.pages.page_bytes = layout_.tokens > 0 ? options_.preset.high.page_bytes : 0;
+  st.pages.page_bytes = options_.preset.high.page_bytes;
+  // Pages shared between forked sequences count once; their tokens count for every sequence
+  // in the fp16 baseline (without sharing, each would hold its own copy).
+  absl::flat_hash_map<PageId, int32_t> used_slots;
   for (const auto& [id, s] : seqs_) {
     for (const HeadPages& hp : s.heads) {
-      st.pages.pages_high += static_cast<int64_t>(hp.ids.size());
-      st.pages.allocated_slots += static_cast<int64_t>(hp.ids.size()) * layout_.tokens;
+      const int32_t n = hp.table.high_count();
+      for (int32_t i = 0; i < n; ++i) {
+        used_slots[hp.table.high(i)] = i + 1 == n ? hp.last_slots : layout_.tokens;
+      }
     }
-    const int64_t live = s.compressed * options_.layers * options_.kv_heads;
-    st.pages.live_slots += live;
-    st.pages.fp16_bytes += Fp16KvBytes(live, options_.head_dim);
+    st.pages.fp16_bytes +=
+        Fp16KvBytes(s.compressed * options_.layers * options_.kv_heads, options_.head_dim);
     const int64_t resid = (s.length - s.compressed) * options_.layers * options_.kv_heads;
     st.residual_tokens += resid;
     st.residual_bytes += resid * options_.head_dim * 2 * 4;
   }
+  st.pages.pages_high = static_cast<int64_t>(used_slots.size());
+  st.pages.allocated_slots = st.pages.pages_high * layout_.tokens;
+  for (const auto& [id, n] : used_slots) st.pages.live_slots += n;
   return st;
 }
 

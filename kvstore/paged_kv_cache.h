@@ -21,6 +21,7 @@
 #include "kvstore/kv_accounting.h"
 #include "kvstore/kv_preset.h"
 #include "kvstore/page_pool.h"
+#include "kvstore/page_table.h"
 #include "model/kv_cache.h"
 
 namespace sluice::kvstore {
@@ -64,15 +65,24 @@ class PagedKvCache final : public model::KvCache {
   absl::Status Attend(int64_t seq, int layer, const float* q, int64_t n, float* out) override;
   absl::Status Commit(int64_t seq, int64_t n) override;
 
+  // Starts sequence `dst` (room for `max_tokens`) as a copy of `src`'s committed tokens:
+  // full pages are shared by reference count (a common prompt prefix costs its pages once);
+  // each partly filled last page and the residual window are copied, since both sequences go
+  // on writing there. AlreadyExists / NotFound for the ids; FailedPrecondition if `src` has
+  // written tokens it has not committed; ResourceExhausted if the copies find no pages.
+  absl::Status ForkSequence(int64_t src, int64_t dst, int64_t max_tokens);
+
   KvCacheStats Stats() const;
   const KvPreset& preset() const { return options_.preset; }
   const kernels::KvPageLayout& layout() const { return layout_; }
   const PagePool& pool() const { return *pool_; }
 
  private:
+  // The pages of one (sequence, layer, kv-head): high-tier pages from the left of the
+  // bidirectional table (the low tier, from the right, comes with the eviction policies).
   struct HeadPages {
-    std::vector<PageId> ids;
-    int32_t last_slots = 0;  // slots used in the last page
+    BidirectionalPageTable table;
+    int32_t last_slots = 0;  // slots used in the last high-tier page
   };
   struct Seq {
     int64_t max_tokens = 0;

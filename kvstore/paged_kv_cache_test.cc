@@ -1,0 +1,196 @@
+// The paged KV cache: attention over its pages against attention over the same fp32 rows,
+// backends agreeing, prefix sharing by fork, errors, and every page back in the pool.
+#include "kvstore/paged_kv_cache.h"
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/ref/attention.h"
+#include "kernels/ref/ref_backend.h"
+
+namespace sluice::kvstore {
+namespace {
+
+constexpr int kLayers = 2, kHeads = 4, kKvHeads = 2, kDim = 32;
+constexpr int64_t kRow = kKvHeads * kDim;
+
+std::vector<float> Random(std::mt19937_64& rng, size_t n) {
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> x(n);
+  for (float& v : x) v = d(rng);
+  return x;
+}
+
+std::unique_ptr<PagedKvCache> MakeCache(kernels::Backend& backend, std::string_view preset,
+                                        int32_t residual, int64_t pages = 256) {
+  auto p = FindKvPreset(preset, kDim, 4096);
+  EXPECT_TRUE(p.ok()) << p.status();
+  p->residual = residual;
+  auto c = PagedKvCache::Create({.layers = kLayers,
+                                 .heads = kHeads,
+                                 .kv_heads = kKvHeads,
+                                 .head_dim = kDim,
+                                 .preset = *p,
+                                 .pages = pages},
+                                backend);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return std::move(*c);
+}
+
+// Writes `n` tokens (k, v: [layers][n, kv_heads, dim]) to every layer, attends with q
+// ([n, heads, dim]) in layer 0 and commits; returns layer 0's attention output.
+std::vector<float> Step(PagedKvCache& cache, int64_t seq, const std::vector<float>& k,
+                        const std::vector<float>& v, const std::vector<float>& q, int64_t n) {
+  std::vector<float> out(n * kHeads * kDim);
+  for (int l = 0; l < kLayers; ++l) {
+    EXPECT_TRUE(cache.Write(seq, l, k.data() + l * n * kRow, v.data() + l * n * kRow, n).ok());
+  }
+  EXPECT_TRUE(cache.Attend(seq, 0, q.data(), n, out.data()).ok());
+  EXPECT_TRUE(cache.Commit(seq, n).ok());
+  return out;
+}
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
+  return m;
+}
+
+// Feeds 300 tokens (a prompt of 200, then 100 one at a time) and checks each step's attention
+// against ref attention over the fp32 rows, within each preset's precision.
+TEST(PagedKvCache, AttentionOverPagesTracksFullPrecision) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok());
+  for (auto [preset, residual, tol] :
+       {std::tuple{"fp16", 0, 2e-3}, std::tuple{"int8", 0, 0.05}, std::tuple{"kivi4", 16, 0.3}}) {
+    SCOPED_TRACE(preset);
+    auto cache = MakeCache(**cpu, preset, residual);
+    ASSERT_TRUE(cache->AddSequence(7, 300).ok());
+    std::vector<float> all_k, all_v;  // layer 0 rows so far
+    int64_t len = 0;
+    for (int64_t n : {int64_t{200}, int64_t{1}}) {
+      for (int64_t step = 0; step < (n == 1 ? 100 : 1); ++step) {
+        const std::vector<float> k = Random(rng, kLayers * n * kRow);
+        const std::vector<float> v = Random(rng, kLayers * n * kRow);
+        const std::vector<float> q = Random(rng, n * kHeads * kDim);
+        const std::vector<float> got = Step(*cache, 7, k, v, q, n);
+        all_k.insert(all_k.end(), k.begin(), k.begin() + n * kRow);
+        all_v.insert(all_v.end(), v.begin(), v.begin() + n * kRow);
+        std::vector<float> want(got.size());
+        kernels::ref::Attention({.q = q.data(),
+                                 .k = all_k.data(),
+                                 .v = all_v.data(),
+                                 .out = want.data(),
+                                 .q_tokens = n,
+                                 .kv_tokens = len + n,
+                                 .q_start = len,
+                                 .heads = kHeads,
+                                 .kv_heads = kKvHeads,
+                                 .head_dim = kDim,
+                                 .scale = 1.f / std::sqrt(float(kDim))});
+        len += n;
+        ASSERT_LT(MaxAbsDiff(got, want), tol) << "after " << len << " tokens";
+      }
+    }
+    EXPECT_EQ(*cache->Length(7), 300);
+    const KvCacheStats st = cache->Stats();
+    EXPECT_GT(st.pages.pages(), 0);
+    EXPECT_EQ(st.pages.pages(), cache->pool().used_pages());
+    if (std::string_view(preset) != "fp16") EXPECT_GT(st.ratio_vs_fp16(), 1.0);
+    ASSERT_TRUE(cache->RemoveSequence(7).ok());
+    EXPECT_EQ(cache->pool().used_pages(), 0);
+  }
+}
+
+TEST(PagedKvCache, CpuAndRefBackendsAgree) {
+  std::mt19937_64 rng(std::random_device{}());
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok());
+  kernels::RefBackend ref;
+  auto a = MakeCache(**cpu, "kivi2", 8), b = MakeCache(ref, "kivi2", 8);
+  ASSERT_TRUE(a->AddSequence(1, 128).ok() && b->AddSequence(1, 128).ok());
+  for (int64_t n : {int64_t{70}, int64_t{1}, int64_t{1}, int64_t{3}}) {
+    const std::vector<float> k = Random(rng, kLayers * n * kRow);
+    const std::vector<float> v = Random(rng, kLayers * n * kRow);
+    const std::vector<float> q = Random(rng, n * kHeads * kDim);
+    EXPECT_LT(MaxAbsDiff(Step(*a, 1, k, v, q, n), Step(*b, 1, k, v, q, n)), 1e-4);
+  }
+}
+
+// A fork shares the full pages of the prefix, copies the partly filled ones, and from then on
+// each sequence sees only its own tokens.
+TEST(PagedKvCache, ForkSharesFullPagesAndSeparatesWhatFollows) {
+  std::mt19937_64 rng(std::random_device{}());
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok());
+  auto cache = MakeCache(**cpu, "int8", 0);
+  auto plain = MakeCache(**cpu, "int8", 0);  // the same tokens without sharing
+  const int64_t prompt = 150;
+  const std::vector<float> k = Random(rng, kLayers * prompt * kRow);
+  const std::vector<float> v = Random(rng, kLayers * prompt * kRow);
+  const std::vector<float> q = Random(rng, prompt * kHeads * kDim);
+  ASSERT_TRUE(cache->AddSequence(1, 200).ok() && plain->AddSequence(2, 200).ok());
+  Step(*cache, 1, k, v, q, prompt);
+  Step(*plain, 2, k, v, q, prompt);
+  const int64_t before = cache->pool().used_pages();
+  ASSERT_TRUE(cache->ForkSequence(1, 3, 200).ok());
+  // Only the partly filled last page of each (layer, head) is new.
+  const int64_t per_page = cache->layout().tokens;
+  ASSERT_NE(prompt % per_page, 0);
+  EXPECT_EQ(cache->pool().used_pages(), before + kLayers * kKvHeads);
+  EXPECT_EQ(cache->Stats().pages.pages(), cache->pool().used_pages());
+  // Both continue with different tokens; each must match the unshared cache fed the same.
+  auto plain3 = MakeCache(**cpu, "int8", 0);
+  ASSERT_TRUE(plain3->AddSequence(3, 200).ok());
+  Step(*plain3, 3, k, v, q, prompt);
+  for (int step = 0; step < 5; ++step) {
+    const std::vector<float> k1 = Random(rng, kLayers * kRow), v1 = Random(rng, kLayers * kRow);
+    const std::vector<float> k3 = Random(rng, kLayers * kRow), v3 = Random(rng, kLayers * kRow);
+    const std::vector<float> q1 = Random(rng, kHeads * kDim);
+    EXPECT_EQ(Step(*cache, 1, k1, v1, q1, 1), Step(*plain, 2, k1, v1, q1, 1));
+    EXPECT_EQ(Step(*cache, 3, k3, v3, q1, 1), Step(*plain3, 3, k3, v3, q1, 1));
+  }
+  ASSERT_TRUE(cache->RemoveSequence(1).ok());
+  EXPECT_GT(cache->pool().used_pages(), 0);  // sequence 3 still holds the shared prefix
+  const std::vector<float> q1 = Random(rng, kHeads * kDim);
+  const std::vector<float> k1 = Random(rng, kLayers * kRow), v1 = Random(rng, kLayers * kRow);
+  EXPECT_EQ(Step(*cache, 3, k1, v1, q1, 1), Step(*plain3, 3, k1, v1, q1, 1));
+  ASSERT_TRUE(cache->RemoveSequence(3).ok());
+  EXPECT_EQ(cache->pool().used_pages(), 0);
+}
+
+TEST(PagedKvCache, ErrorsNameTheProblemAndLeaveNothingBehind) {
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok());
+  auto cache = MakeCache(**cpu, "fp16", 0, /*pages=*/6);
+  std::vector<float> x(64 * kRow * kLayers, 0.5f), out(64 * kHeads * kDim);
+  ASSERT_TRUE(cache->AddSequence(1, 40).ok());
+  EXPECT_EQ(cache->AddSequence(1, 40).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(cache->Write(2, 0, x.data(), x.data(), 1).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(cache->Write(1, 0, x.data(), x.data(), 41).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(cache->Attend(1, 0, x.data(), 1, out.data()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(cache->Write(1, 0, x.data(), x.data(), 2).ok());
+  EXPECT_THAT(cache->Commit(1, 2).message(), ::testing::HasSubstr("layer 1 did not write"));
+  EXPECT_EQ(cache->ForkSequence(1, 2, 40).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(cache->RemoveSequence(1).ok());
+  // 40 tokens of fp16 at head_dim 32 need 2 pages per (layer, head) (a 4 KiB page holds 31):
+  // 8 pages, and the pool has 6.
+  ASSERT_TRUE(cache->AddSequence(3, 100).ok());
+  for (int l = 0; l < kLayers; ++l) ASSERT_TRUE(cache->Write(3, l, x.data(), x.data(), 40).ok());
+  EXPECT_EQ(cache->Commit(3, 40).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(cache->pool().used_pages(), 0);  // all or nothing
+  ASSERT_TRUE(cache->RemoveSequence(3).ok());
+  EXPECT_EQ(cache->RemoveSequence(3).code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace sluice::kvstore
