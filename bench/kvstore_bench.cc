@@ -150,7 +150,7 @@ absl::StatusOr<nlohmann::json> Codecs(kernels::Backend& cpu, int repeats) {
       for (int64_t t = 0; t < n; ++t) {
         for (int c = 0; c < kHeadDim; ++c) {
           const int code =
-              kernels::KvCodeAt(preset.high.v, kHeadDim, arena.data() + l.v_codes, t, c);
+              kernels::KvCodeAt(preset.high.v, kHeadDim, 1, arena.data() + l.v_codes, t, c);
           symbols[t * kHeadDim + c] = static_cast<uint8_t>(code);
           ++hist[code];
         }
@@ -195,12 +195,12 @@ absl::Status CodesOf(kernels::Backend& cpu, const kvstore::KvPreset& preset, con
                      std::vector<uint8_t>* vc) {
   SLUICE_ASSIGN_OR_RETURN(KvPageLayout l, kernels::ComputePageLayout(preset.high));
   std::vector<uint8_t> page(preset.high.page_bytes);
-  auto unpack = [&](const kernels::KvQuantSpec& s, int32_t codes, int64_t n,
+  auto unpack = [&](const kernels::KvQuantSpec& s, int32_t codes, int32_t tile, int64_t n,
                     std::vector<uint8_t>* out) {
     for (int64_t t = 0; t < n; ++t) {
       for (int c = 0; c < kHeadDim; ++c) {
         out->push_back(
-            static_cast<uint8_t>(kernels::KvCodeAt(s, kHeadDim, page.data() + codes, t, c)));
+            static_cast<uint8_t>(kernels::KvCodeAt(s, kHeadDim, tile, page.data() + codes, t, c)));
       }
     }
   };
@@ -213,8 +213,8 @@ absl::Status CodesOf(kernels::Backend& cpu, const kvstore::KvPreset& preset, con
                                            .format = preset.high,
                                            .layout = l,
                                            .page = page.data()}));
-    unpack(preset.high.k, l.k_codes, n, kc);
-    unpack(preset.high.v, l.v_codes, n, vc);
+    unpack(preset.high.k, l.k_codes, l.k_tile, n, kc);
+    unpack(preset.high.v, l.v_codes, 1, n, vc);
   }
   return absl::OkStatus();
 }

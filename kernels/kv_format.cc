@@ -1,5 +1,6 @@
 #include "kernels/kv_format.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -113,6 +114,8 @@ absl::StatusOr<KvPageLayout> ComputePageLayout(const KvTierFormat& f) {
   }
   KvPageLayout l;
   l.token_group = f.k.grouping == KvGrouping::kPerToken ? 1 : KvGroupOf(f.k, f.head_dim);
+  l.k_tile = KvCodeTile(f.k, f.head_dim, /*key=*/true);
+  const int64_t step = std::max<int64_t>(l.token_group, l.k_tile);  // one divides the other
   l.k_row_bytes = KvRowBytes(f.k, f.head_dim);
   l.v_row_bytes = KvRowBytes(f.v, f.head_dim);
   auto lay_out = [&](int64_t n) {
@@ -143,32 +146,38 @@ absl::StatusOr<KvPageLayout> ComputePageLayout(const KvTierFormat& f) {
       l.k_row_bytes + l.v_row_bytes + (f.token_meta ? 8 : 0) +
       (MetaBytes(f.k, f.head_dim, l.token_group) + MetaBytes(f.v, f.head_dim, l.token_group)) /
           l.token_group;
-  int64_t n = f.page_bytes / per_token / l.token_group * l.token_group;
-  while (n > 0 && lay_out(n) > f.page_bytes) n -= l.token_group;
+  int64_t n = f.page_bytes / per_token / step * step;
+  while (n > 0 && lay_out(n) > f.page_bytes) n -= step;
   if (n <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("a ", f.page_bytes, "-byte page cannot hold ",
-                                                   l.token_group, " tokens of ",
-                                                   KvTierFormatName(f)));
+                                                   step, " tokens of ", KvTierFormatName(f)));
   }
   l.tokens = static_cast<int32_t>(n);
   lay_out(n);
   return l;
 }
 
-KvCodePosition KvCodePositionOf(const KvQuantSpec& spec, int32_t head_dim, int64_t slot, int c) {
-  const int64_t row_bytes = KvRowBytes(spec, head_dim);
-  const int bits = spec.bits;
-  if (bits >= 8 && spec.grouping == KvGrouping::kPerToken) return {slot * row_bytes + c, 0};
-  if (spec.grouping == KvGrouping::kPerToken) {
-    return {slot * row_bytes + c % row_bytes, static_cast<int>(c / row_bytes) * bits};
-  }
-  const int64_t g = KvGroupOf(spec, head_dim), per = 8 / bits;
-  const int64_t block = slot / g * g * row_bytes;
-  return {block + (c / per) * g + slot % g, static_cast<int>(c % per) * bits};
+int32_t KvCodeTile(const KvQuantSpec& spec, int32_t head_dim, bool key) {
+  if (!key || spec.codec != KvCodec::kInt) return 1;
+  return spec.grouping == KvGrouping::kPerToken ? kKvKeyTile : KvGroupOf(spec, head_dim);
 }
 
-int KvCodeAt(const KvQuantSpec& spec, int32_t head_dim, const uint8_t* codes, int64_t slot, int c) {
-  const KvCodePosition p = KvCodePositionOf(spec, head_dim, slot, c);
+KvCodePosition KvCodePositionOf(const KvQuantSpec& spec, int32_t head_dim, int32_t tile,
+                                int64_t slot, int c) {
+  const int64_t row_bytes = KvRowBytes(spec, head_dim);
+  const int bits = spec.bits;
+  if (tile <= 1) {
+    if (bits >= 8) return {slot * row_bytes + c, 0};
+    return {slot * row_bytes + c % row_bytes, static_cast<int>(c / row_bytes) * bits};
+  }
+  const int64_t per = 8 / bits;
+  const int64_t block = slot / tile * tile * row_bytes;
+  return {block + (c / per) * tile + slot % tile, static_cast<int>(c % per) * bits};
+}
+
+int KvCodeAt(const KvQuantSpec& spec, int32_t head_dim, int32_t tile, const uint8_t* codes,
+             int64_t slot, int c) {
+  const KvCodePosition p = KvCodePositionOf(spec, head_dim, tile, slot, c);
   return (codes[p.byte] >> p.shift) & ((1 << spec.bits) - 1);
 }
 

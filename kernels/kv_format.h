@@ -13,13 +13,14 @@
 //   valid     [ceil(tokens / 64)] u64, bit t set = slot t holds a live token
 //
 // Packing of b-bit codes (b = 2, 4 or 8; P = 8 / b codes per byte):
-//  - grouped per token (V, and K kPerToken): each token's row of D codes takes R = D * b / 8
-//    bytes; byte j holds codes j + s * R for s < P at bits [s * b, s * b + b). One shift-and-mask
-//    of a row's bytes yields R consecutive channels: the vector width of value accumulation.
-//  - grouped along tokens (K kPerChannel, kBlock): the G tokens of a group share one block of
-//    G * R bytes, channel-major: byte q * G + t holds channels q * P + s of the group's token t
-//    at bits [s * b, s * b + b). One shift-and-mask of consecutive bytes yields one channel of
-//    consecutive tokens: the vector width of score computation, with no horizontal sums.
+//  - values: each token's row of D codes takes R = D * b / 8 bytes; byte j holds codes j + s * R
+//    for s < P at bits [s * b, s * b + b). One shift-and-mask of a row's bytes yields R
+//    consecutive channels: the vector width of value accumulation.
+//  - keys: tiles of T tokens (T = the token group G for kPerChannel and kBlock, kKvKeyTile for
+//    kPerToken) share one block of T * R bytes, channel-major: byte q * T + t holds channels
+//    q * P + s of the tile's token t at bits [s * b, s * b + b). One shift-and-mask of
+//    consecutive bytes yields one channel of consecutive tokens: the vector width of score
+//    computation, with no horizontal sums. Pages hold whole tiles.
 // fp16 values are raw IEEE halves (token-major); fp8 values are OCP E4M3 bytes (token-major).
 //
 // Quantization groups:
@@ -69,6 +70,7 @@ struct KvTierFormat {
 struct KvPageLayout {
   int32_t tokens = 0;       // slots per page
   int32_t token_group = 1;  // writes of K start and end on multiples of this (kPerChannel/kBlock)
+  int32_t k_tile = 1;  // tokens per channel-major tile of K codes (KvCodeTile); tokens % it == 0
   int32_t k_row_bytes = 0;
   int32_t v_row_bytes = 0;
   int32_t k_codes = 0;
@@ -102,14 +104,23 @@ inline int64_t KvTokenMetaIndex(int32_t page_tokens, int64_t slot, int gi) {
   return static_cast<int64_t>(gi) * page_tokens + slot;
 }
 
-// Code of channel c of slot `slot` in a code segment written with `spec` (any bits < 16).
-int KvCodeAt(const KvQuantSpec& spec, int32_t head_dim, const uint8_t* codes, int64_t slot, int c);
+inline constexpr int32_t kKvKeyTile = 16;
+
+// Tokens per channel-major tile of a code segment: int keys are tiled (their token group, or
+// kKvKeyTile tokens when grouped per token); fp16/fp8 keys and all values are token-major (1).
+int32_t KvCodeTile(const KvQuantSpec& spec, int32_t head_dim, bool key);
+
+// Code of channel c of slot `slot` in a code segment of `spec` with tiles of `tile` tokens (int
+// codes only).
+int KvCodeAt(const KvQuantSpec& spec, int32_t head_dim, int32_t tile, const uint8_t* codes,
+             int64_t slot, int c);
 // Where that code lives: byte offset in the segment and bit shift.
 struct KvCodePosition {
   int64_t byte;
   int shift;
 };
-KvCodePosition KvCodePositionOf(const KvQuantSpec& spec, int32_t head_dim, int64_t slot, int c);
+KvCodePosition KvCodePositionOf(const KvQuantSpec& spec, int32_t head_dim, int32_t tile,
+                                int64_t slot, int c);
 
 // OCP FP8 E4M3 (bias 7, no infinities, 0x7f/0xff NaN, max 448): round to nearest even,
 // saturating to +-448; NaN maps to 0x7f.

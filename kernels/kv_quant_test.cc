@@ -2,6 +2,7 @@
 // dequantization, round-trip error bounds per codec, and page layouts.
 #include "kernels/ref/kv_quant.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -243,11 +244,11 @@ TEST(KvPageLayout, SegmentsFitThePageAndDoNotOverlap) {
     EXPECT_GE(l->v_codes, l->k_meta);
     EXPECT_GE(l->v_meta, l->v_codes + l->tokens * l->v_row_bytes);
     EXPECT_GT(l->valid, l->v_meta - 1);
-    // One more token group would not fit.
-    KvTierFormat bigger = f;
-    bigger.page_bytes = f.page_bytes;
-    EXPECT_GT(l->bytes_used + l->token_group * (l->k_row_bytes + l->v_row_bytes),
-              f.page_bytes - 64 * 7);
+    // One more tile (or token group) would not fit.
+    const int64_t step = std::max(l->token_group, l->k_tile);
+    EXPECT_EQ(l->tokens % step, 0);
+    const double per_token = static_cast<double>(l->valid) / l->tokens;  // codes and metadata
+    EXPECT_GT(l->bytes_used + step * per_token, f.page_bytes - 64 * 7);
   }
   // fp16 at head_dim 64: 128 bytes of K and V per token plus the bitmap.
   auto f16 = ComputePageLayout({.head_dim = 64});

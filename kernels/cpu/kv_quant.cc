@@ -36,7 +36,7 @@ namespace {
 #undef SLUICE_KQ_LEVEL
 #pragma GCC pop_options
 
-using SegmentFn = void (*)(const KvQuantSpec&, int, const float*, int64_t, int64_t, uint8_t*,
+using SegmentFn = void (*)(const KvQuantSpec&, int, int, const float*, int64_t, int64_t, uint8_t*,
                            int32_t, int32_t, int64_t, int32_t);
 
 }  // namespace
@@ -47,8 +47,10 @@ void KvQuantize(const KvQuantizeParams& p, Isa isa) {
                                                 : kq_scalar::QuantizeSegment;
   const KvTierFormat& f = p.format;
   const KvPageLayout& l = p.layout;
-  segment(f.k, f.head_dim, p.k, p.stride, p.tokens, p.page, l.k_codes, l.k_meta, p.slot, l.tokens);
-  segment(f.v, f.head_dim, p.v, p.stride, p.tokens, p.page, l.v_codes, l.v_meta, p.slot, l.tokens);
+  segment(f.k, f.head_dim, l.k_tile, p.k, p.stride, p.tokens, p.page, l.k_codes, l.k_meta, p.slot,
+          l.tokens);
+  segment(f.v, f.head_dim, 1, p.v, p.stride, p.tokens, p.page, l.v_codes, l.v_meta, p.slot,
+          l.tokens);
   if (f.token_meta) {
     float* scores = reinterpret_cast<float*>(p.page + l.scores);
     int32_t* positions = reinterpret_cast<int32_t*>(p.page + l.positions);

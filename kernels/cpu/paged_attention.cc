@@ -51,8 +51,8 @@ struct Partial {
 
 using AttendFn = void (*)(const PagedAttentionParams&, int64_t, int64_t, int32_t, int32_t,
                           const float*, ExpFn, float*, Partial*);
-using DecodeRowFn = void (*)(const KvQuantSpec&, int, const uint8_t*, int32_t, int32_t, int32_t,
-                             int64_t, int32_t, const float*, float*);
+using DecodeRowFn = void (*)(const KvQuantSpec&, int, int, const uint8_t*, int32_t, int32_t,
+                             int32_t, int64_t, int32_t, const float*, float*);
 
 AttendFn AttendFor(Isa isa) {
   switch (isa) {
@@ -104,9 +104,9 @@ void DenseOverGathered(const PagedAttentionParams& p, Isa isa, int threads) {
         const size_t at = k[h].size();
         k[h].resize(at + d);
         v[h].resize(at + d);
-        decode(f.k, static_cast<int>(d), r.data, l.k_codes, l.k_row_bytes, l.k_meta, s, l.tokens,
-               Fp8Lut(), k[h].data() + at);
-        decode(f.v, static_cast<int>(d), r.data, l.v_codes, l.v_row_bytes, l.v_meta, s, l.tokens,
+        decode(f.k, static_cast<int>(d), l.k_tile, r.data, l.k_codes, l.k_row_bytes, l.k_meta, s,
+               l.tokens, Fp8Lut(), k[h].data() + at);
+        decode(f.v, static_cast<int>(d), 1, r.data, l.v_codes, l.v_row_bytes, l.v_meta, s, l.tokens,
                Fp8Lut(), v[h].data() + at);
       }
     }
@@ -254,9 +254,9 @@ void KvDequantize(const KvDequantizeParams& p, Isa isa) {
   const KvPageLayout& l = p.layout;
   const int d = f.head_dim;
   for (int64_t t = 0; t < p.tokens; ++t) {
-    decode(f.k, d, p.page, l.k_codes, l.k_row_bytes, l.k_meta, p.slot + t, l.tokens, Fp8Lut(),
-           p.k + t * d);
-    decode(f.v, d, p.page, l.v_codes, l.v_row_bytes, l.v_meta, p.slot + t, l.tokens, Fp8Lut(),
+    decode(f.k, d, l.k_tile, p.page, l.k_codes, l.k_row_bytes, l.k_meta, p.slot + t, l.tokens,
+           Fp8Lut(), p.k + t * d);
+    decode(f.v, d, 1, p.page, l.v_codes, l.v_row_bytes, l.v_meta, p.slot + t, l.tokens, Fp8Lut(),
            p.v + t * d);
   }
 }

@@ -38,42 +38,46 @@ __device__ __forceinline__ int IntCode(float x, const IntGroup& g, float levels)
 }
 
 // Byte and shift of code c of slot `slot` (layout in kernels/kv_format.h).
-__device__ __forceinline__ void CodePosition(const KvQuantSpec& spec, int d, int64_t slot, int c,
-                                             int64_t* byte, int* shift) {
+// Tiles of `tile` tokens: channel-major when tile > 1, token-major rows otherwise.
+__device__ __forceinline__ void CodePosition(const KvQuantSpec& spec, int d, int tile, int64_t slot,
+                                             int c, int64_t* byte, int* shift) {
   const int row_bytes = d * spec.bits / 8;
-  if (spec.grouping == KvGrouping::kPerToken) {
+  if (tile <= 1) {
     *byte = slot * row_bytes + c % row_bytes;
     *shift = spec.bits == 8 ? 0 : (c / row_bytes) * spec.bits;
     return;
   }
-  const int g = spec.group == 0 ? d : spec.group, per = 8 / spec.bits;
-  *byte = slot / g * g * row_bytes + (c / per) * g + slot % g;
+  const int per = 8 / spec.bits;
+  *byte = slot / tile * tile * row_bytes + (c / per) * tile + slot % tile;
   *shift = (c % per) * spec.bits;
 }
 
-// ORs a code into the (zeroed) segment; several threads may share a byte, so the aligned word
-// is updated atomically.
-__device__ __forceinline__ void PackCode(const KvQuantSpec& spec, int d, uint8_t* segment,
+// Replaces a code's bits in the segment. Several threads may share a byte (codes of other
+// channels or tokens), so the aligned word is updated atomically: clear these bits, set them.
+__device__ __forceinline__ void PackCode(const KvQuantSpec& spec, int d, int tile, uint8_t* segment,
                                          int64_t slot, int c, int code) {
   int64_t byte;
   int shift;
-  CodePosition(spec, d, slot, c, &byte, &shift);
+  CodePosition(spec, d, tile, slot, c, &byte, &shift);
   const uintptr_t at = reinterpret_cast<uintptr_t>(segment + byte);
-  atomicOr(reinterpret_cast<unsigned int*>(at & ~uintptr_t{3}),
-           static_cast<unsigned int>(code) << (shift + static_cast<int>(at & 3) * 8));
+  unsigned int* word = reinterpret_cast<unsigned int*>(at & ~uintptr_t{3});
+  const int s = shift + static_cast<int>(at & 3) * 8;
+  atomicAnd(word, ~(static_cast<unsigned int>((1 << spec.bits) - 1) << s));
+  atomicOr(word, static_cast<unsigned int>(code) << s);
 }
 
-__device__ __forceinline__ int UnpackCode(const KvQuantSpec& spec, int d, const uint8_t* segment,
-                                          int64_t slot, int c) {
+__device__ __forceinline__ int UnpackCode(const KvQuantSpec& spec, int d, int tile,
+                                          const uint8_t* segment, int64_t slot, int c) {
   int64_t byte;
   int shift;
-  CodePosition(spec, d, slot, c, &byte, &shift);
+  CodePosition(spec, d, tile, slot, c, &byte, &shift);
   return (segment[byte] >> shift) & ((1 << spec.bits) - 1);
 }
 
 // One thread per (token, channel group) for per-token specs; one per (token group, channel
-// block) for specs grouped along tokens. Code rows must be zeroed first (the launcher does).
-__global__ void QuantizeKernel(KvQuantSpec spec, int d, const float* __restrict__ x,  // [n, stride]
+// block) for specs grouped along tokens.
+__global__ void QuantizeKernel(KvQuantSpec spec, int d, int tile,
+                               const float* __restrict__ x,  // [n, stride]
                                int64_t stride, int64_t n, uint8_t* page, int32_t codes_off,
                                int32_t meta_off, int64_t slot, int32_t page_tokens) {
   const int row_bytes = d * spec.bits / 8;
@@ -115,7 +119,7 @@ __global__ void QuantizeKernel(KvQuantSpec spec, int d, const float* __restrict_
     meta[at + static_cast<int64_t>(groups) * page_tokens] = g.zero16;
     const float levels = static_cast<float>((1 << spec.bits) - 1);
     for (int c = c0; c < c0 + gs; ++c) {
-      PackCode(spec, d, page + codes_off, slot + t, c, IntCode(xr[c], g, levels));
+      PackCode(spec, d, tile, page + codes_off, slot + t, c, IntCode(xr[c], g, levels));
     }
     return;
   }
@@ -138,7 +142,7 @@ __global__ void QuantizeKernel(KvQuantSpec spec, int d, const float* __restrict_
   const float levels = static_cast<float>((1 << spec.bits) - 1);
   for (int64_t t = t0; t < t0 + gs; ++t) {
     for (int c = b * bc; c < (b + 1) * bc; ++c) {
-      PackCode(spec, d, page + codes_off, slot + t, c, IntCode(x[t * stride + c], g, levels));
+      PackCode(spec, d, tile, page + codes_off, slot + t, c, IntCode(x[t * stride + c], g, levels));
     }
   }
 }
@@ -157,9 +161,9 @@ __global__ void TokenMetaKernel(KvQuantizeParams p) {
 }
 
 // One thread per (token, channel) of K and V.
-__global__ void DequantizeKernel(KvQuantSpec spec, int d, const uint8_t* page, int32_t codes_off,
-                                 int32_t meta_off, int64_t slot, int64_t n, int32_t page_tokens,
-                                 float* out) {
+__global__ void DequantizeKernel(KvQuantSpec spec, int d, int tile, const uint8_t* page,
+                                 int32_t codes_off, int32_t meta_off, int64_t slot, int64_t n,
+                                 int32_t page_tokens, float* out) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n * d) return;
   const int64_t t = i / d, s = slot + t;
@@ -178,12 +182,12 @@ __global__ void DequantizeKernel(KvQuantSpec spec, int d, const uint8_t* page, i
   } else if (spec.grouping == KvGrouping::kPerToken) {
     const int64_t at = static_cast<int64_t>(c / gs) * page_tokens + s;
     v = FromHalfBits(meta[at + static_cast<int64_t>(d / gs) * page_tokens]) +
-        UnpackCode(spec, d, page + codes_off, s, c) * FromHalfBits(meta[at]);
+        UnpackCode(spec, d, tile, page + codes_off, s, c) * FromHalfBits(meta[at]);
   } else {
     const int bc = spec.grouping == KvGrouping::kBlock ? spec.block_channels : 1, blocks = d / bc;
     const uint16_t* scales = meta + (s / gs) * 2 * blocks;
     v = FromHalfBits(scales[blocks + c / bc]) +
-        UnpackCode(spec, d, page + codes_off, s, c) * FromHalfBits(scales[c / bc]);
+        UnpackCode(spec, d, tile, page + codes_off, s, c) * FromHalfBits(scales[c / bc]);
   }
   out[t * d + c] = v;
 }
@@ -192,14 +196,9 @@ constexpr int kThreads = 256;
 
 int Blocks(int64_t work) { return static_cast<int>((work + kThreads - 1) / kThreads); }
 
-cudaError_t QuantizeSegment(const KvQuantSpec& spec, int d, const float* x, int64_t stride,
-                            int64_t n, uint8_t* page, int32_t codes, int32_t meta, int64_t slot,
-                            int32_t page_tokens, cudaStream_t stream) {
-  const int row_bytes = d * spec.bits / 8;
-  if (cudaError_t e = cudaMemsetAsync(page + codes + slot * row_bytes, 0, n * row_bytes, stream);
-      e != cudaSuccess) {
-    return e;
-  }
+cudaError_t QuantizeSegment(const KvQuantSpec& spec, int d, int tile, const float* x,
+                            int64_t stride, int64_t n, uint8_t* page, int32_t codes, int32_t meta,
+                            int64_t slot, int32_t page_tokens, cudaStream_t stream) {
   const int gs = spec.group == 0 ? d : spec.group;
   int64_t work;
   if (spec.codec == KvCodec::kF16) {
@@ -209,8 +208,8 @@ cudaError_t QuantizeSegment(const KvQuantSpec& spec, int d, const float* x, int6
   } else {
     work = n / gs * (spec.grouping == KvGrouping::kBlock ? d / spec.block_channels : d);
   }
-  QuantizeKernel<<<Blocks(work), kThreads, 0, stream>>>(spec, d, x, stride, n, page, codes, meta,
-                                                        slot, page_tokens);
+  QuantizeKernel<<<Blocks(work), kThreads, 0, stream>>>(spec, d, tile, x, stride, n, page, codes,
+                                                        meta, slot, page_tokens);
   return cudaGetLastError();
 }
 
@@ -219,13 +218,13 @@ cudaError_t QuantizeSegment(const KvQuantSpec& spec, int d, const float* x, int6
 cudaError_t LaunchKvQuantize(const KvQuantizeParams& p, cudaStream_t stream) {
   const KvTierFormat& f = p.format;
   const KvPageLayout& l = p.layout;
-  if (cudaError_t e = QuantizeSegment(f.k, f.head_dim, p.k, p.stride, p.tokens, p.page, l.k_codes,
-                                      l.k_meta, p.slot, l.tokens, stream);
+  if (cudaError_t e = QuantizeSegment(f.k, f.head_dim, l.k_tile, p.k, p.stride, p.tokens, p.page,
+                                      l.k_codes, l.k_meta, p.slot, l.tokens, stream);
       e != cudaSuccess) {
     return e;
   }
-  if (cudaError_t e = QuantizeSegment(f.v, f.head_dim, p.v, p.stride, p.tokens, p.page, l.v_codes,
-                                      l.v_meta, p.slot, l.tokens, stream);
+  if (cudaError_t e = QuantizeSegment(f.v, f.head_dim, 1, p.v, p.stride, p.tokens, p.page,
+                                      l.v_codes, l.v_meta, p.slot, l.tokens, stream);
       e != cudaSuccess) {
     return e;
   }
@@ -238,9 +237,9 @@ cudaError_t LaunchKvDequantize(const KvDequantizeParams& p, cudaStream_t stream)
   const KvPageLayout& l = p.layout;
   const int64_t work = p.tokens * f.head_dim;
   DequantizeKernel<<<Blocks(work), kThreads, 0, stream>>>(
-      f.k, f.head_dim, p.page, l.k_codes, l.k_meta, p.slot, p.tokens, l.tokens, p.k);
+      f.k, f.head_dim, l.k_tile, p.page, l.k_codes, l.k_meta, p.slot, p.tokens, l.tokens, p.k);
   DequantizeKernel<<<Blocks(work), kThreads, 0, stream>>>(
-      f.v, f.head_dim, p.page, l.v_codes, l.v_meta, p.slot, p.tokens, l.tokens, p.v);
+      f.v, f.head_dim, 1, p.page, l.v_codes, l.v_meta, p.slot, p.tokens, l.tokens, p.v);
   return cudaGetLastError();
 }
 

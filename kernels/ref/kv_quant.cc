@@ -18,21 +18,23 @@ const uint16_t* Meta16(const uint8_t* page, int32_t offset) {
 }
 
 // ORs `code` into its place in the code segment (zeroed beforehand).
-void PackCode(const KvQuantSpec& spec, int d, uint8_t* segment, int64_t slot, int c, int code) {
-  const KvCodePosition at = KvCodePositionOf(spec, d, slot, c);
-  segment[at.byte] |= static_cast<uint8_t>(code << at.shift);
+void PackCode(const KvQuantSpec& spec, int d, int tile, uint8_t* segment, int64_t slot, int c,
+              int code) {
+  const KvCodePosition at = KvCodePositionOf(spec, d, tile, slot, c);
+  const int mask = (1 << spec.bits) - 1;
+  segment[at.byte] =
+      static_cast<uint8_t>((segment[at.byte] & ~(mask << at.shift)) | (code << at.shift));
 }
 
 // Quantizes the rows of tokens [0, n) (x rows `stride` apart) into slots [slot, slot + n) of one
-// segment pair (codes at `codes`, metadata at `meta`) of `page`.
-void QuantizeSegment(const KvQuantSpec& spec, int32_t d, const float* x, int64_t stride, int64_t n,
-                     uint8_t* page, int32_t codes, int32_t meta, int64_t slot,
+// segment pair (codes at `codes` in tiles of `tile` tokens, metadata at `meta`) of `page`.
+void QuantizeSegment(const KvQuantSpec& spec, int32_t d, int tile, const float* x, int64_t stride,
+                     int64_t n, uint8_t* page, int32_t codes, int32_t meta, int64_t slot,
                      int32_t page_tokens) {
   const int row_bytes = KvRowBytes(spec, d);
   const int g = KvGroupOf(spec, d);
   auto row = [&](int64_t t) { return page + codes + (slot + t) * row_bytes; };
   auto value = [&](int64_t t, int c) { return x[t * stride + c]; };
-  for (int64_t t = 0; t < n; ++t) std::memset(row(t), 0, row_bytes);
   if (spec.codec == KvCodec::kF16) {
     for (int64_t t = 0; t < n; ++t) {
       uint16_t* h = reinterpret_cast<uint16_t*>(row(t));
@@ -68,7 +70,7 @@ void QuantizeSegment(const KvQuantSpec& spec, int32_t d, const float* x, int64_t
         m[at] = gp.scale16;
         m[at + static_cast<int64_t>(d / g) * page_tokens] = gp.zero16;
         for (int c = c0; c < c0 + g; ++c) {
-          PackCode(spec, d, page + codes, slot + t, c, IntCode(value(t, c), gp, bits));
+          PackCode(spec, d, tile, page + codes, slot + t, c, IntCode(value(t, c), gp, bits));
         }
       }
     }
@@ -94,15 +96,16 @@ void QuantizeSegment(const KvQuantSpec& spec, int32_t d, const float* x, int64_t
       zeros[b] = gp.zero16;
       for (int64_t t = t0; t < t0 + g; ++t) {
         for (int c = b * bc; c < (b + 1) * bc; ++c) {
-          PackCode(spec, d, page + codes, slot + t, c, IntCode(value(t, c), gp, bits));
+          PackCode(spec, d, tile, page + codes, slot + t, c, IntCode(value(t, c), gp, bits));
         }
       }
     }
   }
 }
 
-void DequantizeSegment(const KvQuantSpec& spec, int32_t d, const uint8_t* page, int32_t codes,
-                       int32_t meta, int64_t slot, int64_t n, int32_t page_tokens, float* out) {
+void DequantizeSegment(const KvQuantSpec& spec, int32_t d, int tile, const uint8_t* page,
+                       int32_t codes, int32_t meta, int64_t slot, int64_t n, int32_t page_tokens,
+                       float* out) {
   const int row_bytes = KvRowBytes(spec, d);
   const int g = KvGroupOf(spec, d);
   const uint16_t* m = Meta16(page, meta);
@@ -131,7 +134,7 @@ void DequantizeSegment(const KvQuantSpec& spec, int32_t d, const uint8_t* page, 
             scale = Fp16ToFloat(scales[c / bc]);
             zero = Fp16ToFloat(scales[blocks + c / bc]);
           }
-          o[c] = zero + static_cast<float>(KvCodeAt(spec, d, page + codes, s, c)) * scale;
+          o[c] = zero + static_cast<float>(KvCodeAt(spec, d, tile, page + codes, s, c)) * scale;
           break;
         }
       }
@@ -169,9 +172,9 @@ Fp8GroupParams MakeFp8GroupParams(float amax) {
 void KvQuantize(const KvQuantizeParams& p) {
   const KvTierFormat& f = p.format;
   const KvPageLayout& l = p.layout;
-  QuantizeSegment(f.k, f.head_dim, p.k, p.stride, p.tokens, p.page, l.k_codes, l.k_meta, p.slot,
-                  l.tokens);
-  QuantizeSegment(f.v, f.head_dim, p.v, p.stride, p.tokens, p.page, l.v_codes, l.v_meta, p.slot,
+  QuantizeSegment(f.k, f.head_dim, l.k_tile, p.k, p.stride, p.tokens, p.page, l.k_codes, l.k_meta,
+                  p.slot, l.tokens);
+  QuantizeSegment(f.v, f.head_dim, 1, p.v, p.stride, p.tokens, p.page, l.v_codes, l.v_meta, p.slot,
                   l.tokens);
   if (f.token_meta) {
     float* scores = reinterpret_cast<float*>(p.page + l.scores);
@@ -188,8 +191,10 @@ void KvQuantize(const KvQuantizeParams& p) {
 void KvDequantize(const KvDequantizeParams& p) {
   const KvTierFormat& f = p.format;
   const KvPageLayout& l = p.layout;
-  DequantizeSegment(f.k, f.head_dim, p.page, l.k_codes, l.k_meta, p.slot, p.tokens, l.tokens, p.k);
-  DequantizeSegment(f.v, f.head_dim, p.page, l.v_codes, l.v_meta, p.slot, p.tokens, l.tokens, p.v);
+  DequantizeSegment(f.k, f.head_dim, l.k_tile, p.page, l.k_codes, l.k_meta, p.slot, p.tokens,
+                    l.tokens, p.k);
+  DequantizeSegment(f.v, f.head_dim, 1, p.page, l.v_codes, l.v_meta, p.slot, p.tokens, l.tokens,
+                    p.v);
 }
 
 }  // namespace sluice::kernels::ref
