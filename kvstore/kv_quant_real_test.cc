@@ -159,7 +159,9 @@ TEST(KvQuantRealKv, SmolLM2KeysAndValuesStayWithinBounds) {
     const double k_rel = std::sqrt(err2[0] / x2[0]), v_rel = std::sqrt(err2[1] / x2[1]);
     RecordProperty(kernels::KvTierFormatName(f) + " k_rel_rms", std::to_string(k_rel));
     EXPECT_LT(k_rel, cs.max_rel_rms) << "k";
-    if (f.v == cs.spec) EXPECT_LT(v_rel, cs.max_rel_rms) << "v";
+    if (f.v == cs.spec) {
+      EXPECT_LT(v_rel, cs.max_rel_rms) << "v";
+    }
   }
 }
 

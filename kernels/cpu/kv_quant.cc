@@ -12,6 +12,11 @@
 namespace sluice::kernels::cpu {
 namespace {
 
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own `_mm512_undefined_*`
+// placeholders once inlined here; the warning is about the headers, not this code.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #define SLUICE_KQ_NS kq_scalar
 #define SLUICE_KQ_LEVEL 0
 #include "kernels/cpu/kv_quant_impl.inc"
@@ -35,6 +40,7 @@ namespace {
 #undef SLUICE_KQ_NS
 #undef SLUICE_KQ_LEVEL
 #pragma GCC pop_options
+#pragma GCC diagnostic pop
 
 using SegmentFn = void (*)(const KvQuantSpec&, int, int, const float*, int64_t, int64_t, uint8_t*,
                            int32_t, int32_t, int64_t, int32_t);

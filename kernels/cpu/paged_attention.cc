@@ -25,6 +25,11 @@ struct Partial {
   float* acc;  // [head_dim] sum of exp(score - m) * v
 };
 
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own `_mm512_undefined_*`
+// placeholders once inlined here; the warning is about the headers, not this code.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #define SLUICE_PA_NS pa_scalar
 #define SLUICE_PA_LEVEL 0
 #include "kernels/cpu/paged_attention_impl.inc"
@@ -48,6 +53,7 @@ struct Partial {
 #undef SLUICE_PA_NS
 #undef SLUICE_PA_LEVEL
 #pragma GCC pop_options
+#pragma GCC diagnostic pop
 
 using AttendFn = void (*)(const PagedAttentionParams&, int64_t, int64_t, int32_t, int32_t,
                           const float*, ExpFn, float*, Partial*);
