@@ -168,11 +168,18 @@ absl::Status Run() {
     std::fwrite(tail.data(), 1, tail.size(), stdout);
     std::fprintf(stdout, "\n");
     std::fflush(stdout);
+    // Short runs stay in the fp32 window (bigger than fp16); say which way the ratio goes.
+    const double ratio = kv.ratio_vs_fp16();
+    const std::string size =
+        ratio >= 1 ? absl::StrFormat("%.2fx smaller than fp16", ratio)
+                   : absl::StrFormat("%.2fx the size of fp16", ratio > 0 ? 1 / ratio : 0.0);
     std::fprintf(stderr,
                  "[%zu prompt tokens, %.1f tokens/s; %zu generated, %.1f tokens/s; KV %s: %lld "
-                 "pages, %.2fx smaller than fp16]\n",
-                 prompt_ids.size(), prefill_tps, generated.size(), decode_tps, preset.name.c_str(),
-                 static_cast<long long>(kv.pages.pages()), kv.ratio_vs_fp16());
+                 "pages + %lld full-precision tokens per layer and head, %s]\n",
+                 prompt_ids.size(), prefill_tps, generated.size(), decode_tps,
+                 preset.name.c_str(), static_cast<long long>(kv.pages.pages()),
+                 static_cast<long long>(kv.residual_tokens / (config.layers * config.kv_heads)),
+                 size.c_str());
   }
   return absl::OkStatus();
 }
