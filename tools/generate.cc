@@ -176,8 +176,8 @@ absl::Status Run() {
     std::fprintf(stderr,
                  "[%zu prompt tokens, %.1f tokens/s; %zu generated, %.1f tokens/s; KV %s: %lld "
                  "pages + %lld full-precision tokens per layer and head, %s]\n",
-                 prompt_ids.size(), prefill_tps, generated.size(), decode_tps,
-                 preset.name.c_str(), static_cast<long long>(kv.pages.pages()),
+                 prompt_ids.size(), prefill_tps, generated.size(), decode_tps, preset.name.c_str(),
+                 static_cast<long long>(kv.pages.pages()),
                  static_cast<long long>(kv.residual_tokens / (config.layers * config.kv_heads)),
                  size.c_str());
   }
