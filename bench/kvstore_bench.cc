@@ -21,8 +21,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/int_list.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/kv_format.h"
@@ -608,22 +608,11 @@ std::string CpuModel() {
   return "unknown";
 }
 
-absl::StatusOr<std::vector<int>> ParseList(const std::string& s) {
-  std::vector<int> out;
-  for (absl::string_view part : absl::StrSplit(s, ',')) {
-    int v;
-    if (!absl::SimpleAtoi(part, &v) || v <= 0) {
-      return absl::InvalidArgumentError("bad list entry '" + std::string(part) + "'");
-    }
-    out.push_back(v);
-  }
-  return out;
-}
-
 absl::Status Run() {
   SLUICE_ASSIGN_OR_RETURN(auto cpu,
                           kernels::CpuBackend::Create({.threads = absl::GetFlag(FLAGS_threads)}));
-  SLUICE_ASSIGN_OR_RETURN(std::vector<int> contexts, ParseList(absl::GetFlag(FLAGS_contexts)));
+  SLUICE_ASSIGN_OR_RETURN(std::vector<int> contexts,
+                          bench::ParseIntList(absl::GetFlag(FLAGS_contexts)));
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
   kPresets = absl::StrSplit(absl::GetFlag(FLAGS_presets), ',');
   const std::vector<std::string> sections = absl::StrSplit(absl::GetFlag(FLAGS_sections), ',');

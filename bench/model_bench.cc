@@ -11,8 +11,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
+#include "bench/int_list.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kvstore/kv_preset.h"
@@ -39,21 +38,11 @@ int32_t PromptToken(int64_t seq, int64_t i, int64_t vocab) {
   return static_cast<int32_t>(17 + (i * 7919 + seq * 104729) % (vocab - 17));
 }
 
-absl::StatusOr<std::vector<int>> ParseList(const std::string& s) {
-  std::vector<int> out;
-  for (absl::string_view part : absl::StrSplit(s, ',')) {
-    int v;
-    if (!absl::SimpleAtoi(part, &v) || v <= 0) {
-      return absl::InvalidArgumentError("bad list entry '" + std::string(part) + "'");
-    }
-    out.push_back(v);
-  }
-  return out;
-}
-
 absl::Status Run() {
-  SLUICE_ASSIGN_OR_RETURN(std::vector<int> batches, ParseList(absl::GetFlag(FLAGS_batches)));
-  SLUICE_ASSIGN_OR_RETURN(std::vector<int> prompts, ParseList(absl::GetFlag(FLAGS_prompt_lengths)));
+  SLUICE_ASSIGN_OR_RETURN(std::vector<int> batches,
+                          bench::ParseIntList(absl::GetFlag(FLAGS_batches)));
+  SLUICE_ASSIGN_OR_RETURN(std::vector<int> prompts,
+                          bench::ParseIntList(absl::GetFlag(FLAGS_prompt_lengths)));
   const int decode = absl::GetFlag(FLAGS_decode_tokens);
   SLUICE_ASSIGN_OR_RETURN(auto gguf, model::GgufFile::Open(absl::GetFlag(FLAGS_model)));
   SLUICE_ASSIGN_OR_RETURN(auto backend,

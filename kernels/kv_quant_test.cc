@@ -62,6 +62,20 @@ std::vector<float> KvRows(std::mt19937_64& rng, int64_t tokens, int64_t stride, 
   return x;
 }
 
+// A page of `format` filled by the reference quantizer with rows k and v ([tokens, head_dim]).
+std::vector<uint8_t> RefPage(const KvTierFormat& f, const KvPageLayout& l,
+                             const std::vector<float>& k, const std::vector<float>& v) {
+  std::vector<uint8_t> page(f.page_bytes, 0);
+  ref::KvQuantize({.k = k.data(),
+                   .v = v.data(),
+                   .stride = f.head_dim,
+                   .tokens = l.tokens,
+                   .format = f,
+                   .layout = l,
+                   .page = page.data()});
+  return page;
+}
+
 class KvQuantizeTest : public testing::OpTest<Op::kKvQuantize> {};
 
 TEST_P(KvQuantizeTest, PagesMatchReferenceBytes) {
@@ -162,14 +176,7 @@ TEST_P(KvDequantizeTest, MatchesReference) {
     const int64_t n = layout->tokens, d = f.head_dim;
     SCOPED_TRACE(::testing::Message() << KvTierFormatName(f) << " seed=" << seed);
     const std::vector<float> k = KvRows(rng, n, d, true), v = KvRows(rng, n, d, false);
-    std::vector<uint8_t> page(f.page_bytes, 0);
-    ref::KvQuantize({.k = k.data(),
-                     .v = v.data(),
-                     .stride = d,
-                     .tokens = n,
-                     .format = f,
-                     .layout = *layout,
-                     .page = page.data()});
+    const std::vector<uint8_t> page = RefPage(f, *layout, k, v);
     const int64_t slot = static_cast<int64_t>(rng() % n), tokens = 1 + rng() % (n - slot);
     std::vector<float> want_k(tokens * d), want_v(tokens * d);
     KvDequantizeParams p{.page = page.data(),
@@ -211,14 +218,7 @@ TEST(KvQuantRoundTrip, ErrorWithinCodecBound) {
     const int64_t n = layout->tokens, d = f.head_dim;
     SCOPED_TRACE(::testing::Message() << KvTierFormatName(f) << " seed=" << seed);
     const std::vector<float> k = KvRows(rng, n, d, true), v = KvRows(rng, n, d, false);
-    std::vector<uint8_t> page(f.page_bytes, 0);
-    ref::KvQuantize({.k = k.data(),
-                     .v = v.data(),
-                     .stride = d,
-                     .tokens = n,
-                     .format = f,
-                     .layout = *layout,
-                     .page = page.data()});
+    const std::vector<uint8_t> page = RefPage(f, *layout, k, v);
     std::vector<float> rk(n * d), rv(n * d);
     ref::KvDequantize({.page = page.data(),
                        .format = f,
