@@ -21,13 +21,14 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/int_list.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/kv_format.h"
 #include "kvstore/compaction.h"
-#include "kvstore/huffman.h"
+#include "kernels/huffman.h"
 #include "kvstore/kv_preset.h"
 #include "kvstore/page_pool.h"
 #include "kvstore/paged_kv_cache.h"
@@ -155,19 +156,19 @@ absl::StatusOr<nlohmann::json> Codecs(kernels::Backend& cpu, int repeats) {
           ++hist[code];
         }
       }
-      SLUICE_ASSIGN_OR_RETURN(kvstore::HuffmanCodebook cb, kvstore::BuildHuffmanCodebook(1, hist));
+      SLUICE_ASSIGN_OR_RETURN(kernels::HuffmanCodebook cb, kernels::BuildHuffmanCodebook(1, hist));
       std::vector<uint8_t> stream(symbols.size() * 2 + 64);
       std::vector<uint32_t> offsets(n + 1);
       std::vector<uint8_t> decoded(symbols.size());
       SLUICE_ASSIGN_OR_RETURN(double te, Best(repeats, [&]() -> absl::Status {
-                                return kvstore::EncodeRows(cb, symbols.data(), n, kHeadDim,
+                                return kernels::EncodeRows(cb, symbols.data(), n, kHeadDim,
                                                            stream.data(), stream.size(),
                                                            offsets.data())
                                     .status();
                               }));
       SLUICE_ASSIGN_OR_RETURN(double tdec, Best(repeats, [&]() -> absl::Status {
                                 for (int64_t t = 0; t < n; ++t) {
-                                  kvstore::DecodeRow(cb, stream.data(), offsets[t], kHeadDim,
+                                  kernels::DecodeRow(cb, stream.data(), offsets[t], kHeadDim,
                                                      decoded.data() + t * kHeadDim);
                                 }
                                 return absl::OkStatus();
@@ -189,12 +190,21 @@ absl::StatusOr<nlohmann::json> Codecs(kernels::Backend& cpu, int repeats) {
 
 // ---- bits per value on real KV ----
 
-// The codes of `preset` for `tokens` rows of one kv-head (rows `stride` apart), unpacked.
+// Squared errors and squared values of dequantized K and V.
+struct ErrorSums {
+  double k_err = 0, k_sq = 0, v_err = 0, v_sq = 0;
+};
+
+// The codes of `preset` for `tokens` rows of one kv-head (rows `stride` apart), unpacked, in
+// the fixed-width format (the unit format of Huffman-coded presets); adds the round trip's
+// errors to *err.
 absl::Status CodesOf(kernels::Backend& cpu, const kvstore::KvPreset& preset, const float* k,
                      const float* v, int64_t stride, int64_t tokens, std::vector<uint8_t>* kc,
-                     std::vector<uint8_t>* vc) {
-  SLUICE_ASSIGN_OR_RETURN(KvPageLayout l, kernels::ComputePageLayout(preset.high));
-  std::vector<uint8_t> page(preset.high.page_bytes);
+                     std::vector<uint8_t>* vc, ErrorSums* err) {
+  const kernels::KvTierFormat format = kernels::KvUnitFormat(preset.high);
+  SLUICE_ASSIGN_OR_RETURN(KvPageLayout l, kernels::ComputePageLayout(format));
+  std::vector<uint8_t> page(format.page_bytes);
+  std::vector<float> dk(l.tokens * kHeadDim), dv(l.tokens * kHeadDim);
   auto unpack = [&](const kernels::KvQuantSpec& s, int32_t codes, int32_t tile, int64_t n,
                     std::vector<uint8_t>* out) {
     for (int64_t t = 0; t < n; ++t) {
@@ -210,14 +220,39 @@ absl::Status CodesOf(kernels::Backend& cpu, const kvstore::KvPreset& preset, con
                                            .v = v + t0 * stride,
                                            .stride = stride,
                                            .tokens = n,
-                                           .format = preset.high,
+                                           .format = format,
                                            .layout = l,
                                            .page = page.data()}));
-    unpack(preset.high.k, l.k_codes, l.k_tile, n, kc);
-    unpack(preset.high.v, l.v_codes, 1, n, vc);
+    unpack(format.k, l.k_codes, l.k_tile, n, kc);
+    unpack(format.v, l.v_codes, 1, n, vc);
+    SLUICE_RETURN_IF_ERROR(cpu.KvDequantize({.page = page.data(),
+                                             .format = format,
+                                             .layout = l,
+                                             .tokens = n,
+                                             .k = dk.data(),
+                                             .v = dv.data()}));
+    for (int64_t t = 0; t < n; ++t) {
+      for (int c = 0; c < kHeadDim; ++c) {
+        const double xk = k[(t0 + t) * stride + c], xv = v[(t0 + t) * stride + c];
+        err->k_err += (dk[t * kHeadDim + c] - xk) * (dk[t * kHeadDim + c] - xk);
+        err->v_err += (dv[t * kHeadDim + c] - xv) * (dv[t * kHeadDim + c] - xv);
+        err->k_sq += xk * xk;
+        err->v_sq += xv * xv;
+      }
+    }
   }
   return absl::OkStatus();
 }
+
+// kvcomp with other quantization steps: K levels and block channels (1: per channel), V
+// levels and channel group.
+struct KvcompVariant {
+  int k_levels, k_block_channels, v_levels, v_group;
+};
+constexpr KvcompVariant kKvcompVariants[] = {
+    {9, 32, 7, 64}, {17, 32, 7, 64}, {33, 32, 16, 64}, {4, 1, 4, 32}, {6, 1, 6, 32},
+    {8, 1, 8, 32},  {12, 1, 12, 32}, {16, 1, 16, 32},
+};
 
 absl::StatusOr<nlohmann::json> Bits(kernels::CpuBackend& cpu) {
   const std::string path =
@@ -250,49 +285,72 @@ absl::StatusOr<nlohmann::json> Bits(kernels::CpuBackend& cpu) {
 
   std::fprintf(stderr, "\n== Huffman bits per value on SmolLM2 KV (%lld tokens of %s)\n",
                static_cast<long long>(n), absl::GetFlag(FLAGS_text).c_str());
-  std::fprintf(stderr, "%-7s %6s %10s %10s %12s\n", "preset", "fixed", "K huffman", "V huffman",
-               "saving");
+  std::fprintf(stderr, "%-22s %6s %9s %9s %8s %9s %9s\n", "preset", "fixed", "K huffman",
+               "V huffman", "saving", "K rel rms", "V rel rms");
   nlohmann::json rows = nlohmann::json::array();
+  std::vector<kvstore::KvPreset> presets;
+  for (const char* name : {"int8", "kivi4", "kivi2", "kvcomp"}) {
+    SLUICE_ASSIGN_OR_RETURN(presets.emplace_back(), kvstore::FindKvPreset(name, c.head_dim));
+  }
+  for (const KvcompVariant& kv : kKvcompVariants) {
+    kvstore::KvPreset p = presets[3];
+    p.high.k.levels = kv.k_levels;
+    p.high.k.block_channels = kv.k_block_channels;
+    p.high.v.levels = kv.v_levels;
+    p.high.v.group = kv.v_group;
+    p.name = absl::StrFormat("kvcomp k%dx%d v%dx%d", kv.k_levels, kv.k_block_channels,
+                             kv.v_levels, kv.v_group);
+    presets.push_back(p);
+  }
   // Codebooks per layer, built from the first half (the "prefill histogram"), measured on
   // the second half.
-  for (const std::string& name :
-       {std::string("int8"), std::string("kivi4"), std::string("kivi2")}) {
-    SLUICE_ASSIGN_OR_RETURN(kvstore::KvPreset preset, kvstore::FindKvPreset(name, c.head_dim));
+  for (const kvstore::KvPreset& preset : presets) {
     double kbits = 0, vbits = 0, values = 0;
+    ErrorSums err;
     for (int layer = 0; layer < c.layers; ++layer) {
       const int64_t half = n / 2 / 64 * 64;
-      std::vector<uint64_t> kh(1 << preset.high.k.bits), vh(1 << preset.high.v.bits);
+      std::vector<uint64_t> kh(kernels::KvMaxCode(preset.high.k) + 1),
+          vh(kernels::KvMaxCode(preset.high.v) + 1);
       std::vector<uint64_t> kh2(kh.size()), vh2(vh.size());
       for (int64_t h = 0; h < c.kv_heads; ++h) {
         std::vector<uint8_t> kc, vc, kc2, vc2;
         const int64_t stride = c.kv_heads * c.head_dim;
+        ErrorSums ignored;
         SLUICE_RETURN_IF_ERROR(CodesOf(cpu, preset, rec.k(layer).data() + h * c.head_dim,
                                        rec.v(layer).data() + h * c.head_dim, stride, half, &kc,
-                                       &vc));
-        SLUICE_RETURN_IF_ERROR(CodesOf(
-            cpu, preset, rec.k(layer).data() + (half * stride) + h * c.head_dim,
-            rec.v(layer).data() + (half * stride) + h * c.head_dim, stride, n - half, &kc2, &vc2));
+                                       &vc, &ignored));
+        SLUICE_RETURN_IF_ERROR(CodesOf(cpu, preset,
+                                       rec.k(layer).data() + (half * stride) + h * c.head_dim,
+                                       rec.v(layer).data() + (half * stride) + h * c.head_dim,
+                                       stride, n - half, &kc2, &vc2, &err));
         for (uint8_t s : kc) ++kh[s];
         for (uint8_t s : vc) ++vh[s];
         for (uint8_t s : kc2) ++kh2[s];
         for (uint8_t s : vc2) ++vh2[s];
       }
-      SLUICE_ASSIGN_OR_RETURN(kvstore::HuffmanCodebook kcb, kvstore::BuildHuffmanCodebook(1, kh));
-      SLUICE_ASSIGN_OR_RETURN(kvstore::HuffmanCodebook vcb, kvstore::BuildHuffmanCodebook(2, vh));
+      SLUICE_ASSIGN_OR_RETURN(kernels::HuffmanCodebook kcb, kernels::BuildHuffmanCodebook(1, kh));
+      SLUICE_ASSIGN_OR_RETURN(kernels::HuffmanCodebook vcb, kernels::BuildHuffmanCodebook(2, vh));
       double count = 0;
       for (uint64_t x : kh2) count += static_cast<double>(x);
-      kbits += kvstore::MeanCodeLength(kcb, kh2) * count;
-      vbits += kvstore::MeanCodeLength(vcb, vh2) * count;
+      kbits += kernels::MeanCodeLength(kcb, kh2) * count;
+      vbits += kernels::MeanCodeLength(vcb, vh2) * count;
       values += count;
     }
-    const double fixed = preset.high.k.bits;
+    // Fixed width: the bits the levels need.
+    const double fixed_k = std::ceil(std::log2(kernels::KvMaxCode(preset.high.k) + 1));
+    const double fixed_v = std::ceil(std::log2(kernels::KvMaxCode(preset.high.v) + 1));
     const double kb = kbits / values, vb = vbits / values;
-    std::fprintf(stderr, "%-7s %6.0f %10.3f %10.3f %11.1f%%\n", name.c_str(), fixed, kb, vb,
-                 100.0 * (1 - (kb + vb) / (2 * fixed)));
-    rows.push_back({{"preset", name},
-                    {"fixed_bits", fixed},
+    const double k_rms = std::sqrt(err.k_err / err.k_sq), v_rms = std::sqrt(err.v_err / err.v_sq);
+    std::fprintf(stderr, "%-22s %6.1f %9.3f %9.3f %7.1f%% %9.4f %9.4f\n", preset.name.c_str(),
+                 (fixed_k + fixed_v) / 2, kb, vb, 100.0 * (1 - (kb + vb) / (fixed_k + fixed_v)),
+                 k_rms, v_rms);
+    rows.push_back({{"preset", preset.name},
+                    {"fixed_bits_k", fixed_k},
+                    {"fixed_bits_v", fixed_v},
                     {"k_huffman_bits", kb},
                     {"v_huffman_bits", vb},
+                    {"k_rel_rms", k_rms},
+                    {"v_rel_rms", v_rms},
                     {"tokens", n},
                     {"text", absl::GetFlag(FLAGS_text)}});
   }

@@ -1,6 +1,7 @@
 #include "kernels/backend.h"
 
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -151,8 +152,31 @@ absl::Status ValidateLayout(std::string_view op, const KvTierFormat& format,
   if (want->tokens != layout.tokens || want->k_meta != layout.k_meta ||
       want->v_codes != layout.v_codes || want->v_meta != layout.v_meta ||
       want->valid != layout.valid || want->scores != layout.scores ||
-      want->token_group != layout.token_group) {
+      want->token_group != layout.token_group || want->streams != layout.streams ||
+      want->unit_meta != layout.unit_meta || want->bitstream != layout.bitstream) {
     return Invalid(op, "layout does not match ComputePageLayout(format)");
+  }
+  return absl::OkStatus();
+}
+
+// A Huffman-coded tier needs a codebook for K and for V covering every code.
+absl::Status ValidateCodebooks(std::string_view op, const KvTierFormat& format,
+                               const KvCodebooks& codebooks) {
+  if (format.huffman_bits == 0.f) return absl::OkStatus();
+  const std::pair<const HuffmanCodebook*, const KvQuantSpec*> books[] = {
+      {codebooks.k, &format.k}, {codebooks.v, &format.v}};
+  for (const auto& [book, spec] : books) {
+    const char* which = spec == &format.k ? "k" : "v";
+    if (book == nullptr) {
+      return Invalid(op, absl::StrFormat("a Huffman-coded tier needs a %s codebook", which));
+    }
+    if (book->alphabet_size <= KvMaxCode(*spec) || book->max_length < 1 ||
+        book->max_length > kMaxHuffmanCodeLength ||
+        book->decode_table.size() != (size_t{1} << book->max_length)) {
+      return Invalid(op, absl::StrFormat("%s codebook %d (%d symbols) does not cover %d levels",
+                                         which, book->id, book->alphabet_size,
+                                         KvMaxCode(*spec) + 1));
+    }
   }
   return absl::OkStatus();
 }
@@ -182,6 +206,10 @@ absl::Status ValidateKvQuantize(const KvQuantizeParams& p) {
   if (p.tokens > 0 && (p.k == nullptr || p.v == nullptr || p.page == nullptr)) {
     return Invalid("kv_quantize", "k, v and page must be non-null");
   }
+  SLUICE_RETURN_IF_ERROR(ValidateCodebooks("kv_quantize", p.format, p.codebooks));
+  if (p.format.huffman_bits > 0 && p.tokens_written == nullptr) {
+    return Invalid("kv_quantize", "a Huffman-coded tier reports tokens_written; it is null");
+  }
   return absl::OkStatus();
 }
 
@@ -191,7 +219,7 @@ absl::Status ValidateKvDequantize(const KvDequantizeParams& p) {
   if (p.tokens > 0 && (p.k == nullptr || p.v == nullptr || p.page == nullptr)) {
     return Invalid("kv_dequantize", "k, v and page must be non-null");
   }
-  return absl::OkStatus();
+  return ValidateCodebooks("kv_dequantize", p.format, p.codebooks);
 }
 
 absl::Status ValidatePagedAttention(const PagedAttentionParams& p) {
@@ -220,6 +248,7 @@ absl::Status ValidatePagedAttention(const PagedAttentionParams& p) {
       return Invalid(kOp, absl::StrFormat("tier %d has head_dim %d, queries %d", t,
                                           p.formats[t].head_dim, p.head_dim));
     }
+
   }
   // NOTE: page_offsets and pages are read here, so they must be host-readable for every backend
   // (the CUDA backend takes them as pinned host memory).
@@ -231,12 +260,20 @@ absl::Status ValidatePagedAttention(const PagedAttentionParams& p) {
   }
   const int32_t n = p.page_offsets[p.kv_heads];
   if (n > 0 && p.pages == nullptr) return Invalid(kOp, "pages must be non-null");
+  uint32_t coded_tiers_checked = 0;  // Huffman-coded tiers need codebooks once they have pages
   for (int32_t i = 0; i < n; ++i) {
     const KvPageRef& r = p.pages[i];
     if (r.tier < 0 || r.tier >= p.tier_count || r.data == nullptr || r.slots < 0 ||
         r.slots > p.layouts[r.tier].tokens) {
       return Invalid(kOp, absl::StrFormat("page %d: tier %d, %d slots, data %p is not valid", i,
                                           r.tier, r.slots, static_cast<const void*>(r.data)));
+    }
+    if (p.formats[r.tier].huffman_bits > 0 && !(coded_tiers_checked & (1u << r.tier))) {
+      if (p.codebooks == nullptr) {
+        return Invalid(kOp, absl::StrFormat("tier %d is Huffman-coded; codebooks is null", r.tier));
+      }
+      SLUICE_RETURN_IF_ERROR(ValidateCodebooks(kOp, p.formats[r.tier], p.codebooks[r.tier]));
+      coded_tiers_checked |= 1u << r.tier;
     }
   }
   return absl::OkStatus();

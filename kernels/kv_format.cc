@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace sluice::kernels {
 namespace {
@@ -28,9 +29,16 @@ absl::Status ValidateSpec(const KvQuantSpec& s, int32_t head_dim, const char* wh
         return absl::InvalidArgumentError(
             absl::StrCat(which, ": int codes have 2, 4 or 8 bits, not ", s.bits));
       }
+      if (s.levels != 0 && (s.levels < 2 || s.levels > (1 << s.bits))) {
+        return absl::InvalidArgumentError(absl::StrCat(which, ": levels ", s.levels,
+                                                       " outside [2, 2^", s.bits, "]"));
+      }
       break;
     default:
       return absl::InvalidArgumentError(absl::StrCat(which, ": unknown codec"));
+  }
+  if (s.codec != KvCodec::kInt && s.levels != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(which, ": levels apply to int codes only"));
   }
   const int32_t g = KvGroupOf(s, head_dim);
   if (s.grouping == KvGrouping::kPerToken) {
@@ -73,7 +81,8 @@ int64_t MetaBytes(const KvQuantSpec& s, int32_t head_dim, int64_t tokens) {
 
 std::string SpecName(const KvQuantSpec& s, int32_t head_dim) {
   if (s.codec == KvCodec::kF16) return "f16";
-  const std::string codec = s.codec == KvCodec::kFp8 ? "fp8" : absl::StrCat("int", s.bits);
+  std::string codec = s.codec == KvCodec::kFp8 ? "fp8" : absl::StrCat("int", s.bits);
+  if (s.levels != 0) absl::StrAppend(&codec, "(", s.levels, " levels)");
   const int32_t g = KvGroupOf(s, head_dim);
   switch (s.grouping) {
     case KvGrouping::kPerToken:
@@ -95,10 +104,17 @@ int32_t KvGroupOf(const KvQuantSpec& spec, int32_t head_dim) {
 int32_t KvRowBytes(const KvQuantSpec& spec, int32_t head_dim) { return head_dim * spec.bits / 8; }
 
 std::string KvTierFormatName(const KvTierFormat& f) {
-  return absl::StrCat("k ", SpecName(f.k, f.head_dim), " v ", SpecName(f.v, f.head_dim));
+  std::string name =
+      absl::StrCat("k ", SpecName(f.k, f.head_dim), " v ", SpecName(f.v, f.head_dim));
+  if (f.huffman_bits > 0) absl::StrAppend(&name, " huffman");
+  return name;
 }
 
-absl::StatusOr<KvPageLayout> ComputePageLayout(const KvTierFormat& f) {
+namespace {
+
+// The fixed-width layout: the largest whole number of token groups that fits the page, or
+// exactly `exact_tokens` tokens (a unit page) when that is > 0.
+absl::StatusOr<KvPageLayout> FixedLayout(const KvTierFormat& f, int64_t exact_tokens) {
   if (f.head_dim <= 0 || f.head_dim % 32 != 0 || f.head_dim > 256) {
     return absl::InvalidArgumentError(
         absl::StrCat("head_dim ", f.head_dim, " is not a multiple of 32 in [32, 256]"));
@@ -141,6 +157,11 @@ absl::StatusOr<KvPageLayout> ComputePageLayout(const KvTierFormat& f) {
     l.bytes_used = static_cast<int32_t>(off);
     return off;
   };
+  if (exact_tokens > 0) {
+    l.tokens = static_cast<int32_t>(exact_tokens);
+    lay_out(exact_tokens);
+    return l;
+  }
   // Start from the per-token estimate and step down one token group at a time.
   const int64_t per_token =
       l.k_row_bytes + l.v_row_bytes + (f.token_meta ? 8 : 0) +
@@ -155,6 +176,88 @@ absl::StatusOr<KvPageLayout> ComputePageLayout(const KvTierFormat& f) {
   l.tokens = static_cast<int32_t>(n);
   lay_out(n);
   return l;
+}
+
+absl::StatusOr<KvPageLayout> HuffmanLayout(const KvTierFormat& f) {
+  if (!(f.huffman_bits > 0.f && f.huffman_bits <= 16.f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("huffman_bits ", f.huffman_bits, " outside (0, 16]"));
+  }
+  if (f.k.codec != KvCodec::kInt || f.v.codec != KvCodec::kInt || f.k.bits != 8 ||
+      f.v.bits != 8) {
+    return absl::InvalidArgumentError(
+        "Huffman-coded tiers code 8-bit int keys and values (set levels for fewer)");
+  }
+  const int32_t unit = KvCodeTile(f.k, f.head_dim, /*key=*/true);
+  if (unit != 16 && unit != 32 && unit != 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "k: a Huffman-coded tier codes units of 16, 32 or 64 tokens, not a token group of ", unit));
+  }
+  SLUICE_ASSIGN_OR_RETURN(KvPageLayout unit_layout, FixedLayout(KvUnitFormat(f), unit));
+  KvPageLayout l;
+  l.token_group = unit;
+  l.k_tile = unit;
+  l.unit_tokens = unit;
+  l.k_row_bytes = unit_layout.k_row_bytes;
+  l.v_row_bytes = unit_layout.v_row_bytes;
+  l.k_codes = l.k_meta = l.v_codes = l.v_meta = -1;
+  l.unit_k_meta_bytes = static_cast<int32_t>(MetaBytes(f.k, f.head_dim, unit));
+  l.unit_meta_bytes = l.unit_k_meta_bytes + static_cast<int32_t>(MetaBytes(f.v, f.head_dim, unit));
+  const double bits_per_token = 2.0 * f.head_dim * f.huffman_bits;
+  auto lay_out = [&](int64_t n) {
+    const int64_t units = n / unit;
+    l.streams = 0;
+    int64_t off = Align64((units * 2 * kKvHuffmanStreams + 1) * 4);
+    l.unit_meta = static_cast<int32_t>(off);
+    off = Align64(off + units * l.unit_meta_bytes);
+    if (f.token_meta) {
+      l.scores = static_cast<int32_t>(off);
+      off = Align64(off + n * 4);
+      l.positions = static_cast<int32_t>(off);
+      off = Align64(off + n * 4);
+    } else {
+      l.scores = l.positions = -1;
+    }
+    l.valid = static_cast<int32_t>(off);
+    off = Align64(off + (n + 63) / 64 * 8);
+    l.bitstream = static_cast<int32_t>(off);
+    l.bytes_used = f.page_bytes;
+    // The nominal codes, the padding decoders read past them, and up to a byte of alignment
+    // per unit.
+    return off + static_cast<int64_t>(std::ceil(n * bits_per_token / 8)) + 8 + units;
+  };
+  int64_t n = static_cast<int64_t>(f.page_bytes * 8 / bits_per_token) / unit * unit;
+  while (n > 0 && lay_out(n) > f.page_bytes) n -= unit;
+  if (n <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a ", f.page_bytes, "-byte page cannot hold ",
+                                                   unit, " tokens of ", KvTierFormatName(f)));
+  }
+  l.tokens = static_cast<int32_t>(n);
+  lay_out(n);
+  return l;
+}
+
+}  // namespace
+
+absl::StatusOr<KvPageLayout> ComputePageLayout(const KvTierFormat& f) {
+  if (f.huffman_bits != 0.f) {
+    SLUICE_RETURN_IF_ERROR(FixedLayout(KvUnitFormat(f), 0).status());
+    return HuffmanLayout(f);
+  }
+  return FixedLayout(f, 0);
+}
+
+KvTierFormat KvUnitFormat(const KvTierFormat& f) {
+  KvTierFormat u = f;
+  u.huffman_bits = 0.f;
+  u.token_meta = false;
+  return u;
+}
+
+absl::StatusOr<KvPageLayout> ComputeUnitLayout(const KvTierFormat& f) {
+  SLUICE_ASSIGN_OR_RETURN(KvPageLayout l, ComputePageLayout(f));
+  if (f.huffman_bits == 0.f) return absl::InvalidArgumentError("not a Huffman-coded tier");
+  return FixedLayout(KvUnitFormat(f), l.unit_tokens);
 }
 
 int32_t KvCodeTile(const KvQuantSpec& spec, int32_t head_dim, bool key) {

@@ -30,7 +30,26 @@
 //   kPerChannel  int, K only (KIVI/MiniKV): one (scale, zero) per channel per `group` tokens.
 //   kBlock       int, K only (KVComp 2D block): one (scale, zero) per `group` tokens x
 //                `block_channels` channels.
-// Asymmetric int: x ~ zero + code * scale, code in [0, 2^bits), scale and zero in fp16.
+// Asymmetric int: x ~ zero + code * scale, code in [0, levels) (levels = 2^bits unless set),
+// scale = (max - min) / (levels - 1) and zero = min in fp16. Fewer levels than 2^bits is
+// KVComp's error-controlled quantization: the step is a fixed fraction of each group's range.
+//
+// Huffman-coded tiers (KvTierFormat::huffman_bits > 0; KVComp §3). K and V are 8-bit int codes
+// with up to 256 levels, entropy-coded with one canonical codebook for K and one for V (per
+// layer, kernels/huffman.h). Tokens are coded in units of U tokens (U = the key tile: the token
+// group of K, 16, 32 or 64). A unit decodes into exactly the fixed-width 8-bit page of U tokens
+// that KvUnitFormat / ComputeUnitLayout describe, so the fixed-width kernels run on it from L1.
+// Segments of a Huffman-coded page, each starting on a 64-byte boundary:
+//   streams   u32 [units * 8 + 1]   bit offset (from `bitstream`) of each unit's 8 streams:
+//             K channels [i * D / 4, (i + 1) * D / 4) of the unit's tokens (channel-major, as
+//             in the unit page) for i < 4, then V tokens [i * U / 4, (i + 1) * U / 4) (token
+//             rows) for i < 4; entry u * 8 of the next unit is where unit u ends. Units start on
+//             byte boundaries.
+//   unit meta [units][unit_meta_bytes]: the unit page's K meta bytes, then its V meta bytes
+//   scores, positions, valid   over the page's slots, as above
+//   bitstream to the end of the page; its last HuffmanPaddingBytes() stay free for decoders
+// A page holds as many whole units as fit: `tokens` is the slot capacity, sized for
+// huffman_bits bits per value; a page whose codes come out longer fills with fewer slots.
 #ifndef SLUICE_KERNELS_KV_FORMAT_H_
 #define SLUICE_KERNELS_KV_FORMAT_H_
 
@@ -51,6 +70,7 @@ struct KvQuantSpec {
   KvGrouping grouping = KvGrouping::kPerToken;
   int32_t group = 0;           // channels (kPerToken) or tokens (kPerChannel, kBlock); 0 = head_dim
   int32_t block_channels = 0;  // kBlock only: channels per block
+  int32_t levels = 0;          // kInt: codes in [0, levels), 2 <= levels <= 2^bits; 0 = 2^bits
 
   bool operator==(const KvQuantSpec&) const = default;
 };
@@ -62,6 +82,9 @@ struct KvTierFormat {
   int32_t head_dim = 64;
   int32_t page_bytes = 16 * 1024;
   bool token_meta = false;  // scores and positions segments
+  // > 0: K and V codes are Huffman-coded (see above), and pages are sized for this many bits
+  // per value on average. 0: fixed-width codes.
+  float huffman_bits = 0.f;
 
   bool operator==(const KvTierFormat&) const = default;
 };
@@ -81,13 +104,32 @@ struct KvPageLayout {
   int32_t positions = -1;  // -1 without token_meta
   int32_t valid = 0;
   int32_t bytes_used = 0;  // end of the last segment, <= page_bytes
+  // Huffman-coded tiers only (0 or -1 otherwise); k_codes, k_meta, v_codes and v_meta are -1.
+  int32_t unit_tokens = 0;      // U
+  int32_t streams = -1;         // u32 [tokens / U * 8 + 1]
+  int32_t unit_meta = -1;       // [tokens / U][unit_meta_bytes]
+  int32_t unit_meta_bytes = 0;  // K meta bytes of a unit page, then V meta bytes
+  int32_t unit_k_meta_bytes = 0;
+  int32_t bitstream = -1;       // bits from here to page_bytes
 };
+
+inline constexpr int kKvHuffmanStreams = 4;  // streams per unit for each of K and V
 
 // Validates `format` and lays out the largest whole number of token groups that fits the page.
 // InvalidArgument naming the field for unsupported combinations (fp8 or f16 with token
 // groups, V grouped along tokens, head_dim not a multiple of 32 or over 256, groups that do not
 // divide head_dim, a page too small for one group).
 absl::StatusOr<KvPageLayout> ComputePageLayout(const KvTierFormat& format);
+
+// The fixed-width format a unit of a Huffman-coded tier decodes into (huffman_bits 0, no token
+// meta), and its layout: exactly U tokens.
+KvTierFormat KvUnitFormat(const KvTierFormat& format);
+absl::StatusOr<KvPageLayout> ComputeUnitLayout(const KvTierFormat& format);
+
+// Largest int code of `spec`: levels - 1.
+inline int KvMaxCode(const KvQuantSpec& spec) {
+  return (spec.levels > 0 ? spec.levels : 1 << spec.bits) - 1;
+}
 
 // A short description, e.g. "k int2/channel32 v int2/token64".
 std::string KvTierFormatName(const KvTierFormat& format);

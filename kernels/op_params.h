@@ -7,9 +7,17 @@
 #include <cstdint>
 
 #include "kernels/ggml_quant.h"
+#include "kernels/huffman.h"
 #include "kernels/kv_format.h"
 
 namespace sluice::kernels {
+
+// The codebooks of a Huffman-coded tier (KvTierFormat::huffman_bits > 0): one for K codes,
+// one for V codes, each with at least the spec's levels symbols. Host memory.
+struct KvCodebooks {
+  const HuffmanCodebook* k = nullptr;
+  const HuffmanCodebook* v = nullptr;
+};
 
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight[:]
 struct RmsNormParams {
@@ -98,6 +106,8 @@ struct AttentionParams {
 // Compresses `tokens` tokens of one kv-head into slots [slot, slot + tokens) of a page laid out
 // by `layout` (kernels/kv_format.h) and marks those slots valid. For K grouped along tokens,
 // slot and tokens are multiples of layout.token_group (one write per complete group).
+// Huffman-coded tiers append whole units after the page's `slot` slots already written, as many
+// as the page has room for, and report how many tokens that was in *tokens_written.
 struct KvQuantizeParams {
   const float* k = nullptr;  // [tokens, stride]: the head's head_dim values open each row
   const float* v = nullptr;  // [tokens, stride]
@@ -109,6 +119,8 @@ struct KvQuantizeParams {
   KvPageLayout layout;      // ComputePageLayout(format)
   uint8_t* page = nullptr;  // [format.page_bytes]
   int64_t slot = 0;
+  KvCodebooks codebooks;                // Huffman-coded tiers only
+  int64_t* tokens_written = nullptr;    // Huffman-coded tiers only
 };
 
 // Expands slots [slot, slot + tokens) of a page back to fp32 (tests, checks and tools; the
@@ -121,6 +133,7 @@ struct KvDequantizeParams {
   int64_t tokens = 0;
   float* k = nullptr;  // [tokens, head_dim]
   float* v = nullptr;  // [tokens, head_dim]
+  KvCodebooks codebooks;  // Huffman-coded tiers only
 };
 
 // One page as an attention kernel sees it.
@@ -145,6 +158,7 @@ struct PagedAttentionParams {
   float scale = 1.f;
   const KvTierFormat* formats = nullptr;  // [tier_count]
   const KvPageLayout* layouts = nullptr;  // [tier_count]
+  const KvCodebooks* codebooks = nullptr;  // [tier_count]; read for Huffman-coded tiers only
   int32_t tier_count = 0;
   const KvPageRef* pages = nullptr;       // [page_offsets[kv_heads]]
   const int32_t* page_offsets = nullptr;  // [kv_heads + 1]: kv-head h owns pages [po[h], po[h+1])

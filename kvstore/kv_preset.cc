@@ -18,9 +18,21 @@ KvQuantSpec PerChannel(int bits, int tokens) {
       .codec = KvCodec::kInt, .bits = bits, .grouping = KvGrouping::kPerChannel, .group = tokens};
 }
 
+// kvcomp (KVComp): error-controlled quantization, then Huffman coding of the codes. The steps
+// are KVComp's accuracy turning points: keys per channel over 32-token groups with a step of a
+// quarter of each group's range (5 levels), values per token with a sixth (7 levels). Keys go
+// per channel rather than in KVComp's 2D blocks because on SmolLM2 blocks of 32 x 32 cost more
+// error at every rate (./sluice bench kvstore, section bits).
+constexpr int kKvcompKeyTokens = 32;
+constexpr int kKvcompKeyLevels = 5;
+constexpr int kKvcompValueLevels = 7;
+constexpr float kKvcompBitsHint = 2.4f;
+
 }  // namespace
 
-std::vector<std::string> KvPresetNames() { return {"fp16", "int8", "kivi4", "kivi2"}; }
+std::vector<std::string> KvPresetNames() {
+  return {"fp16", "int8", "kivi4", "kivi2", "kvcomp"};
+}
 
 absl::StatusOr<KvPreset> FindKvPreset(std::string_view name, int32_t head_dim, int32_t page_bytes) {
   KvPreset p;
@@ -36,6 +48,13 @@ absl::StatusOr<KvPreset> FindKvPreset(std::string_view name, int32_t head_dim, i
     const int bits = name == "kivi4" ? 4 : 2;
     p.high.k = PerChannel(bits, 32);
     p.high.v = PerToken(bits, 32);
+    p.residual = 128;
+  } else if (name == "kvcomp") {
+    p.high.k = PerChannel(8, kKvcompKeyTokens);
+    p.high.k.levels = kKvcompKeyLevels;
+    p.high.v = PerToken(8);
+    p.high.v.levels = kKvcompValueLevels;
+    p.high.huffman_bits = kKvcompBitsHint;
     p.residual = 128;
   } else {
     return absl::NotFoundError(

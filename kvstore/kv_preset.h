@@ -5,6 +5,10 @@
 //   kivi4  KIVI: K int4 per channel in groups of 32 tokens, V int4 per token in groups of 32
 //          channels, the most recent 128 tokens in full precision
 //   kivi2  the same with 2-bit codes
+//   kvcomp KVComp: K per channel in groups of 32 tokens with 5 levels, V per token with 7
+//          levels, both Huffman-coded with per-layer codebooks built from the prefill's codes
+//          (about 2.2 and 2.5 bits per value on SmolLM2); the most recent 128 tokens in full
+//          precision
 #ifndef SLUICE_KVSTORE_KV_PRESET_H_
 #define SLUICE_KVSTORE_KV_PRESET_H_
 

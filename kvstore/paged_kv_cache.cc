@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "kernels/kv_huffman.h"
 
 namespace sluice::kvstore {
 
@@ -19,7 +20,10 @@ double KvCacheStats::ratio_vs_fp16() const {
 
 absl::StatusOr<int64_t> PagesForSequence(const KvPreset& preset, int32_t layers, int64_t kv_heads,
                                          int64_t tokens) {
-  SLUICE_ASSIGN_OR_RETURN(kernels::KvPageLayout layout, kernels::ComputePageLayout(preset.high));
+  kernels::KvTierFormat format = preset.high;
+  // Huffman-coded pages: every code at the longest length a codebook may give it.
+  if (format.huffman_bits > 0) format.huffman_bits = kernels::kMaxHuffmanCodeLength;
+  SLUICE_ASSIGN_OR_RETURN(kernels::KvPageLayout layout, kernels::ComputePageLayout(format));
   return (tokens + layout.tokens - 1) / layout.tokens * layers * kv_heads;
 }
 
@@ -54,7 +58,8 @@ PagedKvCache::PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLa
       layout_(layout),
       row_(options.kv_heads * options.head_dim),
       pool_(std::move(pool)),
-      backend_(backend) {}
+      backend_(backend),
+      codebooks_(options.layers) {}
 
 PagedKvCache::~PagedKvCache() {
   for (auto& [id, s] : seqs_) {
@@ -143,15 +148,14 @@ absl::Status PagedKvCache::Attend(int64_t seq, int layer, const float* q, int64_
     const HeadPages& hp = s->heads[layer * options_.kv_heads + h];
     const int32_t n = hp.table.high_count();
     for (int32_t i = 0; i < n; ++i) {
-      refs.push_back({.data = pool_->data(hp.table.high(i)),
-                      .slots = i + 1 == n ? hp.last_slots : layout_.tokens,
-                      .tier = 0});
+      refs.push_back({.data = pool_->data(hp.table.high(i)), .slots = hp.slots[i], .tier = 0});
     }
     offsets.push_back(static_cast<int32_t>(refs.size()));
   }
   const float scale = options_.attention_scale > 0.f
                           ? options_.attention_scale
                           : 1.f / std::sqrt(static_cast<float>(options_.head_dim));
+  const kernels::KvCodebooks codebooks = Codebooks(layer);
   return backend_.PagedAttention({.q = q,
                                   .out = out,
                                   .q_tokens = n,
@@ -161,6 +165,7 @@ absl::Status PagedKvCache::Attend(int64_t seq, int layer, const float* q, int64_
                                   .scale = scale,
                                   .formats = &options_.preset.high,
                                   .layouts = &layout_,
+                                  .codebooks = &codebooks,
                                   .tier_count = 1,
                                   .pages = refs.data(),
                                   .page_offsets = offsets.data(),
@@ -187,13 +192,28 @@ absl::Status PagedKvCache::Flush(Seq& s) {
   const int64_t movable = s.length - s.compressed - options_.preset.residual;
   const int64_t flush = movable / group * group;
   if (flush <= 0) return absl::OkStatus();
+  if (options_.preset.high.huffman_bits > 0) {
+    SLUICE_RETURN_IF_ERROR(FlushCoded(s, flush));
+  } else {
+    SLUICE_RETURN_IF_ERROR(FlushFixed(s, flush));
+  }
+  for (int l = 0; l < options_.layers; ++l) {
+    s.k[l].erase(s.k[l].begin(), s.k[l].begin() + flush * row_);
+    s.v[l].erase(s.v[l].begin(), s.v[l].begin() + flush * row_);
+  }
+  s.compressed += flush;
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush) {
+  const int64_t cap = layout_.tokens;
   // Pages each (layer, head) needs beyond the room left in its last page; one batch
   // allocation for all of them.
   const int64_t lists = static_cast<int64_t>(s.heads.size());
   std::vector<int32_t> counts(lists);
   for (int64_t i = 0; i < lists; ++i) {
     const HeadPages& hp = s.heads[i];
-    const int64_t room = hp.table.high_count() == 0 ? 0 : cap - hp.last_slots;
+    const int64_t room = hp.LastOpen(layout_.tokens) ? cap - hp.slots.back() : 0;
     counts[i] = static_cast<int32_t>(std::max<int64_t>(0, (flush - room + cap - 1) / cap));
   }
   std::vector<int64_t> offsets;
@@ -210,11 +230,12 @@ absl::Status PagedKvCache::Flush(Seq& s) {
     HeadPages& hp = s.heads[i];
     int64_t next = offsets[i];
     for (int64_t t0 = 0; t0 < flush;) {
-      if (hp.table.high_count() == 0 || hp.last_slots == cap) {
+      if (!hp.LastOpen(layout_.tokens)) {
         SLUICE_RETURN_IF_ERROR(hp.table.PushHigh(fresh[next++]));
-        hp.last_slots = 0;
+        hp.slots.push_back(0);
+        hp.last_closed = false;
       }
-      const int64_t chunk = std::min(flush - t0, cap - hp.last_slots);
+      const int64_t chunk = std::min<int64_t>(flush - t0, cap - hp.slots.back());
       SLUICE_RETURN_IF_ERROR(
           backend_.KvQuantize({.k = s.k[layer].data() + t0 * row_ + h * options_.head_dim,
                                .v = s.v[layer].data() + t0 * row_ + h * options_.head_dim,
@@ -223,17 +244,135 @@ absl::Status PagedKvCache::Flush(Seq& s) {
                                .format = options_.preset.high,
                                .layout = layout_,
                                .page = pool_->data(hp.table.high(hp.table.high_count() - 1)),
-                               .slot = hp.last_slots}));
-      hp.last_slots += static_cast<int32_t>(chunk);
+                               .slot = hp.slots.back()}));
+      hp.slots.back() += static_cast<int32_t>(chunk);
       t0 += chunk;
     }
   }
-  for (int l = 0; l < options_.layers; ++l) {
-    s.k[l].erase(s.k[l].begin(), s.k[l].begin() + flush * row_);
-    s.v[l].erase(s.v[l].begin(), s.v[l].begin() + flush * row_);
-  }
-  s.compressed += flush;
   return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::BuildCodebooks(const Seq& s, int layer, int64_t tokens) {
+  // The codes come from the fixed-width format the units decode into, quantized a page at a
+  // time; every code byte of the written tokens counts once.
+  const kernels::KvTierFormat fixed = kernels::KvUnitFormat(options_.preset.high);
+  SLUICE_ASSIGN_OR_RETURN(const kernels::KvPageLayout fl, kernels::ComputePageLayout(fixed));
+  const int64_t d = options_.head_dim;
+  std::vector<uint64_t> k_hist(kernels::KvMaxCode(fixed.k) + 1),
+      v_hist(kernels::KvMaxCode(fixed.v) + 1);
+  std::vector<uint8_t> page(fixed.page_bytes);
+  for (int64_t h = 0; h < options_.kv_heads; ++h) {
+    for (int64_t t0 = 0; t0 < tokens; t0 += fl.tokens) {
+      const int64_t n = std::min<int64_t>(fl.tokens, tokens - t0);
+      SLUICE_RETURN_IF_ERROR(
+          backend_.KvQuantize({.k = s.k[layer].data() + t0 * row_ + h * d,
+                               .v = s.v[layer].data() + t0 * row_ + h * d,
+                               .stride = row_,
+                               .tokens = n,
+                               .format = fixed,
+                               .layout = fl,
+                               .page = page.data(),
+                               .slot = 0}));
+      for (int64_t i = 0; i < n * d; ++i) {
+        k_hist[page[fl.k_codes + i]]++;
+        v_hist[page[fl.v_codes + i]]++;
+      }
+    }
+  }
+  auto books = std::make_unique<LayerCodebooks>();
+  const uint32_t id = static_cast<uint32_t>(layer) * 2 + 1;
+  SLUICE_ASSIGN_OR_RETURN(books->k, kernels::BuildHuffmanCodebook(id, k_hist));
+  SLUICE_ASSIGN_OR_RETURN(books->v, kernels::BuildHuffmanCodebook(id + 1, v_hist));
+  codebooks_[layer] = std::move(books);
+  return absl::OkStatus();
+}
+
+kernels::KvCodebooks PagedKvCache::Codebooks(int layer) const {
+  if (layer < 0 || layer >= static_cast<int>(codebooks_.size()) || !codebooks_[layer]) return {};
+  return {.k = &codebooks_[layer]->k, .v = &codebooks_[layer]->v};
+}
+
+absl::Status PagedKvCache::FlushCoded(Seq& s, int64_t flush) {
+  for (int l = 0; l < options_.layers; ++l) {
+    if (!codebooks_[l]) SLUICE_RETURN_IF_ERROR(BuildCodebooks(s, l, flush));
+  }
+  // How many pages each list will need is known only once its units are coded, so pages come
+  // one at a time; on failure every list goes back to where it was.
+  struct Mark {
+    int32_t pages;
+    int32_t last_slots;
+    bool last_closed;
+  };
+  std::vector<Mark> marks;
+  marks.reserve(s.heads.size());
+  for (const HeadPages& hp : s.heads) {
+    marks.push_back({hp.table.high_count(), hp.slots.empty() ? 0 : hp.slots.back(),
+                     hp.last_closed});
+  }
+  auto roll_back = [&](absl::Status st) {
+    for (size_t i = 0; i < s.heads.size(); ++i) {
+      HeadPages& hp = s.heads[i];
+      std::vector<PageId> added;
+      while (hp.table.high_count() > marks[i].pages) added.push_back(*hp.table.PopHigh());
+      pool_->Free(added).IgnoreError();  // pages this flush took; none is shared
+      hp.slots.resize(marks[i].pages);
+      if (!hp.slots.empty()) hp.slots.back() = marks[i].last_slots;
+      hp.last_closed = marks[i].last_closed;
+    }
+    return st;
+  };
+  const int64_t lists = static_cast<int64_t>(s.heads.size());
+  for (int64_t i = 0; i < lists; ++i) {
+    const int layer = static_cast<int>(i / options_.kv_heads);
+    const int64_t h = i % options_.kv_heads;
+    HeadPages& hp = s.heads[i];
+    for (int64_t t0 = 0; t0 < flush;) {
+      if (!hp.LastOpen(layout_.tokens)) {
+        absl::StatusOr<PageId> id = AllocatePage(flush);
+        if (!id.ok()) return roll_back(id.status());
+        if (absl::Status st = hp.table.PushHigh(*id); !st.ok()) {
+          pool_->Free({*id}).IgnoreError();
+          return roll_back(st);
+        }
+        hp.slots.push_back(0);
+        hp.last_closed = false;
+      }
+      int64_t written = 0;
+      const int64_t want = std::min<int64_t>(flush - t0, layout_.tokens - hp.slots.back());
+      absl::Status st = backend_.KvQuantize(
+          {.k = s.k[layer].data() + t0 * row_ + h * options_.head_dim,
+           .v = s.v[layer].data() + t0 * row_ + h * options_.head_dim,
+           .stride = row_,
+           .tokens = want,
+           .format = options_.preset.high,
+           .layout = layout_,
+           .page = pool_->data(hp.table.high(hp.table.high_count() - 1)),
+           .slot = hp.slots.back(),
+           .codebooks = Codebooks(layer),
+           .tokens_written = &written});
+      if (!st.ok()) return roll_back(st);
+      if (written == 0 && hp.slots.back() == 0) {
+        return roll_back(absl::InternalError(absl::StrFormat(
+            "layer %d: one unit of %s does not fit an empty %d-byte page", layer,
+            kernels::KvTierFormatName(options_.preset.high), layout_.bytes_used)));
+      }
+      if (written < want) hp.last_closed = true;  // its bitstream is full
+      hp.slots.back() += static_cast<int32_t>(written);
+      t0 += written;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PageId> PagedKvCache::AllocatePage(int64_t tokens) {
+  absl::StatusOr<PageId> id = pool_->AllocateOne();
+  if (!id.ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("KV page pool exhausted while compressing %d tokens of sequence: %s",
+                        tokens, id.status().message()));
+  }
+  std::memset(pool_->data(*id) + layout_.valid, 0, (layout_.tokens + 63) / 64 * 8);
+  return *id;
 }
 
 absl::Status PagedKvCache::ForkSequence(int64_t src, int64_t dst, int64_t max_tokens) {
@@ -259,7 +398,7 @@ absl::Status PagedKvCache::ForkSequence(int64_t src, int64_t dst, int64_t max_to
   for (size_t i = 0; i < from->heads.size(); ++i) {
     const HeadPages& hp = from->heads[i];
     const int32_t n = hp.table.high_count();
-    const bool partial = n > 0 && hp.last_slots < layout_.tokens;
+    const bool partial = hp.LastOpen(layout_.tokens);
     for (int32_t j = 0; j < n - (partial ? 1 : 0); ++j) shared.push_back(hp.table.high(j));
     copies[i] = partial ? 1 : 0;
   }
@@ -289,7 +428,8 @@ absl::Status PagedKvCache::ForkSequence(int64_t src, int64_t dst, int64_t max_to
       }
       SLUICE_RETURN_IF_ERROR(out.table.PushHigh(id));
     }
-    out.last_slots = hp.last_slots;
+    out.slots = hp.slots;
+    out.last_closed = hp.last_closed;
   }
   seqs_.emplace(dst, std::move(to));
   return absl::OkStatus();
@@ -306,7 +446,7 @@ KvCacheStats PagedKvCache::Stats() const {
     for (const HeadPages& hp : s.heads) {
       const int32_t n = hp.table.high_count();
       for (int32_t i = 0; i < n; ++i) {
-        used_slots[hp.table.high(i)] = i + 1 == n ? hp.last_slots : layout_.tokens;
+        used_slots[hp.table.high(i)] = hp.slots[i];
       }
     }
     st.pages.fp16_bytes +=

@@ -6,6 +6,11 @@
 // over the pages and the residual window together (Backend::PagedAttention), so a prompt's own
 // attention always sees its full-precision keys, as in KIVI and in a prefill worker.
 //
+// Huffman-coded presets (kvcomp) keep one K and one V codebook per layer, built from the codes
+// of the first tokens that layer compresses (the prompt's, in prefill) and used for every later
+// page of that layer in every sequence (KVComp §3.2). Their pages hold as many whole units as
+// their codes fit, so a page may close with fewer than layout().tokens slots.
+//
 // Not thread-safe: one owner thread (the scheduler loop) drives it.
 #ifndef SLUICE_KVSTORE_PAGED_KV_CACHE_H_
 #define SLUICE_KVSTORE_PAGED_KV_CACHE_H_
@@ -17,7 +22,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/huffman.h"
 #include "kernels/kv_format.h"
+#include "kernels/op_params.h"
 #include "kvstore/kv_accounting.h"
 #include "kvstore/kv_preset.h"
 #include "kvstore/page_pool.h"
@@ -73,6 +80,9 @@ class PagedKvCache final : public model::KvCache {
   absl::Status ForkSequence(int64_t src, int64_t dst, int64_t max_tokens);
 
   KvCacheStats Stats() const;
+  // The codebooks of `layer` (Huffman-coded presets, once that layer has compressed tokens);
+  // null codebooks otherwise.
+  kernels::KvCodebooks Codebooks(int layer) const;
   const KvPreset& preset() const { return options_.preset; }
   const kernels::KvPageLayout& layout() const { return layout_; }
   const PagePool& pool() const { return *pool_; }
@@ -82,7 +92,15 @@ class PagedKvCache final : public model::KvCache {
   // bidirectional table (the low tier, from the right, comes with the eviction policies).
   struct HeadPages {
     BidirectionalPageTable table;
-    int32_t last_slots = 0;  // slots used in the last high-tier page
+    std::vector<int32_t> slots;  // slots written in each high-tier page
+    bool last_closed = false;    // the last page takes no more tokens
+    // Whether the last page can take more tokens.
+    bool LastOpen(int32_t capacity) const {
+      return !slots.empty() && !last_closed && slots.back() < capacity;
+    }
+  };
+  struct LayerCodebooks {
+    kernels::HuffmanCodebook k, v;
   };
   struct Seq {
     int64_t max_tokens = 0;
@@ -99,6 +117,14 @@ class PagedKvCache final : public model::KvCache {
   absl::StatusOr<Seq*> Find(int64_t seq);
   // Moves whole token groups beyond the residual window into pages.
   absl::Status Flush(Seq& s);
+  absl::Status FlushFixed(Seq& s, int64_t flush);
+  // Flush for Huffman-coded presets: pages one at a time, as many units as each fits.
+  absl::Status FlushCoded(Seq& s, int64_t flush);
+  // Builds the codebooks of `layer` from the codes of its first `tokens` tokens in `s`.
+  absl::Status BuildCodebooks(const Seq& s, int layer, int64_t tokens);
+  // One fresh page with its valid bits cleared; ResourceExhausted, naming the `tokens` being
+  // compressed, when the pool has none.
+  absl::StatusOr<PageId> AllocatePage(int64_t tokens);
 
   const PagedKvCacheOptions options_;
   const kernels::KvPageLayout layout_;
@@ -106,6 +132,7 @@ class PagedKvCache final : public model::KvCache {
   std::unique_ptr<PagePool> pool_;
   kernels::Backend& backend_;
   absl::flat_hash_map<int64_t, Seq> seqs_;
+  std::vector<std::unique_ptr<LayerCodebooks>> codebooks_;  // [layers]; null until built
 };
 
 }  // namespace sluice::kvstore

@@ -7,6 +7,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/get_rows.h"
 #include "kernels/cpu/kv_quant.h"
+#include "kernels/kv_huffman.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/rmsnorm.h"
@@ -71,11 +72,19 @@ absl::Status CpuBackend::DoAttention(const AttentionParams& p) {
 }
 
 absl::Status CpuBackend::DoKvQuantize(const KvQuantizeParams& p) {
+  if (p.format.huffman_bits > 0) {
+    return KvQuantizeHuffman(p, [&](const KvQuantizeParams& unit) { cpu::KvQuantize(unit, isa_); });
+  }
   cpu::KvQuantize(p, isa_);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::DoKvDequantize(const KvDequantizeParams& p) {
+  if (p.format.huffman_bits > 0) {
+    return KvDequantizeHuffman(p, /*reference=*/false, [&](const KvDequantizeParams& unit) {
+      cpu::KvDequantize(unit, isa_);
+    });
+  }
   cpu::KvDequantize(p, isa_);
   return absl::OkStatus();
 }

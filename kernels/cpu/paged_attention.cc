@@ -11,6 +11,7 @@
 #include "kernels/cpu/vec.h"
 #include "kernels/ggml_quant.h"
 #include "kernels/kv_format.h"
+#include "kernels/kv_huffman.h"
 
 namespace sluice::kernels::cpu {
 namespace {
@@ -55,8 +56,8 @@ struct Partial {
 #pragma GCC pop_options
 #pragma GCC diagnostic pop
 
-using AttendFn = void (*)(const PagedAttentionParams&, int64_t, int64_t, int32_t, int32_t,
-                          const float*, ExpFn, float*, Partial*);
+using AttendFn = void (*)(const PagedAttentionParams&, const KvHuffmanTier*, uint8_t*, int64_t,
+                          int64_t, int32_t, int32_t, const float*, ExpFn, float*, Partial*);
 using DecodeRowFn = void (*)(const KvQuantSpec&, int, int, const uint8_t*, int32_t, int32_t,
                              int32_t, int64_t, int32_t, const float*, float*);
 
@@ -94,27 +95,58 @@ const float* Fp8Lut() {
 // Queries up to this many take the fused path; longer runs gather and use dense attention.
 constexpr int64_t kMaxFusedQueries = 4;
 
+// The unit layouts of the Huffman-coded tiers (entries of other tiers stay default), and the
+// largest unit page among them.
+std::vector<KvHuffmanTier> HuffmanTiers(const PagedAttentionParams& p, int32_t* max_unit_bytes) {
+  std::vector<KvHuffmanTier> tiers(p.tier_count);
+  *max_unit_bytes = 8;
+  for (int32_t t = 0; t < p.tier_count; ++t) {
+    if (p.formats[t].huffman_bits == 0.f) continue;
+    tiers[t] = MakeKvHuffmanTier(p.formats[t]).value();  // the layout was validated
+    *max_unit_bytes = std::max(*max_unit_bytes, tiers[t].unit_layout.bytes_used);
+  }
+  return tiers;
+}
+
+// Appends the live tokens of page `r` to k and v, decoded to fp32.
+void GatherPage(const PagedAttentionParams& p, const KvPageRef& r, const KvHuffmanTier& huffman,
+                DecodeRowFn decode, std::vector<uint8_t>& unit, std::vector<float>& k,
+                std::vector<float>& v) {
+  const int d = static_cast<int>(p.head_dim);
+  auto gather = [&](const KvTierFormat& f, const KvPageLayout& l, const uint8_t* data, int n) {
+    const uint64_t* valid = reinterpret_cast<const uint64_t*>(data + l.valid);
+    for (int32_t s = 0; s < n; ++s) {
+      if (!((valid[s / 64] >> (s % 64)) & 1)) continue;
+      const size_t at = k.size();
+      k.resize(at + d);
+      v.resize(at + d);
+      decode(f.k, d, l.k_tile, data, l.k_codes, l.k_row_bytes, l.k_meta, s, l.tokens, Fp8Lut(),
+             k.data() + at);
+      decode(f.v, d, 1, data, l.v_codes, l.v_row_bytes, l.v_meta, s, l.tokens, Fp8Lut(),
+             v.data() + at);
+    }
+  };
+  const KvTierFormat& f = p.formats[r.tier];
+  if (f.huffman_bits == 0.f) return gather(f, p.layouts[r.tier], r.data, r.slots);
+  const int u = huffman.layout.unit_tokens;
+  unit.resize(huffman.unit_layout.bytes_used);
+  for (int first = 0; first < r.slots; first += u) {
+    KvDecodeUnit(huffman, p.codebooks[r.tier], r.data, first / u, unit.data());
+    gather(huffman.unit_format, huffman.unit_layout, unit.data(), std::min(u, r.slots - first));
+  }
+}
+
 void DenseOverGathered(const PagedAttentionParams& p, Isa isa, int threads) {
   const int64_t d = p.head_dim, kvh_count = p.kv_heads;
   const DecodeRowFn decode = DecodeRowFor(isa);
+  int32_t max_unit_bytes;
+  const std::vector<KvHuffmanTier> huffman = HuffmanTiers(p, &max_unit_bytes);
+  std::vector<uint8_t> unit;
   // Each kv-head holds its own number of live tokens; each runs as its own dense call.
   std::vector<std::vector<float>> k(kvh_count), v(kvh_count);
   for (int64_t h = 0; h < kvh_count; ++h) {
     for (int32_t i = p.page_offsets[h]; i < p.page_offsets[h + 1]; ++i) {
-      const KvPageRef& r = p.pages[i];
-      const KvTierFormat& f = p.formats[r.tier];
-      const KvPageLayout& l = p.layouts[r.tier];
-      const uint64_t* valid = reinterpret_cast<const uint64_t*>(r.data + l.valid);
-      for (int32_t s = 0; s < r.slots; ++s) {
-        if (!((valid[s / 64] >> (s % 64)) & 1)) continue;
-        const size_t at = k[h].size();
-        k[h].resize(at + d);
-        v[h].resize(at + d);
-        decode(f.k, static_cast<int>(d), l.k_tile, r.data, l.k_codes, l.k_row_bytes, l.k_meta, s,
-               l.tokens, Fp8Lut(), k[h].data() + at);
-        decode(f.v, static_cast<int>(d), 1, r.data, l.v_codes, l.v_row_bytes, l.v_meta, s, l.tokens,
-               Fp8Lut(), v[h].data() + at);
-      }
+      GatherPage(p, p.pages[i], huffman[p.pages[i].tier], decode, unit, k[h], v[h]);
     }
   }
   const int64_t g = p.heads / p.kv_heads;
@@ -176,6 +208,8 @@ void PagedAttention(const PagedAttentionParams& p, Isa isa, int threads) {
   const AttendFn attend = AttendFor(isa);
   int32_t max_slots = 1;
   for (int32_t t = 0; t < p.tier_count; ++t) max_slots = std::max(max_slots, p.layouts[t].tokens);
+  int32_t max_unit_bytes;
+  const std::vector<KvHuffmanTier> huffman = HuffmanTiers(p, &max_unit_bytes);
 
   // Tasks: (query, kv-head, run of pages). Runs are cut so that there are a few tasks per
   // thread even for one sequence with few kv-heads.
@@ -204,11 +238,12 @@ void PagedAttention(const PagedAttentionParams& p, Isa isa, int threads) {
 #pragma omp parallel num_threads(threads) if (parallel)
   {
     std::vector<float> scratch(static_cast<size_t>(max_slots) * g * (1 + d));
+    std::vector<uint8_t> unit(max_unit_bytes);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < n_tasks; ++i) {
       const Task& task = tasks[i];
-      attend(p, task.kvh, task.t, task.begin, task.end, Fp8Lut(), ops.exp, scratch.data(),
-             parts.data() + i * g);
+      attend(p, huffman.data(), unit.data(), task.kvh, task.t, task.begin, task.end, Fp8Lut(),
+             ops.exp, scratch.data(), parts.data() + i * g);
     }
   }
 

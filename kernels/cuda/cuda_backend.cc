@@ -85,11 +85,17 @@ absl::Status CudaBackend::Synchronize() {
 }
 
 absl::Status CudaBackend::DoKvQuantize(const KvQuantizeParams& p) {
+  if (p.format.huffman_bits > 0) {
+    return absl::UnimplementedError("kv_quantize: Huffman-coded tiers are not on CUDA yet");
+  }
   SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchKvQuantize(p, impl_->stream));
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::DoKvDequantize(const KvDequantizeParams& p) {
+  if (p.format.huffman_bits > 0) {
+    return absl::UnimplementedError("kv_dequantize: Huffman-coded tiers are not on CUDA yet");
+  }
   SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchKvDequantize(p, impl_->stream));
   return absl::OkStatus();
 }

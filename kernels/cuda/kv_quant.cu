@@ -8,6 +8,10 @@
 namespace sluice::kernels::cuda {
 namespace {
 
+__device__ __forceinline__ int MaxCode(const KvQuantSpec& spec) {
+  return (spec.levels > 0 ? spec.levels : 1 << spec.bits) - 1;
+}
+
 // The fp32 values the group parameters take once stored in fp16, as ref::MakeIntGroupParams.
 struct IntGroup {
   uint16_t scale16, zero16;
@@ -21,8 +25,8 @@ __device__ __forceinline__ float FromHalfBits(uint16_t h) {
   return __half2float(__ushort_as_half(h));
 }
 
-__device__ IntGroup MakeIntGroup(float mn, float mx, int bits) {
-  const float levels = static_cast<float>((1 << bits) - 1);
+__device__ IntGroup MakeIntGroup(float mn, float mx, int max_code) {
+  const float levels = static_cast<float>(max_code);
   IntGroup g;
   g.scale16 = ToHalfBits(__fdiv_rn(__fsub_rn(mx, mn), levels));
   g.zero16 = ToHalfBits(mn);
@@ -113,11 +117,11 @@ __global__ void QuantizeKernel(KvQuantSpec spec, int d, int tile,
       }
       return;
     }
-    const IntGroup g = MakeIntGroup(mn, mx, spec.bits);
+    const IntGroup g = MakeIntGroup(mn, mx, MaxCode(spec));
     const int64_t at = static_cast<int64_t>(c0 / gs) * page_tokens + slot + t;
     meta[at] = g.scale16;
     meta[at + static_cast<int64_t>(groups) * page_tokens] = g.zero16;
-    const float levels = static_cast<float>((1 << spec.bits) - 1);
+    const float levels = static_cast<float>(MaxCode(spec));
     for (int c = c0; c < c0 + gs; ++c) {
       PackCode(spec, d, tile, page + codes_off, slot + t, c, IntCode(xr[c], g, levels));
     }
@@ -135,11 +139,11 @@ __global__ void QuantizeKernel(KvQuantSpec spec, int d, int tile,
       mx = fmaxf(mx, x[t * stride + c]);
     }
   }
-  const IntGroup g = MakeIntGroup(mn, mx, spec.bits);
+  const IntGroup g = MakeIntGroup(mn, mx, MaxCode(spec));
   uint16_t* scales = meta + ((slot + t0) / gs) * 2 * blocks;
   scales[b] = g.scale16;
   scales[blocks + b] = g.zero16;
-  const float levels = static_cast<float>((1 << spec.bits) - 1);
+  const float levels = static_cast<float>(MaxCode(spec));
   for (int64_t t = t0; t < t0 + gs; ++t) {
     for (int c = b * bc; c < (b + 1) * bc; ++c) {
       PackCode(spec, d, tile, page + codes_off, slot + t, c, IntCode(x[t * stride + c], g, levels));

@@ -6,6 +6,7 @@
 
 #include "kernels/ggml_quant.h"
 #include "kernels/kv_format.h"
+#include "kernels/kv_huffman.h"
 
 namespace sluice::kernels::ref {
 namespace {
@@ -55,7 +56,7 @@ void QuantizeSegment(const KvQuantSpec& spec, int32_t d, int tile, const float* 
     }
     return;
   }
-  const int bits = spec.bits;
+  const int max_code = KvMaxCode(spec);
   uint16_t* m = Meta16(page, meta);
   if (spec.grouping == KvGrouping::kPerToken) {
     for (int64_t t = 0; t < n; ++t) {
@@ -65,12 +66,12 @@ void QuantizeSegment(const KvQuantSpec& spec, int32_t d, int tile, const float* 
           mn = std::min(mn, value(t, c));
           mx = std::max(mx, value(t, c));
         }
-        const IntGroupParams gp = MakeIntGroupParams(mn, mx, bits);
+        const IntGroupParams gp = MakeIntGroupParams(mn, mx, max_code);
         const int64_t at = KvTokenMetaIndex(page_tokens, slot + t, c0 / g);
         m[at] = gp.scale16;
         m[at + static_cast<int64_t>(d / g) * page_tokens] = gp.zero16;
         for (int c = c0; c < c0 + g; ++c) {
-          PackCode(spec, d, tile, page + codes, slot + t, c, IntCode(value(t, c), gp, bits));
+          PackCode(spec, d, tile, page + codes, slot + t, c, IntCode(value(t, c), gp, max_code));
         }
       }
     }
@@ -91,12 +92,12 @@ void QuantizeSegment(const KvQuantSpec& spec, int32_t d, int tile, const float* 
           mx = std::max(mx, value(t, c));
         }
       }
-      const IntGroupParams gp = MakeIntGroupParams(mn, mx, bits);
+      const IntGroupParams gp = MakeIntGroupParams(mn, mx, max_code);
       scales[b] = gp.scale16;
       zeros[b] = gp.zero16;
       for (int64_t t = t0; t < t0 + g; ++t) {
         for (int c = b * bc; c < (b + 1) * bc; ++c) {
-          PackCode(spec, d, tile, page + codes, slot + t, c, IntCode(value(t, c), gp, bits));
+          PackCode(spec, d, tile, page + codes, slot + t, c, IntCode(value(t, c), gp, max_code));
         }
       }
     }
@@ -144,8 +145,8 @@ void DequantizeSegment(const KvQuantSpec& spec, int32_t d, int tile, const uint8
 
 }  // namespace
 
-IntGroupParams MakeIntGroupParams(float mn, float mx, int bits) {
-  const float levels = static_cast<float>((1 << bits) - 1);
+IntGroupParams MakeIntGroupParams(float mn, float mx, int max_code) {
+  const float levels = static_cast<float>(max_code);
   IntGroupParams g;
   g.scale16 = FloatToFp16((mx - mn) / levels);
   g.zero16 = FloatToFp16(mn);
@@ -155,8 +156,8 @@ IntGroupParams MakeIntGroupParams(float mn, float mx, int bits) {
   return g;
 }
 
-int IntCode(float x, const IntGroupParams& g, int bits) {
-  const float levels = static_cast<float>((1 << bits) - 1);
+int IntCode(float x, const IntGroupParams& g, int max_code) {
+  const float levels = static_cast<float>(max_code);
   const float t = std::clamp((x - g.zero) * g.inv_scale, 0.f, levels);
   return static_cast<int>(std::nearbyint(t));
 }
@@ -186,6 +187,12 @@ void KvQuantize(const KvQuantizeParams& p) {
   }
   uint64_t* valid = reinterpret_cast<uint64_t*>(p.page + l.valid);
   for (int64_t s = p.slot; s < p.slot + p.tokens; ++s) valid[s / 64] |= uint64_t{1} << (s % 64);
+}
+
+absl::Status KvDequantizeAny(const KvDequantizeParams& p) {
+  if (p.format.huffman_bits > 0) return KvDequantizeHuffman(p, /*reference=*/true, KvDequantize);
+  KvDequantize(p);
+  return absl::OkStatus();
 }
 
 void KvDequantize(const KvDequantizeParams& p) {

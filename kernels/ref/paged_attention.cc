@@ -8,7 +8,7 @@
 
 namespace sluice::kernels::ref {
 
-void PagedAttention(const PagedAttentionParams& p) {
+absl::Status PagedAttention(const PagedAttentionParams& p) {
   const int64_t d = p.head_dim, group = p.heads / p.kv_heads;
   for (int64_t kvh = 0; kvh < p.kv_heads; ++kvh) {
     // The live paged tokens of this head, dequantized.
@@ -17,13 +17,15 @@ void PagedAttention(const PagedAttentionParams& p) {
       const KvPageRef& page = p.pages[i];
       const KvPageLayout& l = p.layouts[page.tier];
       std::vector<float> pk(page.slots * d), pv(page.slots * d);
-      KvDequantize({.page = page.data,
-                    .format = p.formats[page.tier],
-                    .layout = l,
-                    .slot = 0,
-                    .tokens = page.slots,
-                    .k = pk.data(),
-                    .v = pv.data()});
+      KvDequantizeParams dq{.page = page.data,
+                            .format = p.formats[page.tier],
+                            .layout = l,
+                            .slot = 0,
+                            .tokens = page.slots,
+                            .k = pk.data(),
+                            .v = pv.data()};
+      if (p.codebooks != nullptr) dq.codebooks = p.codebooks[page.tier];
+      if (absl::Status st = KvDequantizeAny(dq); !st.ok()) return st;
       const uint64_t* valid = reinterpret_cast<const uint64_t*>(page.data + l.valid);
       for (int32_t s = 0; s < page.slots; ++s) {
         if (!((valid[s / 64] >> (s % 64)) & 1)) continue;
@@ -61,6 +63,7 @@ void PagedAttention(const PagedAttentionParams& p) {
       }
     }
   }
+  return absl::OkStatus();
 }
 
 }  // namespace sluice::kernels::ref

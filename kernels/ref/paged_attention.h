@@ -3,12 +3,13 @@
 #ifndef SLUICE_KERNELS_REF_PAGED_ATTENTION_H_
 #define SLUICE_KERNELS_REF_PAGED_ATTENTION_H_
 
+#include "absl/status/status.h"
 #include "kernels/op_params.h"
 
 namespace sluice::kernels::ref {
 
 // Parameters must be valid (Backend::PagedAttention checks them).
-void PagedAttention(const PagedAttentionParams& p);
+absl::Status PagedAttention(const PagedAttentionParams& p);
 
 }  // namespace sluice::kernels::ref
 

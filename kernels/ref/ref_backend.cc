@@ -2,6 +2,7 @@
 
 #include "kernels/ref/attention.h"
 #include "kernels/ref/get_rows.h"
+#include "kernels/kv_huffman.h"
 #include "kernels/ref/kv_quant.h"
 #include "kernels/ref/matmul.h"
 #include "kernels/ref/paged_attention.h"
@@ -50,18 +51,19 @@ absl::Status RefBackend::DoAttention(const AttentionParams& p) {
 }
 
 absl::Status RefBackend::DoKvQuantize(const KvQuantizeParams& p) {
+  if (p.format.huffman_bits > 0) {
+    return KvQuantizeHuffman(p, [](const KvQuantizeParams& unit) { ref::KvQuantize(unit); });
+  }
   ref::KvQuantize(p);
   return absl::OkStatus();
 }
 
 absl::Status RefBackend::DoKvDequantize(const KvDequantizeParams& p) {
-  ref::KvDequantize(p);
-  return absl::OkStatus();
+  return ref::KvDequantizeAny(p);
 }
 
 absl::Status RefBackend::DoPagedAttention(const PagedAttentionParams& p) {
-  ref::PagedAttention(p);
-  return absl::OkStatus();
+  return ref::PagedAttention(p);
 }
 
 }  // namespace sluice::kernels

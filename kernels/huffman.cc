@@ -1,5 +1,5 @@
 // Length-limited canonical Huffman coding of quantization codes; see huffman.h.
-#include "kvstore/huffman.h"
+#include "kernels/huffman.h"
 
 #include <algorithm>
 #include <cstring>
@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_format.h"
 
-namespace sluice::kvstore {
+namespace sluice::kernels {
 namespace {
 
 constexpr uint8_t kCodebookWireVersion = 1;
@@ -515,4 +515,4 @@ double MeanCodeLength(const HuffmanCodebook& cb, absl::Span<const uint64_t> hist
   return count == 0 ? 0.0 : bits / count;
 }
 
-}  // namespace sluice::kvstore
+}  // namespace sluice::kernels

@@ -1,7 +1,7 @@
 // Huffman coding of quantization codes: round trips on skewed random data, the length limit,
 // canonical codes, compression near the entropy, the codebook wire form against malformed
 // input, and the encoder's and checked decoder's errors.
-#include "kvstore/huffman.h"
+#include "kernels/huffman.h"
 
 #include <algorithm>
 #include <cmath>
@@ -18,7 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace sluice::kvstore {
+namespace sluice::kernels {
 namespace {
 
 using ::testing::HasSubstr;
@@ -582,4 +582,4 @@ TEST(Huffman, RowsDecodeAloneInAnyOrder) {
 }
 
 }  // namespace
-}  // namespace sluice::kvstore
+}  // namespace sluice::kernels

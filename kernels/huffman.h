@@ -12,8 +12,8 @@
 // Every buffer handed to DecodeRow must therefore stay readable for HuffmanPaddingBytes()
 // bytes past the last encoded byte; EncodeRows requires that room in its output and
 // zero-fills it, so encoded bytes are deterministic.
-#ifndef SLUICE_KVSTORE_HUFFMAN_H_
-#define SLUICE_KVSTORE_HUFFMAN_H_
+#ifndef SLUICE_KERNELS_HUFFMAN_H_
+#define SLUICE_KERNELS_HUFFMAN_H_
 
 #include <array>
 #include <cstddef>
@@ -26,7 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
-namespace sluice::kvstore {
+namespace sluice::kernels {
 
 // Longest code any codebook may use; the decode table has 1 << max_length entries (8 KiB).
 inline constexpr int kMaxHuffmanCodeLength = 12;
@@ -127,6 +127,6 @@ absl::Status DecodeRowChecked(const HuffmanCodebook& codebook, std::string_view 
 // an empty histogram, +infinity if a counted symbol has no code.
 double MeanCodeLength(const HuffmanCodebook& codebook, absl::Span<const uint64_t> histogram);
 
-}  // namespace sluice::kvstore
+}  // namespace sluice::kernels
 
-#endif  // SLUICE_KVSTORE_HUFFMAN_H_
+#endif  // SLUICE_KERNELS_HUFFMAN_H_
