@@ -240,10 +240,7 @@ absl::StatusOr<KvPageLayout> HuffmanLayout(const KvTierFormat& f) {
 }  // namespace
 
 absl::StatusOr<KvPageLayout> ComputePageLayout(const KvTierFormat& f) {
-  if (f.huffman_bits != 0.f) {
-    SLUICE_RETURN_IF_ERROR(FixedLayout(KvUnitFormat(f), 0).status());
-    return HuffmanLayout(f);
-  }
+  if (f.huffman_bits != 0.f) return HuffmanLayout(f);
   return FixedLayout(f, 0);
 }
 

@@ -4,11 +4,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "kernels/kv_format.h"
 #include "kernels/ref/kv_quant.h"
+#include "kernels/test_util/kv_coded_pages.h"
 #include "kernels/test_util/op_test.h"
 
 namespace sluice::kernels {
@@ -36,6 +38,19 @@ KvTierFormat Low(int64_t d) {
       .token_meta = true};
 }
 
+// kvcomp's format: Huffman-coded units of 32 tokens.
+KvTierFormat Coded(int64_t d) {
+  return {.k = {.codec = KvCodec::kInt,
+                .bits = 8,
+                .grouping = KvGrouping::kPerChannel,
+                .group = 32,
+                .levels = 5},
+          .v = {.codec = KvCodec::kInt, .bits = 8, .grouping = KvGrouping::kPerToken, .levels = 7},
+          .head_dim = static_cast<int32_t>(d),
+          .page_bytes = 8192,
+          .huffman_bits = 2.4f};
+}
+
 class PagedAttentionTest : public testing::OpTest<Op::kPagedAttention> {};
 
 TEST_P(PagedAttentionTest, MatchesReference) {
@@ -47,10 +62,10 @@ TEST_P(PagedAttentionTest, MatchesReference) {
     SCOPED_TRACE(::testing::Message()
                  << "q_tokens=" << c.q_tokens << " heads=" << c.heads << "/" << c.kv_heads
                  << " d=" << c.head_dim << " recent=" << c.recent << " seed=" << seed);
-    // Tier formats: either f16 only, or int8/int4 high and int2 low.
+    // Tier formats: either f16 only, or int8/int4 high, int2 low and Huffman-coded.
     std::vector<KvTierFormat> formats;
     if (c.two_tiers) {
-      formats = {High(c.head_dim), Low(c.head_dim)};
+      formats = {High(c.head_dim), Low(c.head_dim), Coded(c.head_dim)};
     } else {
       formats = {{.head_dim = static_cast<int32_t>(c.head_dim), .page_bytes = 4096}};
     }
@@ -59,6 +74,17 @@ TEST_P(PagedAttentionTest, MatchesReference) {
       auto l = ComputePageLayout(f);
       ASSERT_TRUE(l.ok()) << l.status();
       layouts.push_back(*l);
+    }
+    // Codebooks of the coded tier from rows like the pages'.
+    std::vector<KvCodebooks> codebooks(formats.size());
+    std::unique_ptr<testing::OwnedCodebooks> books;
+    if (c.two_tiers) {
+      const std::vector<float> k = testing::RandomFloats(rng, 256 * c.head_dim, -2, 2);
+      const std::vector<float> v = testing::RandomFloats(rng, 256 * c.head_dim, -2, 2);
+      auto b = testing::CodebooksFromRows(formats[2], k.data(), v.data(), 256);
+      ASSERT_TRUE(b.ok()) << b.status();
+      books = std::move(*b);
+      codebooks[2] = books->view();
     }
     // Pages per kv-head: random count (possibly none), random tier, ragged fill, dead slots.
     std::vector<std::vector<uint8_t>> page_bytes;
@@ -71,17 +97,24 @@ TEST_P(PagedAttentionTest, MatchesReference) {
         const KvTierFormat& f = formats[tier];
         const KvPageLayout& l = layouts[tier];
         const int64_t groups = l.tokens / l.token_group;
-        const int64_t slots = l.token_group * (1 + static_cast<int64_t>(rng() % groups));
+        int64_t slots = l.token_group * (1 + static_cast<int64_t>(rng() % groups));
         std::vector<float> k = testing::RandomFloats(rng, slots * c.head_dim, -2, 2);
         std::vector<float> v = testing::RandomFloats(rng, slots * c.head_dim, -2, 2);
         std::vector<uint8_t> bytes(f.page_bytes, 0);
-        ref::KvQuantize({.k = k.data(),
-                         .v = v.data(),
-                         .stride = c.head_dim,
-                         .tokens = slots,
-                         .format = f,
-                         .layout = l,
-                         .page = bytes.data()});
+        if (f.huffman_bits > 0) {
+          auto written = testing::RefCodedWrite(f, codebooks[tier], k.data(), v.data(), slots, 0,
+                                                bytes.data());
+          ASSERT_TRUE(written.ok()) << written.status();
+          slots = *written;
+        } else {
+          ref::KvQuantize({.k = k.data(),
+                           .v = v.data(),
+                           .stride = c.head_dim,
+                           .tokens = slots,
+                           .format = f,
+                           .layout = l,
+                           .page = bytes.data()});
+        }
         uint64_t* valid = reinterpret_cast<uint64_t*>(bytes.data() + l.valid);
         for (int64_t s = 0; s < slots; ++s) {
           if (rng() % 5 == 0) valid[s / 64] &= ~(uint64_t{1} << (s % 64));  // evicted
@@ -105,6 +138,7 @@ TEST_P(PagedAttentionTest, MatchesReference) {
                            .scale = 1.f / std::sqrt(static_cast<float>(c.head_dim)),
                            .formats = formats.data(),
                            .layouts = layouts.data(),
+                           .codebooks = codebooks.data(),
                            .tier_count = static_cast<int32_t>(formats.size()),
                            .pages = pages.data(),
                            .page_offsets = offsets.data(),
@@ -113,7 +147,7 @@ TEST_P(PagedAttentionTest, MatchesReference) {
                            .recent_tokens = recent};
     std::vector<float> want(q.size());
     p.out = want.data();
-    ref::PagedAttention(p);
+    ASSERT_TRUE(ref::PagedAttention(p).ok());
 
     // Device copies of everything the kernel reads from device memory.
     std::vector<GuardedBuffer> device_pages;

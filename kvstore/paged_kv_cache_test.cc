@@ -69,7 +69,8 @@ TEST(PagedKvCache, AttentionOverPagesTracksFullPrecision) {
   auto cpu = kernels::CpuBackend::Create();
   ASSERT_TRUE(cpu.ok());
   for (auto [preset, residual, tol] :
-       {std::tuple{"fp16", 0, 2e-3}, std::tuple{"int8", 0, 0.05}, std::tuple{"kivi4", 16, 0.3}}) {
+       {std::tuple{"fp16", 0, 2e-3}, std::tuple{"int8", 0, 0.05}, std::tuple{"kivi4", 16, 0.3},
+        std::tuple{"kvcomp", 16, 0.6}}) {
     SCOPED_TRACE(preset);
     auto cache = MakeCache(**cpu, preset, residual);
     ASSERT_TRUE(cache->AddSequence(7, 300).ok());
@@ -116,14 +117,60 @@ TEST(PagedKvCache, CpuAndRefBackendsAgree) {
   auto cpu = kernels::CpuBackend::Create();
   ASSERT_TRUE(cpu.ok());
   kernels::RefBackend ref;
-  auto a = MakeCache(**cpu, "kivi2", 8), b = MakeCache(ref, "kivi2", 8);
-  ASSERT_TRUE(a->AddSequence(1, 128).ok() && b->AddSequence(1, 128).ok());
-  for (int64_t n : {int64_t{70}, int64_t{1}, int64_t{1}, int64_t{3}}) {
-    const std::vector<float> k = Random(rng, kLayers * n * kRow);
-    const std::vector<float> v = Random(rng, kLayers * n * kRow);
-    const std::vector<float> q = Random(rng, n * kHeads * kDim);
-    EXPECT_LT(MaxAbsDiff(Step(*a, 1, k, v, q, n), Step(*b, 1, k, v, q, n)), 1e-4);
+  for (const char* preset : {"kivi2", "kvcomp"}) {
+    SCOPED_TRACE(preset);
+    auto a = MakeCache(**cpu, preset, 8), b = MakeCache(ref, preset, 8);
+    ASSERT_TRUE(a->AddSequence(1, 256).ok() && b->AddSequence(1, 256).ok());
+    for (int64_t n : {int64_t{70}, int64_t{1}, int64_t{1}, int64_t{3}, int64_t{100}}) {
+      const std::vector<float> k = Random(rng, kLayers * n * kRow);
+      const std::vector<float> v = Random(rng, kLayers * n * kRow);
+      const std::vector<float> q = Random(rng, n * kHeads * kDim);
+      EXPECT_LT(MaxAbsDiff(Step(*a, 1, k, v, q, n), Step(*b, 1, k, v, q, n)), 1e-4);
+    }
+    EXPECT_EQ(a->Stats().pages.pages(), b->Stats().pages.pages());
   }
+}
+
+// kvcomp: each layer's codebooks come from the first tokens it compresses and serve every later
+// page of every sequence; pages close when their codes fill them, whatever their slot count.
+TEST(PagedKvCache, CodedPresetBuildsCodebooksOncePerLayer) {
+  std::mt19937_64 rng(std::random_device{}());
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok());
+  auto cache = MakeCache(**cpu, "kvcomp", 0);
+  for (int l = 0; l < kLayers; ++l) EXPECT_EQ(cache->Codebooks(l).k, nullptr);
+  ASSERT_TRUE(cache->AddSequence(1, 512).ok());
+  const int64_t n = 64;
+  Step(*cache, 1, Random(rng, kLayers * n * kRow), Random(rng, kLayers * n * kRow),
+       Random(rng, n * kHeads * kDim), n);
+  std::vector<const kernels::HuffmanCodebook*> first;
+  for (int l = 0; l < kLayers; ++l) {
+    const kernels::KvCodebooks books = cache->Codebooks(l);
+    ASSERT_NE(books.k, nullptr);
+    ASSERT_NE(books.v, nullptr);
+    EXPECT_NE(books.k->id, books.v->id);
+    EXPECT_GE(books.k->alphabet_size, 5);
+    first.push_back(books.k);
+  }
+  EXPECT_NE(cache->Codebooks(0).k->id, cache->Codebooks(1).k->id);
+  // A second sequence, and many more tokens: the same codebooks.
+  ASSERT_TRUE(cache->AddSequence(2, 512).ok());
+  for (int i = 0; i < 6; ++i) {
+    for (int64_t seq : {1, 2}) {
+      Step(*cache, seq, Random(rng, kLayers * n * kRow), Random(rng, kLayers * n * kRow),
+           Random(rng, n * kHeads * kDim), n);
+    }
+  }
+  for (int l = 0; l < kLayers; ++l) EXPECT_EQ(cache->Codebooks(l).k, first[l]);
+  const KvCacheStats st = cache->Stats();
+  // 448 tokens of sequence 1 and 384 of sequence 2 in 4 KiB pages: more than 2 pages per list
+  // each, and every page's slots in whole units.
+  EXPECT_GT(st.pages.pages(), 2 * kLayers * kKvHeads);
+  EXPECT_EQ(st.pages.live_slots, (448 + 384) * kLayers * kKvHeads);
+  EXPECT_GT(st.ratio_vs_fp16(), 3.0);
+  ASSERT_TRUE(cache->RemoveSequence(1).ok());
+  ASSERT_TRUE(cache->RemoveSequence(2).ok());
+  EXPECT_EQ(cache->pool().used_pages(), 0);
 }
 
 // A fork shares the full pages of the prefix, copies the partly filled ones, and from then on
@@ -192,6 +239,40 @@ TEST(PagedKvCache, ErrorsNameTheProblemAndLeaveNothingBehind) {
   EXPECT_EQ(cache->pool().used_pages(), 0);  // all or nothing
   ASSERT_TRUE(cache->RemoveSequence(3).ok());
   EXPECT_EQ(cache->RemoveSequence(3).code(), absl::StatusCode::kNotFound);
+}
+
+// Coded pages come one at a time; when the pool runs dry part way, every list goes back to
+// where it was and the sequence carries on once pages are free.
+TEST(PagedKvCache, CodedFlushThatRunsOutOfPagesRollsBack) {
+  std::mt19937_64 rng(std::random_device{}());
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok());
+  auto cache = MakeCache(**cpu, "kvcomp", 0, /*pages=*/10);
+  ASSERT_TRUE(cache->AddSequence(1, 1024).ok());
+  ASSERT_TRUE(cache->AddSequence(2, 1024).ok());
+  const int64_t n = 32;
+  Step(*cache, 1, Random(rng, kLayers * n * kRow), Random(rng, kLayers * n * kRow),
+       Random(rng, n * kHeads * kDim), n);
+  const int64_t used = cache->pool().used_pages();
+  EXPECT_EQ(used, kLayers * kKvHeads);
+  // 1024 tokens need far more than the 6 pages left.
+  const int64_t big = 1024 - n;
+  const std::vector<float> k = Random(rng, kLayers * big * kRow);
+  for (int l = 0; l < kLayers; ++l) {
+    ASSERT_TRUE(cache->Write(1, l, k.data() + l * big * kRow, k.data() + l * big * kRow, big).ok());
+  }
+  EXPECT_EQ(cache->Commit(1, big).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(cache->pool().used_pages(), used);
+  // The pages already written still attend as before the failed flush.
+  std::vector<float> out(kHeads * kDim);
+  EXPECT_TRUE(cache->Attend(1, 0, Random(rng, kHeads * kDim).data(), 0, out.data()).ok());
+  // Another sequence still gets the free pages.
+  Step(*cache, 2, Random(rng, kLayers * n * kRow), Random(rng, kLayers * n * kRow),
+       Random(rng, n * kHeads * kDim), n);
+  EXPECT_EQ(cache->pool().used_pages(), 2 * used);
+  ASSERT_TRUE(cache->RemoveSequence(1).ok());
+  ASSERT_TRUE(cache->RemoveSequence(2).ok());
+  EXPECT_EQ(cache->pool().used_pages(), 0);
 }
 
 }  // namespace

@@ -1,0 +1,367 @@
+// Huffman-coded KV pages (kvcomp) on every backend against ref: byte-identical pages, the
+// table-driven decoder against the bit-at-a-time one, round-trip bounds with fewer levels than
+// 2^bits, pages that fill before their slots do, layouts, and the errors of bad parameters.
+#include "kernels/kv_huffman.h"
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "kernels/ref/kv_quant.h"
+#include "kernels/test_util/kv_coded_pages.h"
+#include "kernels/test_util/kv_round_trip.h"
+#include "kernels/test_util/op_test.h"
+
+namespace sluice::kernels {
+namespace {
+
+using testing::GuardedBuffer;
+using ::testing::HasSubstr;
+
+KvQuantSpec Int8(KvGrouping grouping, int group, int levels, int block_channels = 0) {
+  return {.codec = KvCodec::kInt,
+          .bits = 8,
+          .grouping = grouping,
+          .group = group,
+          .block_channels = block_channels,
+          .levels = levels};
+}
+
+std::vector<KvTierFormat> CodedFormats() {
+  using G = KvGrouping;
+  return {
+      // kvcomp as shipped
+      {.k = Int8(G::kPerChannel, 32, 5),
+       .v = Int8(G::kPerToken, 0, 7),
+       .head_dim = 64,
+       .huffman_bits = 2.4f},
+      // KVComp 2D key blocks, token meta, a small page
+      {.k = Int8(G::kBlock, 32, 21, 16),
+       .v = Int8(G::kPerToken, 32, 16),
+       .head_dim = 64,
+       .page_bytes = 8192,
+       .token_meta = true,
+       .huffman_bits = 3.f},
+      // per-token keys (units of 16), wide heads, many levels
+      {.k = Int8(G::kPerToken, 32, 9),
+       .v = Int8(G::kPerToken, 0, 200),
+       .head_dim = 128,
+       .huffman_bits = 5.f},
+      // units of 64 tokens, narrow heads, all 256 levels
+      {.k = Int8(G::kPerChannel, 64, 0),
+       .v = Int8(G::kPerToken, 0, 3),
+       .head_dim = 32,
+       .huffman_bits = 4.f},
+  };
+}
+
+// Keys with outlier channels (as real keys have), values plain.
+std::vector<float> Rows(std::mt19937_64& rng, int64_t tokens, int64_t d, bool keys) {
+  std::vector<float> x = testing::RandomFloats(rng, tokens * d, -1.5f, 1.5f);
+  if (keys) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      x[t * d + 3] *= 12.f;
+      x[t * d + 17 % d] += 6.f;
+    }
+  }
+  return x;
+}
+
+// A coded page, its rows, its codebooks and the tokens it took.
+struct CodedPage {
+  KvTierFormat format;
+  KvPageLayout layout;
+  std::vector<float> k, v;
+  std::unique_ptr<testing::OwnedCodebooks> books;
+  std::vector<uint8_t> bytes;
+  int64_t written = 0;
+};
+
+CodedPage MakeCodedPage(std::mt19937_64& rng, const KvTierFormat& f) {
+  CodedPage c;
+  c.format = f;
+  c.layout = ComputePageLayout(f).value();
+  const int64_t n = c.layout.tokens, d = f.head_dim;
+  c.k = Rows(rng, n, d, true);
+  c.v = Rows(rng, n, d, false);
+  // Codebooks from the first half, as a prefill would build them.
+  const int64_t half = n / 2 / c.layout.unit_tokens * c.layout.unit_tokens;
+  c.books = testing::CodebooksFromRows(f, c.k.data(), c.v.data(), half).value();
+  c.bytes.assign(f.page_bytes, 0);
+  c.written =
+      testing::RefCodedWrite(f, c.books->view(), c.k.data(), c.v.data(), n, 0, c.bytes.data())
+          .value();
+  return c;
+}
+
+class KvCodedQuantizeTest : public testing::OpTest<Op::kKvQuantize> {
+ protected:
+  void SetUp() override {
+    testing::OpTest<Op::kKvQuantize>::SetUp();
+    if (!IsSkipped() && backend_->kind() == BackendKind::kCuda) {
+      GTEST_SKIP() << "Huffman-coded tiers are coded on the host; CUDA coding is not built yet";
+    }
+  }
+};
+
+TEST_P(KvCodedQuantizeTest, PagesMatchReferenceBytes) {
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  for (const KvTierFormat& f : CodedFormats()) {
+    const KvPageLayout l = ComputePageLayout(f).value();
+    const int64_t u = l.unit_tokens, n = l.tokens, d = f.head_dim;
+    SCOPED_TRACE(::testing::Message() << KvTierFormatName(f) << " seed=" << seed);
+    const std::vector<float> k = Rows(rng, n, d, true), v = Rows(rng, n, d, false);
+    const std::vector<float> scores = testing::RandomFloats(rng, n, 0, 1);
+    std::vector<int32_t> positions(n);
+    for (int64_t t = 0; t < n; ++t) positions[t] = static_cast<int32_t>(7 + t);
+    auto books = testing::CodebooksFromRows(f, k.data(), v.data(), n / 2 / u * u);
+    ASSERT_TRUE(books.ok()) << books.status();
+    // Two appends: a random number of units, then everything else (the page may fill first).
+    const int64_t first = u * (1 + static_cast<int64_t>(rng() % (n / u - 1)));
+    std::vector<uint8_t> want(f.page_bytes, 0), got(f.page_bytes, 0);
+    int64_t want_written[2], got_written[2];
+    for (int call = 0; call < 2; ++call) {
+      const int64_t at = call == 0 ? 0 : want_written[0];
+      const int64_t tokens = call == 0 ? first : n - at;
+      KvQuantizeParams p{.k = k.data() + at * d,
+                         .v = v.data() + at * d,
+                         .stride = d,
+                         .tokens = tokens,
+                         .scores = scores.data() + at,
+                         .positions = positions.data() + at,
+                         .format = f,
+                         .layout = l,
+                         .page = want.data(),
+                         .slot = at,
+                         .codebooks = (*books)->view(),
+                         .tokens_written = &want_written[call]};
+      ASSERT_TRUE(KvQuantizeHuffman(p, [](const KvQuantizeParams& q) { ref::KvQuantize(q); }).ok());
+      p.page = got.data();
+      p.tokens_written = &got_written[call];
+      ASSERT_TRUE(backend_->KvQuantize(p).ok());
+      ASSERT_EQ(got_written[call], want_written[call]) << "call " << call;
+    }
+    // Whole units, while they fit; a page that filled in the first call takes nothing more.
+    EXPECT_GT(want_written[0], 0);
+    EXPECT_EQ(want_written[0] % u, 0);
+    EXPECT_EQ(want_written[1] % u, 0);
+    if (want_written[0] < first) EXPECT_EQ(want_written[1], 0);
+    int mismatches = 0;
+    for (int i = 0; i < f.page_bytes && mismatches < 5; ++i) {
+      if (got[i] != want[i]) {
+        ADD_FAILURE() << "page byte " << i << ": got " << int{got[i]} << " want " << int{want[i]};
+        ++mismatches;
+      }
+    }
+  }
+}
+
+TEST_P(KvCodedQuantizeTest, RejectsMissingOrShortCodebooks) {
+  const KvTierFormat f = CodedFormats()[0];
+  const KvPageLayout l = ComputePageLayout(f).value();
+  std::mt19937_64 rng(testing::TestSeed());
+  const std::vector<float> k = Rows(rng, 64, 64, true), v = Rows(rng, 64, 64, false);
+  auto books = testing::CodebooksFromRows(f, k.data(), v.data(), 64);
+  ASSERT_TRUE(books.ok());
+  std::vector<uint8_t> page(f.page_bytes);
+  int64_t written = 0;
+  KvQuantizeParams p{.k = k.data(),
+                     .v = v.data(),
+                     .stride = 64,
+                     .tokens = 64,
+                     .format = f,
+                     .layout = l,
+                     .page = page.data(),
+                     .codebooks = (*books)->view(),
+                     .tokens_written = &written};
+  KvQuantizeParams bad = p;
+  bad.codebooks.v = nullptr;
+  EXPECT_THAT(backend_->KvQuantize(bad).message(), HasSubstr("v codebook"));
+  // A K codebook of 4 symbols cannot code 5 levels.
+  const uint64_t hist[4] = {1, 2, 3, 4};
+  const HuffmanCodebook small = BuildHuffmanCodebook(9, hist).value();
+  bad = p;
+  bad.codebooks.k = &small;
+  EXPECT_THAT(backend_->KvQuantize(bad).message(), HasSubstr("does not cover 5 levels"));
+  bad = p;
+  bad.tokens_written = nullptr;
+  EXPECT_THAT(backend_->KvQuantize(bad).message(), HasSubstr("tokens_written"));
+  bad = p;
+  bad.tokens = 16;  // half a unit
+  EXPECT_THAT(backend_->KvQuantize(bad).message(), HasSubstr("token group"));
+  EXPECT_TRUE(backend_->KvQuantize(p).ok());
+  EXPECT_EQ(written, 64);
+}
+
+SLUICE_INSTANTIATE_OP_TEST(KvCodedQuantizeTest);
+
+class KvCodedDequantizeTest : public testing::OpTest<Op::kKvDequantize> {
+ protected:
+  void SetUp() override {
+    testing::OpTest<Op::kKvDequantize>::SetUp();
+    if (!IsSkipped() && backend_->kind() == BackendKind::kCuda) {
+      GTEST_SKIP() << "Huffman-coded tiers are decoded on the host; CUDA decoding is not built yet";
+    }
+  }
+};
+
+TEST_P(KvCodedDequantizeTest, MatchesTheBitAtATimeReference) {
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  for (const KvTierFormat& f : CodedFormats()) {
+    SCOPED_TRACE(::testing::Message() << KvTierFormatName(f) << " seed=" << seed);
+    const CodedPage c = MakeCodedPage(rng, f);
+    const int64_t d = f.head_dim;
+    const int64_t slot = static_cast<int64_t>(rng() % c.written);
+    const int64_t tokens = 1 + static_cast<int64_t>(rng() % (c.written - slot));
+    std::vector<float> want_k(tokens * d), want_v(tokens * d), got_k(tokens * d),
+        got_v(tokens * d);
+    KvDequantizeParams p{.page = c.bytes.data(),
+                         .format = f,
+                         .layout = c.layout,
+                         .slot = slot,
+                         .tokens = tokens,
+                         .k = want_k.data(),
+                         .v = want_v.data(),
+                         .codebooks = c.books->view()};
+    ASSERT_TRUE(ref::KvDequantizeAny(p).ok());
+    p.k = got_k.data();
+    p.v = got_v.data();
+    ASSERT_TRUE(backend_->KvDequantize(p).ok());
+    testing::ExpectNear(got_k, want_k, {1e-6f}, 1e-7f, "k");
+    testing::ExpectNear(got_v, want_v, {1e-6f}, 1e-7f, "v");
+  }
+}
+
+SLUICE_INSTANTIATE_OP_TEST(KvCodedDequantizeTest);
+
+TEST(KvCodedPages, TableAndBitAtATimeDecodersGiveTheSameUnitPages) {
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  for (const KvTierFormat& f : CodedFormats()) {
+    SCOPED_TRACE(::testing::Message() << KvTierFormatName(f) << " seed=" << seed);
+    const CodedPage c = MakeCodedPage(rng, f);
+    const KvHuffmanTier tier = MakeKvHuffmanTier(f).value();
+    std::vector<uint8_t> fast(tier.unit_layout.bytes_used), slow(fast.size());
+    for (int64_t u = 0; u < c.written / c.layout.unit_tokens; ++u) {
+      KvDecodeUnit(tier, c.books->view(), c.bytes.data(), u, fast.data());
+      KvDecodeUnitReference(tier, c.books->view(), c.bytes.data(), u, slow.data());
+      ASSERT_EQ(fast, slow) << "unit " << u;
+      // And they are the unit page the fixed-width quantizer makes of the same rows.
+      std::vector<uint8_t> direct(fast.size(), 0);
+      const int64_t t0 = u * c.layout.unit_tokens;
+      ref::KvQuantize({.k = c.k.data() + t0 * f.head_dim,
+                       .v = c.v.data() + t0 * f.head_dim,
+                       .stride = f.head_dim,
+                       .tokens = c.layout.unit_tokens,
+                       .format = tier.unit_format,
+                       .layout = tier.unit_layout,
+                       .page = direct.data()});
+      ASSERT_EQ(fast, direct) << "unit " << u;
+    }
+  }
+}
+
+TEST(KvCodedPages, RoundTripWithinTheQuantizationBound) {
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  for (const KvTierFormat& f : CodedFormats()) {
+    SCOPED_TRACE(::testing::Message() << KvTierFormatName(f) << " seed=" << seed);
+    const CodedPage c = MakeCodedPage(rng, f);
+    const int64_t n = c.written, d = f.head_dim;
+    std::vector<float> k(n * d), v(n * d);
+    ASSERT_TRUE(ref::KvDequantizeAny({.page = c.bytes.data(),
+                                      .format = f,
+                                      .layout = c.layout,
+                                      .tokens = n,
+                                      .k = k.data(),
+                                      .v = v.data(),
+                                      .codebooks = c.books->view()})
+                    .ok());
+    EXPECT_TRUE(testing::RoundTripWithinBound(f.k, d, c.k.data(), k.data(), n)) << "k";
+    EXPECT_TRUE(testing::RoundTripWithinBound(f.v, d, c.v.data(), v.data(), n)) << "v";
+  }
+}
+
+TEST(KvCodedPages, PageClosesWhenItsCodesRunLongerThanSized) {
+  // Sized for 1 bit per value; uniform codes over 256 levels need about 8.
+  const KvTierFormat f{.k = Int8(KvGrouping::kPerChannel, 32, 0),
+                       .v = Int8(KvGrouping::kPerToken, 0, 0),
+                       .head_dim = 64,
+                       .huffman_bits = 1.f};
+  const KvPageLayout l = ComputePageLayout(f).value();
+  std::mt19937_64 rng(testing::TestSeed());
+  const int64_t n = l.tokens;
+  const std::vector<float> k = testing::RandomFloats(rng, n * 64, -1, 1);
+  const std::vector<float> v = testing::RandomFloats(rng, n * 64, -1, 1);
+  auto books = testing::CodebooksFromRows(f, k.data(), v.data(), n);
+  ASSERT_TRUE(books.ok());
+  std::vector<uint8_t> page(f.page_bytes, 0);
+  auto written = testing::RefCodedWrite(f, (*books)->view(), k.data(), v.data(), n, 0, page.data());
+  ASSERT_TRUE(written.ok());
+  EXPECT_GT(*written, 0);
+  EXPECT_LT(*written, n / 4);
+  EXPECT_EQ(*written % l.unit_tokens, 0);
+  // Nothing more fits; the page is as it was.
+  const std::vector<uint8_t> before = page;
+  auto more = testing::RefCodedWrite(f, (*books)->view(), k.data(), v.data(), l.unit_tokens,
+                                     *written, page.data());
+  ASSERT_TRUE(more.ok());
+  EXPECT_EQ(*more, 0);
+  EXPECT_EQ(page, before);
+}
+
+TEST(KvCodedPages, LayoutsFitThePage) {
+  for (const KvTierFormat& f : CodedFormats()) {
+    SCOPED_TRACE(KvTierFormatName(f));
+    auto l = ComputePageLayout(f);
+    ASSERT_TRUE(l.ok()) << l.status();
+    const int64_t units = l->tokens / l->unit_tokens;
+    EXPECT_EQ(l->tokens % l->unit_tokens, 0);
+    EXPECT_EQ(l->token_group, l->unit_tokens);
+    EXPECT_GE(l->unit_meta, l->streams + (units * 8 + 1) * 4);
+    EXPECT_GE(l->valid, l->unit_meta + units * l->unit_meta_bytes);
+    EXPECT_GE(l->bitstream, l->valid + (l->tokens + 63) / 64 * 8);
+    // The bitstream holds the page's slots at the nominal bits, plus padding.
+    EXPECT_GE(f.page_bytes - l->bitstream, l->tokens * 2 * f.head_dim * f.huffman_bits / 8 + 8);
+    auto ul = ComputeUnitLayout(f);
+    ASSERT_TRUE(ul.ok());
+    EXPECT_EQ(ul->tokens, l->unit_tokens);
+    // The unit page's metadata segments hold what a unit's metadata record carries.
+    EXPECT_LE(l->unit_k_meta_bytes, ul->v_codes - ul->k_meta);
+    EXPECT_LE(l->unit_meta_bytes - l->unit_k_meta_bytes, ul->valid - ul->v_meta);
+  }
+  // kvcomp at head_dim 64: about 2.4 bits per value and 16 bytes of metadata per token.
+  auto kvcomp = ComputePageLayout(CodedFormats()[0]);
+  ASSERT_TRUE(kvcomp.ok());
+  EXPECT_GE(kvcomp->tokens, 256);
+  EXPECT_LE(kvcomp->tokens, 384);
+}
+
+TEST(KvCodedPages, RejectsUnsupportedFormats) {
+  auto msg = [](KvTierFormat f) { return std::string(ComputePageLayout(f).status().message()); };
+  KvTierFormat f = CodedFormats()[0];
+  f.k.bits = 4;
+  f.k.levels = 0;
+  EXPECT_THAT(msg(f), HasSubstr("8-bit"));
+  f = CodedFormats()[0];
+  f.k.group = 128;
+  EXPECT_THAT(msg(f), HasSubstr("16, 32 or 64"));
+  f = CodedFormats()[0];
+  f.huffman_bits = 20;
+  EXPECT_THAT(msg(f), HasSubstr("huffman_bits"));
+  f = CodedFormats()[0];
+  f.v.levels = 300;
+  EXPECT_THAT(msg(f), HasSubstr("levels 300"));
+  f = CodedFormats()[0];
+  f.v = {};  // f16 values
+  EXPECT_THAT(msg(f), HasSubstr("8-bit"));
+  EXPECT_THAT(std::string(ComputeUnitLayout({.head_dim = 64}).status().message()),
+              HasSubstr("not a Huffman-coded tier"));
+}
+
+}  // namespace
+}  // namespace sluice::kernels
