@@ -29,6 +29,7 @@
 #include "kernels/kv_format.h"
 #include "kvstore/compaction.h"
 #include "kernels/huffman.h"
+#include "kvstore/kv_codebooks.h"
 #include "kvstore/kv_preset.h"
 #include "kvstore/page_pool.h"
 #include "kvstore/paged_kv_cache.h"
@@ -48,7 +49,8 @@ ABSL_FLAG(std::string, contexts, "1024,2048,4096,8192,16384,32768",
           "Contexts of the attention section.");
 ABSL_FLAG(int, step_context, 16384, "Context of the decode-step section.");
 ABSL_FLAG(int, repeats, 5, "Timed runs per case; the fastest is reported.");
-ABSL_FLAG(std::string, presets, "fp16,int8,kivi4,kivi2", "Presets to measure (fp16 first).");
+ABSL_FLAG(std::string, presets, "fp16,int8,kivi4,kivi2,kvcomp",
+          "Presets to measure (fp16 first).");
 ABSL_FLAG(std::string, sections, "codecs,bits,attention,decode_step,pool,eviction",
           "Sections to run.");
 
@@ -115,6 +117,14 @@ absl::StatusOr<nlohmann::json> Codecs(kernels::Backend& cpu, int repeats) {
                              v = Gaussian(rng, n * kHeadDim, 1.f);
     std::vector<uint8_t> arena(static_cast<size_t>(pages) * preset.high.page_bytes);
     std::vector<float> out(n * kHeadDim * 2);
+    // Huffman-coded presets: codebooks from these rows; a page takes the units that fit.
+    const bool coded = preset.high.huffman_bits > 0;
+    kvstore::KvCodebookPair books;
+    if (coded) {
+      SLUICE_ASSIGN_OR_RETURN(books, kvstore::BuildKvCodebooks(cpu, preset.high, k.data(), v.data(),
+                                                               kHeadDim, n, 1));
+    }
+    int64_t written = n;
     SLUICE_ASSIGN_OR_RETURN(double tq, Best(repeats, [&]() -> absl::Status {
                               for (int p = 0; p < pages; ++p) {
                                 SLUICE_RETURN_IF_ERROR(cpu.KvQuantize(
@@ -124,7 +134,9 @@ absl::StatusOr<nlohmann::json> Codecs(kernels::Backend& cpu, int repeats) {
                                      .tokens = n,
                                      .format = preset.high,
                                      .layout = l,
-                                     .page = arena.data() + p * preset.high.page_bytes}));
+                                     .page = arena.data() + p * preset.high.page_bytes,
+                                     .codebooks = coded ? books.view() : kernels::KvCodebooks{},
+                                     .tokens_written = coded ? &written : nullptr}));
                               }
                               return absl::OkStatus();
                             }));
@@ -135,16 +147,20 @@ absl::StatusOr<nlohmann::json> Codecs(kernels::Backend& cpu, int repeats) {
                                      .format = preset.high,
                                      .layout = l,
                                      .slot = 0,
-                                     .tokens = n,
+                                     .tokens = written,
                                      .k = out.data(),
-                                     .v = out.data() + n * kHeadDim}));
+                                     .v = out.data() + n * kHeadDim,
+                                     .codebooks = coded ? books.view() : kernels::KvCodebooks{}}));
                               }
                               return absl::OkStatus();
                             }));
-    const double fp32_bytes = 2.0 * n * kHeadDim * 4 * pages;
-    // Huffman over the V codes of the int presets (one symbol per code).
+    // Coded presets may write fewer tokens than the page's slots: rate by the tokens written.
+    const double fp32_in = 2.0 * n * kHeadDim * 4 * pages;
+    const double fp32_out = 2.0 * written * kHeadDim * 4 * pages;
+    // Huffman over the V codes of the fixed-width int presets (one symbol per code); coded
+    // presets include theirs in quantize and dequantize.
     double enc_gbs = 0, dec_gbs = 0;
-    if (preset.high.v.codec == kernels::KvCodec::kInt) {
+    if (preset.high.v.codec == kernels::KvCodec::kInt && !coded) {
       const int bits = preset.high.v.bits;
       std::vector<uint8_t> symbols(n * kHeadDim);
       std::vector<uint64_t> hist(1 << bits);
@@ -177,11 +193,12 @@ absl::StatusOr<nlohmann::json> Codecs(kernels::Backend& cpu, int repeats) {
       enc_gbs = symbols.size() / te / 1e9;
       dec_gbs = symbols.size() / tdec / 1e9;
     }
-    std::fprintf(stderr, "%-7s %14.2f %16.2f %15.3f %15.3f\n", name.c_str(), fp32_bytes / tq / 1e9,
-                 fp32_bytes / td / 1e9, enc_gbs, dec_gbs);
+    std::fprintf(stderr, "%-7s %14.2f %16.2f %15.3f %15.3f\n", name.c_str(), fp32_in / tq / 1e9,
+                 fp32_out / td / 1e9, enc_gbs, dec_gbs);
     rows.push_back({{"preset", name},
-                    {"quantize_gbps_fp32_in", fp32_bytes / tq / 1e9},
-                    {"dequantize_gbps_fp32_out", fp32_bytes / td / 1e9},
+                    {"quantize_gbps_fp32_in", fp32_in / tq / 1e9},
+                    {"dequantize_gbps_fp32_out", fp32_out / td / 1e9},
+                    {"tokens_per_page", written},
                     {"huffman_encode_gsymbols_per_s", enc_gbs},
                     {"huffman_decode_gsymbols_per_s", dec_gbs}});
   }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kernels/kv_huffman.h"
+#include "kvstore/kv_codebooks.h"
 
 namespace sluice::kvstore {
 
@@ -253,37 +254,21 @@ absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush) {
 }
 
 absl::Status PagedKvCache::BuildCodebooks(const Seq& s, int layer, int64_t tokens) {
-  // The codes come from the fixed-width format the units decode into, quantized a page at a
-  // time; every code byte of the written tokens counts once.
-  const kernels::KvTierFormat fixed = kernels::KvUnitFormat(options_.preset.high);
-  SLUICE_ASSIGN_OR_RETURN(const kernels::KvPageLayout fl, kernels::ComputePageLayout(fixed));
+  // All kv-heads of the layer share its codebooks: their rows go in together, one head after
+  // another.
   const int64_t d = options_.head_dim;
-  std::vector<uint64_t> k_hist(kernels::KvMaxCode(fixed.k) + 1),
-      v_hist(kernels::KvMaxCode(fixed.v) + 1);
-  std::vector<uint8_t> page(fixed.page_bytes);
+  std::vector<float> k(options_.kv_heads * tokens * d), v(k.size());
   for (int64_t h = 0; h < options_.kv_heads; ++h) {
-    for (int64_t t0 = 0; t0 < tokens; t0 += fl.tokens) {
-      const int64_t n = std::min<int64_t>(fl.tokens, tokens - t0);
-      SLUICE_RETURN_IF_ERROR(
-          backend_.KvQuantize({.k = s.k[layer].data() + t0 * row_ + h * d,
-                               .v = s.v[layer].data() + t0 * row_ + h * d,
-                               .stride = row_,
-                               .tokens = n,
-                               .format = fixed,
-                               .layout = fl,
-                               .page = page.data(),
-                               .slot = 0}));
-      for (int64_t i = 0; i < n * d; ++i) {
-        k_hist[page[fl.k_codes + i]]++;
-        v_hist[page[fl.v_codes + i]]++;
-      }
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::memcpy(&k[(h * tokens + t) * d], s.k[layer].data() + t * row_ + h * d, d * 4);
+      std::memcpy(&v[(h * tokens + t) * d], s.v[layer].data() + t * row_ + h * d, d * 4);
     }
   }
-  auto books = std::make_unique<LayerCodebooks>();
-  const uint32_t id = static_cast<uint32_t>(layer) * 2 + 1;
-  SLUICE_ASSIGN_OR_RETURN(books->k, kernels::BuildHuffmanCodebook(id, k_hist));
-  SLUICE_ASSIGN_OR_RETURN(books->v, kernels::BuildHuffmanCodebook(id + 1, v_hist));
-  codebooks_[layer] = std::move(books);
+  SLUICE_ASSIGN_OR_RETURN(KvCodebookPair books,
+                          BuildKvCodebooks(backend_, options_.preset.high, k.data(), v.data(), d,
+                                           options_.kv_heads * tokens,
+                                           static_cast<uint32_t>(layer) * 2 + 1));
+  codebooks_[layer] = std::make_unique<KvCodebookPair>(std::move(books));
   return absl::OkStatus();
 }
 

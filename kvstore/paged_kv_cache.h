@@ -26,6 +26,7 @@
 #include "kernels/kv_format.h"
 #include "kernels/op_params.h"
 #include "kvstore/kv_accounting.h"
+#include "kvstore/kv_codebooks.h"
 #include "kvstore/kv_preset.h"
 #include "kvstore/page_pool.h"
 #include "kvstore/page_table.h"
@@ -99,9 +100,6 @@ class PagedKvCache final : public model::KvCache {
       return !slots.empty() && !last_closed && slots.back() < capacity;
     }
   };
-  struct LayerCodebooks {
-    kernels::HuffmanCodebook k, v;
-  };
   struct Seq {
     int64_t max_tokens = 0;
     int64_t length = 0;      // committed tokens
@@ -132,7 +130,7 @@ class PagedKvCache final : public model::KvCache {
   std::unique_ptr<PagePool> pool_;
   kernels::Backend& backend_;
   absl::flat_hash_map<int64_t, Seq> seqs_;
-  std::vector<std::unique_ptr<LayerCodebooks>> codebooks_;  // [layers]; null until built
+  std::vector<std::unique_ptr<KvCodebookPair>> codebooks_;  // [layers]; null until built
 };
 
 }  // namespace sluice::kvstore
