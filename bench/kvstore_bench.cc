@@ -26,9 +26,9 @@
 #include "bench/int_list.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/huffman.h"
 #include "kernels/kv_format.h"
 #include "kvstore/compaction.h"
-#include "kernels/huffman.h"
 #include "kvstore/kv_codebooks.h"
 #include "kvstore/kv_preset.h"
 #include "kvstore/page_pool.h"
@@ -49,8 +49,7 @@ ABSL_FLAG(std::string, contexts, "1024,2048,4096,8192,16384,32768",
           "Contexts of the attention section.");
 ABSL_FLAG(int, step_context, 16384, "Context of the decode-step section.");
 ABSL_FLAG(int, repeats, 5, "Timed runs per case; the fastest is reported.");
-ABSL_FLAG(std::string, presets, "fp16,int8,kivi4,kivi2,kvcomp",
-          "Presets to measure (fp16 first).");
+ABSL_FLAG(std::string, presets, "fp16,int8,kivi4,kivi2,kvcomp", "Presets to measure (fp16 first).");
 ABSL_FLAG(std::string, sections, "codecs,bits,attention,decode_step,pool,eviction",
           "Sections to run.");
 
@@ -121,8 +120,8 @@ absl::StatusOr<nlohmann::json> Codecs(kernels::Backend& cpu, int repeats) {
     const bool coded = preset.high.huffman_bits > 0;
     kvstore::KvCodebookPair books;
     if (coded) {
-      SLUICE_ASSIGN_OR_RETURN(books, kvstore::BuildKvCodebooks(cpu, preset.high, k.data(), v.data(),
-                                                               kHeadDim, n, 1));
+      SLUICE_ASSIGN_OR_RETURN(
+          books, kvstore::BuildKvCodebooks(cpu, preset.high, k.data(), v.data(), kHeadDim, n, 1));
     }
     int64_t written = n;
     SLUICE_ASSIGN_OR_RETURN(double tq, Best(repeats, [&]() -> absl::Status {
@@ -267,8 +266,8 @@ struct KvcompVariant {
   int k_levels, k_block_channels, v_levels, v_group;
 };
 constexpr KvcompVariant kKvcompVariants[] = {
-    {9, 32, 7, 64}, {17, 32, 7, 64}, {33, 32, 16, 64}, {4, 1, 4, 32}, {6, 1, 6, 32},
-    {8, 1, 8, 32},  {12, 1, 12, 32}, {16, 1, 16, 32},
+    {9, 32, 7, 64}, {17, 32, 7, 64}, {33, 32, 16, 64}, {4, 1, 4, 32},
+    {6, 1, 6, 32},  {8, 1, 8, 32},   {12, 1, 12, 32},  {16, 1, 16, 32},
 };
 
 absl::StatusOr<nlohmann::json> Bits(kernels::CpuBackend& cpu) {
@@ -315,8 +314,8 @@ absl::StatusOr<nlohmann::json> Bits(kernels::CpuBackend& cpu) {
     p.high.k.block_channels = kv.k_block_channels;
     p.high.v.levels = kv.v_levels;
     p.high.v.group = kv.v_group;
-    p.name = absl::StrFormat("kvcomp k%dx%d v%dx%d", kv.k_levels, kv.k_block_channels,
-                             kv.v_levels, kv.v_group);
+    p.name = absl::StrFormat("kvcomp k%dx%d v%dx%d", kv.k_levels, kv.k_block_channels, kv.v_levels,
+                             kv.v_group);
     presets.push_back(p);
   }
   // Codebooks per layer, built from the first half (the "prefill histogram"), measured on
@@ -334,8 +333,8 @@ absl::StatusOr<nlohmann::json> Bits(kernels::CpuBackend& cpu) {
         const int64_t stride = c.kv_heads * c.head_dim;
         ErrorSums ignored;
         SLUICE_RETURN_IF_ERROR(CodesOf(cpu, preset, rec.k(layer).data() + h * c.head_dim,
-                                       rec.v(layer).data() + h * c.head_dim, stride, half, &kc,
-                                       &vc, &ignored));
+                                       rec.v(layer).data() + h * c.head_dim, stride, half, &kc, &vc,
+                                       &ignored));
         SLUICE_RETURN_IF_ERROR(CodesOf(cpu, preset,
                                        rec.k(layer).data() + (half * stride) + h * c.head_dim,
                                        rec.v(layer).data() + (half * stride) + h * c.head_dim,

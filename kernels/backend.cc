@@ -163,8 +163,8 @@ absl::Status ValidateLayout(std::string_view op, const KvTierFormat& format,
 absl::Status ValidateCodebooks(std::string_view op, const KvTierFormat& format,
                                const KvCodebooks& codebooks) {
   if (format.huffman_bits == 0.f) return absl::OkStatus();
-  const std::pair<const HuffmanCodebook*, const KvQuantSpec*> books[] = {
-      {codebooks.k, &format.k}, {codebooks.v, &format.v}};
+  const std::pair<const HuffmanCodebook*, const KvQuantSpec*> books[] = {{codebooks.k, &format.k},
+                                                                         {codebooks.v, &format.v}};
   for (const auto& [book, spec] : books) {
     const char* which = spec == &format.k ? "k" : "v";
     if (book == nullptr) {
@@ -173,9 +173,9 @@ absl::Status ValidateCodebooks(std::string_view op, const KvTierFormat& format,
     if (book->alphabet_size <= KvMaxCode(*spec) || book->max_length < 1 ||
         book->max_length > kMaxHuffmanCodeLength ||
         book->decode_table.size() != (size_t{1} << book->max_length)) {
-      return Invalid(op, absl::StrFormat("%s codebook %d (%d symbols) does not cover %d levels",
-                                         which, book->id, book->alphabet_size,
-                                         KvMaxCode(*spec) + 1));
+      return Invalid(op,
+                     absl::StrFormat("%s codebook %d (%d symbols) does not cover %d levels", which,
+                                     book->id, book->alphabet_size, KvMaxCode(*spec) + 1));
     }
   }
   return absl::OkStatus();
@@ -248,7 +248,6 @@ absl::Status ValidatePagedAttention(const PagedAttentionParams& p) {
       return Invalid(kOp, absl::StrFormat("tier %d has head_dim %d, queries %d", t,
                                           p.formats[t].head_dim, p.head_dim));
     }
-
   }
   // NOTE: page_offsets and pages are read here, so they must be host-readable for every backend
   // (the CUDA backend takes them as pinned host memory).

@@ -214,6 +214,51 @@ constexpr auto kDecoders = MakeDecoders<false>(std::make_index_sequence<kMaxHuff
 constexpr auto kCheckedDecoders =
     MakeDecoders<true>(std::make_index_sequence<kMaxHuffmanCodeLength>());
 
+// Multi-symbol decoding of kWays rows in lockstep (HuffmanCodebook::multi_table): each lookup
+// stores 4 bytes and advances by the symbols it holds, so a row decodes this way while at least
+// kLookups * 4 of its symbols are left; single-symbol lookups finish it.
+template <int kWays>
+void DecodeWaysMulti(const HuffmanCodebook& cb, const uint8_t* bits, const uint32_t* offsets,
+                     int64_t row_len, uint8_t* out) {
+  constexpr int kLookups = 57 / kHuffmanMultiBits;  // per refill
+  constexpr uint64_t kMask = (uint64_t{1} << kHuffmanMultiBits) - 1;
+  const uint64_t* table = cb.multi_table.data();
+  uint64_t pos[kWays];
+  int64_t done[kWays];
+  for (int w = 0; w < kWays; ++w) {
+    pos[w] = offsets[w];
+    done[w] = 0;
+  }
+  const int64_t last = row_len - kLookups * 4;  // a refill starts at done <= last
+  for (;;) {
+    bool room = true;
+#pragma GCC unroll 8
+    for (int w = 0; w < kWays; ++w) room &= done[w] <= last;
+    if (!room) break;
+    uint64_t buf[kWays];
+#pragma GCC unroll 8
+    for (int w = 0; w < kWays; ++w) buf[w] = Load64(bits + (pos[w] >> 3)) >> (pos[w] & 7);
+#pragma GCC unroll 8
+    for (int k = 0; k < kLookups; ++k) {
+#pragma GCC unroll 8
+      for (int w = 0; w < kWays; ++w) {
+        const uint64_t entry = table[buf[w] & kMask];
+        const uint32_t symbols = static_cast<uint32_t>(entry);
+        std::memcpy(out + w * row_len + done[w], &symbols, 4);
+        done[w] += (entry >> 32) & 0xff;
+        const uint32_t length = (entry >> 40) & 0xff;
+        buf[w] >>= length;
+        pos[w] += length;
+      }
+    }
+  }
+  for (int w = 0; w < kWays; ++w) {
+    bool ok = true;
+    kDecoders[cb.max_length - 1](cb.decode_table.data(), bits, pos[w], row_len - done[w],
+                                 out + w * row_len + done[w], 0, &ok);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<HuffmanCodebook> CodebookFromLengths(uint32_t id, absl::Span<const uint8_t> lengths,
@@ -266,6 +311,27 @@ absl::StatusOr<HuffmanCodebook> CodebookFromLengths(uint32_t id, absl::Span<cons
       cb.decode_table[reversed | (hi << len)] = entry;
     }
   }
+  if (max_length <= kHuffmanMultiBits) {
+    // Each index: as many whole codes (up to 4) as its kHuffmanMultiBits bits hold. Bit
+    // patterns no code starts with (incomplete codes, garbage input) give symbol 0 for one bit,
+    // so that decoding always moves on.
+    cb.multi_table.resize(size_t{1} << kHuffmanMultiBits);
+    for (uint32_t index = 0; index < cb.multi_table.size(); ++index) {
+      uint64_t symbols = 0, count = 0;
+      int used = 0;
+      while (count < 4) {
+        const uint16_t e = cb.decode_table[(index >> used) & ((1u << max_length) - 1)];
+        const int len = e >> 8;
+        if (len == 0 || used + len > kHuffmanMultiBits) break;
+        symbols |= static_cast<uint64_t>(e & 0xff) << (8 * count);
+        ++count;
+        used += len;
+      }
+      if (count == 0) used = 1;
+      cb.multi_table[index] =
+          symbols | std::max<uint64_t>(count, 1) << 32 | static_cast<uint64_t>(used) << 40;
+    }
+  }
   return cb;
 }
 
@@ -303,7 +369,10 @@ absl::StatusOr<HuffmanCodebook> BuildHuffmanCodebook(uint32_t id,
     weights[s] = histogram[s] == 0 ? 1 : 2 * std::max<uint64_t>(histogram[s] >> shift, 1);
   }
   const std::vector<uint8_t> lengths = PackageMergeLengths(weights, max_length);
-  return CodebookFromLengths(id, lengths, max_length);
+  // The decode table is only as wide as the longest code: small alphabets get small tables and
+  // more symbols per refill.
+  const int longest = *std::max_element(lengths.begin(), lengths.end());
+  return CodebookFromLengths(id, lengths, longest);
 }
 
 std::string SerializeCodebook(const HuffmanCodebook& cb) {
@@ -452,6 +521,15 @@ void DecodeRow(const HuffmanCodebook& cb, const uint8_t* bits, uint64_t bit_offs
 
 void DecodeRows(const HuffmanCodebook& cb, const uint8_t* bits, const uint32_t* row_bit_offsets,
                 int64_t rows, int64_t row_len, uint8_t* out) {
+  if (!cb.multi_table.empty()) {
+    int64_t r = 0;
+    for (; r + kDecodeWays <= rows; r += kDecodeWays) {
+      DecodeWaysMulti<kDecodeWays>(cb, bits, row_bit_offsets + r, row_len, out + r * row_len);
+    }
+    for (; r < rows; ++r)
+      DecodeWaysMulti<1>(cb, bits, row_bit_offsets + r, row_len, out + r * row_len);
+    return;
+  }
   kRowsDecoders[cb.max_length - 1](cb.decode_table.data(), bits, row_bit_offsets, rows, row_len,
                                    out);
 }

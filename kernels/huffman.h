@@ -46,13 +46,22 @@ struct HuffmanCodebook {
   // [1 << max_length]: entry = symbol | length << 8 for the code found in the low bits of the
   // index. Entry 0 (length 0) marks bit patterns no code starts with (incomplete codes only).
   std::vector<uint16_t> decode_table;
+  // Codebooks whose codes are all at most kHuffmanMultiBits long also decode several symbols
+  // per lookup: [1 << kHuffmanMultiBits] entries, entry = up to 4 symbols (bytes 0..3), how many
+  // (byte 4, at least 1) and the bits they take (byte 5), for the codes found in the low bits
+  // of the index. Empty otherwise.
+  std::vector<uint64_t> multi_table;
 };
+
+// Width of HuffmanCodebook::multi_table's index.
+inline constexpr int kHuffmanMultiBits = 10;
 
 // Builds a canonical code whose lengths minimize the encoded size of `histogram` under the
 // length limit (package-merge). histogram[s] counts symbol s; its size is the alphabet size,
 // 1..256. Symbols with a zero count still get a code (codes unseen in prefill can appear in
 // decode), none shorter than a seen symbol's. With two or more symbols the code is
-// complete (Kraft sum 1); a one-symbol alphabet gets the 1-bit code "0".
+// complete (Kraft sum 1); a one-symbol alphabet gets the 1-bit code "0". The codebook's
+// max_length (its decode table's width) is its longest code, which may be below the limit.
 // InvalidArgument for an empty or oversized histogram, or max_length outside
 // [ceil(log2(alphabet_size)), kMaxHuffmanCodeLength].
 absl::StatusOr<HuffmanCodebook> BuildHuffmanCodebook(uint32_t id,
@@ -109,7 +118,8 @@ void DecodeRow(const HuffmanCodebook& codebook, const uint8_t* bits, uint64_t bi
                uint8_t* out);  // [row_len]
 
 // DecodeRow on rows r = 0 .. rows - 1 starting at row_bit_offsets[r]. Decodes 4 rows in
-// lockstep so that their table lookups overlap: about 3x DecodeRow's symbols per second.
+// lockstep so that their table lookups overlap: about 3x DecodeRow's symbols per second, and
+// several times that again for codebooks with a multi_table (up to 4 symbols per lookup).
 void DecodeRows(const HuffmanCodebook& codebook, const uint8_t* bits,
                 const uint32_t* row_bit_offsets,  // [rows]
                 int64_t rows, int64_t row_len,

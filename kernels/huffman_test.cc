@@ -204,6 +204,25 @@ TEST(Huffman, EveryTableWidthRoundTrips) {
   }
 }
 
+// Short codes decode several at a time: codebooks whose codes fit kHuffmanMultiBits get a
+// multi-symbol table (the round trips above run through it), wider ones do not.
+TEST(Huffman, MultiSymbolTableOnlyForShortCodes) {
+  std::vector<uint64_t> geometric(8);
+  for (size_t s = 0; s < geometric.size(); ++s) geometric[s] = uint64_t{1} << (20 - 2 * s);
+  auto narrow = BuildHuffmanCodebook(1, geometric);
+  ASSERT_TRUE(narrow.ok());
+  EXPECT_EQ(narrow->max_length, 7);  // the longest code, not the limit of 12
+  ASSERT_EQ(narrow->multi_table.size(), size_t{1} << kHuffmanMultiBits);
+  // Index 0 is the most frequent symbol's 1-bit code "0" four times over.
+  EXPECT_EQ(narrow->multi_table[0], uint64_t{0} | uint64_t{4} << 32 | uint64_t{4} << 40);
+  std::vector<uint64_t> skewed(256, 1);  // halving counts: codes up to the limit of 12
+  for (int sym = 0; sym < 40; ++sym) skewed[sym] = uint64_t{1} << (40 - sym);
+  auto wide = BuildHuffmanCodebook(2, skewed);
+  ASSERT_TRUE(wide.ok());
+  EXPECT_GT(wide->max_length, kHuffmanMultiBits);
+  EXPECT_TRUE(wide->multi_table.empty());
+}
+
 TEST(Huffman, OneSymbolAlphabetsAndHistograms) {
   auto one = BuildHuffmanCodebook(3, std::vector<uint64_t>{5});
   ASSERT_TRUE(one.ok()) << one.status();

@@ -30,8 +30,8 @@ absl::Status ValidateSpec(const KvQuantSpec& s, int32_t head_dim, const char* wh
             absl::StrCat(which, ": int codes have 2, 4 or 8 bits, not ", s.bits));
       }
       if (s.levels != 0 && (s.levels < 2 || s.levels > (1 << s.bits))) {
-        return absl::InvalidArgumentError(absl::StrCat(which, ": levels ", s.levels,
-                                                       " outside [2, 2^", s.bits, "]"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(which, ": levels ", s.levels, " outside [2, 2^", s.bits, "]"));
       }
       break;
     default:
@@ -183,8 +183,7 @@ absl::StatusOr<KvPageLayout> HuffmanLayout(const KvTierFormat& f) {
     return absl::InvalidArgumentError(
         absl::StrCat("huffman_bits ", f.huffman_bits, " outside (0, 16]"));
   }
-  if (f.k.codec != KvCodec::kInt || f.v.codec != KvCodec::kInt || f.k.bits != 8 ||
-      f.v.bits != 8) {
+  if (f.k.codec != KvCodec::kInt || f.v.codec != KvCodec::kInt || f.k.bits != 8 || f.v.bits != 8) {
     return absl::InvalidArgumentError(
         "Huffman-coded tiers code 8-bit int keys and values (set levels for fewer)");
   }

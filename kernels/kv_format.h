@@ -110,7 +110,7 @@ struct KvPageLayout {
   int32_t unit_meta = -1;       // [tokens / U][unit_meta_bytes]
   int32_t unit_meta_bytes = 0;  // K meta bytes of a unit page, then V meta bytes
   int32_t unit_k_meta_bytes = 0;
-  int32_t bitstream = -1;       // bits from here to page_bytes
+  int32_t bitstream = -1;  // bits from here to page_bytes
 };
 
 inline constexpr int kKvHuffmanStreams = 4;  // streams per unit for each of K and V

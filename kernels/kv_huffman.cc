@@ -28,8 +28,7 @@ int64_t StreamSymbols(const KvHuffmanTier& t) {
 uint64_t UnitValidBits(const KvPageLayout& l, const uint8_t* page, int64_t index) {
   const int64_t first = index * l.unit_tokens;
   const uint64_t word = reinterpret_cast<const uint64_t*>(page + l.valid)[first / 64];
-  const uint64_t mask =
-      l.unit_tokens == 64 ? ~uint64_t{0} : (uint64_t{1} << l.unit_tokens) - 1;
+  const uint64_t mask = l.unit_tokens == 64 ? ~uint64_t{0} : (uint64_t{1} << l.unit_tokens) - 1;
   return (word >> (first % 64)) & mask;
 }
 
@@ -122,11 +121,12 @@ absl::StatusOr<bool> KvAppendUnit(const KvHuffmanTier& t, const KvCodebooks& cb,
   SLUICE_ASSIGN_OR_RETURN(const uint64_t kb, EncodeRows(*cb.k, k, kKvHuffmanStreams, n,
                                                         bits + start, capacity - start, offsets));
   uint32_t* out = streams + index * kStreamsPerUnit;
-  for (int i = 0; i < kKvHuffmanStreams; ++i) out[i] = static_cast<uint32_t>(start * 8 + offsets[i]);
+  for (int i = 0; i < kKvHuffmanStreams; ++i)
+    out[i] = static_cast<uint32_t>(start * 8 + offsets[i]);
   const int64_t v_start = start + static_cast<int64_t>((kb + 7) / 8);
-  SLUICE_ASSIGN_OR_RETURN(const uint64_t vb,
-                          EncodeRows(*cb.v, v, kKvHuffmanStreams, n, bits + v_start,
-                                     capacity - v_start, offsets));
+  SLUICE_ASSIGN_OR_RETURN(
+      const uint64_t vb,
+      EncodeRows(*cb.v, v, kKvHuffmanStreams, n, bits + v_start, capacity - v_start, offsets));
   for (int i = 0; i < kKvHuffmanStreams; ++i) {
     out[kKvHuffmanStreams + i] = static_cast<uint32_t>(v_start * 8 + offsets[i]);
   }
@@ -143,8 +143,8 @@ absl::StatusOr<bool> KvAppendUnit(const KvHuffmanTier& t, const KvCodebooks& cb,
   return true;
 }
 
-void KvDecodeUnit(const KvHuffmanTier& t, const KvCodebooks& cb, const uint8_t* page,
-                  int64_t index, uint8_t* unit) {
+void KvDecodeUnit(const KvHuffmanTier& t, const KvCodebooks& cb, const uint8_t* page, int64_t index,
+                  uint8_t* unit) {
   const KvPageLayout& l = t.layout;
   const uint32_t* streams = Streams(page, l) + index * kStreamsPerUnit;
   const uint8_t* bits = page + l.bitstream;

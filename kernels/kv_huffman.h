@@ -44,8 +44,9 @@ absl::Status KvQuantizeHuffman(const KvQuantizeParams& p,
                                absl::FunctionRef<void(const KvQuantizeParams&)> quantize_unit);
 // Backend::KvDequantize for a Huffman-coded tier, over units decoded by KvDecodeUnit (or by
 // KvDecodeUnitReference with `reference`) and expanded by `dequantize_unit`.
-absl::Status KvDequantizeHuffman(const KvDequantizeParams& p, bool reference,
-                                 absl::FunctionRef<void(const KvDequantizeParams&)> dequantize_unit);
+absl::Status KvDequantizeHuffman(
+    const KvDequantizeParams& p, bool reference,
+    absl::FunctionRef<void(const KvDequantizeParams&)> dequantize_unit);
 
 }  // namespace sluice::kernels
 

@@ -217,8 +217,7 @@ TEST_P(KvCodedDequantizeTest, MatchesTheBitAtATimeReference) {
     const int64_t d = f.head_dim;
     const int64_t slot = static_cast<int64_t>(rng() % c.written);
     const int64_t tokens = 1 + static_cast<int64_t>(rng() % (c.written - slot));
-    std::vector<float> want_k(tokens * d), want_v(tokens * d), got_k(tokens * d),
-        got_v(tokens * d);
+    std::vector<float> want_k(tokens * d), want_v(tokens * d), got_k(tokens * d), got_v(tokens * d);
     KvDequantizeParams p{.page = c.bytes.data(),
                          .format = f,
                          .layout = c.layout,

@@ -119,8 +119,8 @@ struct KvQuantizeParams {
   KvPageLayout layout;      // ComputePageLayout(format)
   uint8_t* page = nullptr;  // [format.page_bytes]
   int64_t slot = 0;
-  KvCodebooks codebooks;                // Huffman-coded tiers only
-  int64_t* tokens_written = nullptr;    // Huffman-coded tiers only
+  KvCodebooks codebooks;              // Huffman-coded tiers only
+  int64_t* tokens_written = nullptr;  // Huffman-coded tiers only
 };
 
 // Expands slots [slot, slot + tokens) of a page back to fp32 (tests, checks and tools; the
@@ -131,8 +131,8 @@ struct KvDequantizeParams {
   KvPageLayout layout;
   int64_t slot = 0;
   int64_t tokens = 0;
-  float* k = nullptr;  // [tokens, head_dim]
-  float* v = nullptr;  // [tokens, head_dim]
+  float* k = nullptr;     // [tokens, head_dim]
+  float* v = nullptr;     // [tokens, head_dim]
   KvCodebooks codebooks;  // Huffman-coded tiers only
 };
 
@@ -156,8 +156,8 @@ struct PagedAttentionParams {
   int64_t kv_heads = 0;  // divides heads
   int64_t head_dim = 0;
   float scale = 1.f;
-  const KvTierFormat* formats = nullptr;  // [tier_count]
-  const KvPageLayout* layouts = nullptr;  // [tier_count]
+  const KvTierFormat* formats = nullptr;   // [tier_count]
+  const KvPageLayout* layouts = nullptr;   // [tier_count]
   const KvCodebooks* codebooks = nullptr;  // [tier_count]; read for Huffman-coded tiers only
   int32_t tier_count = 0;
   const KvPageRef* pages = nullptr;       // [page_offsets[kv_heads]]

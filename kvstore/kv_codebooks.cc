@@ -9,9 +9,9 @@
 namespace sluice::kvstore {
 
 absl::StatusOr<KvCodebookPair> BuildKvCodebooks(kernels::Backend& backend,
-                                                const kernels::KvTierFormat& format,
-                                                const float* k, const float* v, int64_t stride,
-                                                int64_t tokens, uint32_t k_id) {
+                                                const kernels::KvTierFormat& format, const float* k,
+                                                const float* v, int64_t stride, int64_t tokens,
+                                                uint32_t k_id) {
   if (format.huffman_bits <= 0.f) {
     return absl::InvalidArgumentError(absl::StrCat(kernels::KvTierFormatName(format),
                                                    " is not Huffman-coded; it has no codebooks"));

@@ -24,9 +24,9 @@ struct KvCodebookPair {
 // memory). Every level gets a code, seen or not. InvalidArgument if `format` is not
 // Huffman-coded.
 absl::StatusOr<KvCodebookPair> BuildKvCodebooks(kernels::Backend& backend,
-                                                const kernels::KvTierFormat& format,
-                                                const float* k, const float* v, int64_t stride,
-                                                int64_t tokens, uint32_t k_id);
+                                                const kernels::KvTierFormat& format, const float* k,
+                                                const float* v, int64_t stride, int64_t tokens,
+                                                uint32_t k_id);
 
 }  // namespace sluice::kvstore
 

@@ -30,9 +30,7 @@ constexpr float kKvcompBitsHint = 2.4f;
 
 }  // namespace
 
-std::vector<std::string> KvPresetNames() {
-  return {"fp16", "int8", "kivi4", "kivi2", "kvcomp"};
-}
+std::vector<std::string> KvPresetNames() { return {"fp16", "int8", "kivi4", "kivi2", "kvcomp"}; }
 
 absl::StatusOr<KvPreset> FindKvPreset(std::string_view name, int32_t head_dim, int32_t page_bytes) {
   KvPreset p;

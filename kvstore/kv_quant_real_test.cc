@@ -217,9 +217,11 @@ TEST(KvQuantRealKv, SmolLM2KeysAndValuesStayWithinBounds) {
         ASSERT_TRUE(kernels::ref::KvDequantizeAny(dq).ok());
         ASSERT_EQ(rk, wk) << "layer " << layer << " head " << h;
         ASSERT_EQ(rv, wv) << "layer " << layer << " head " << h;
-        ASSERT_TRUE(kernels::testing::RoundTripWithinBound(f.k, d, xk.data() + t0 * d, rk.data(), n))
+        ASSERT_TRUE(
+            kernels::testing::RoundTripWithinBound(f.k, d, xk.data() + t0 * d, rk.data(), n))
             << "k of layer " << layer << " head " << h;
-        ASSERT_TRUE(kernels::testing::RoundTripWithinBound(f.v, d, xv.data() + t0 * d, rv.data(), n))
+        ASSERT_TRUE(
+            kernels::testing::RoundTripWithinBound(f.v, d, xv.data() + t0 * d, rv.data(), n))
             << "v of layer " << layer << " head " << h;
         // Bits of each unit's K streams (0..3) and V streams (4..7), from the stream offsets.
         const uint32_t* streams = reinterpret_cast<const uint32_t*>(page.data() + layout->streams);

@@ -264,10 +264,10 @@ absl::Status PagedKvCache::BuildCodebooks(const Seq& s, int layer, int64_t token
       std::memcpy(&v[(h * tokens + t) * d], s.v[layer].data() + t * row_ + h * d, d * 4);
     }
   }
-  SLUICE_ASSIGN_OR_RETURN(KvCodebookPair books,
-                          BuildKvCodebooks(backend_, options_.preset.high, k.data(), v.data(), d,
-                                           options_.kv_heads * tokens,
-                                           static_cast<uint32_t>(layer) * 2 + 1));
+  SLUICE_ASSIGN_OR_RETURN(
+      KvCodebookPair books,
+      BuildKvCodebooks(backend_, options_.preset.high, k.data(), v.data(), d,
+                       options_.kv_heads * tokens, static_cast<uint32_t>(layer) * 2 + 1));
   codebooks_[layer] = std::make_unique<KvCodebookPair>(std::move(books));
   return absl::OkStatus();
 }
@@ -291,8 +291,8 @@ absl::Status PagedKvCache::FlushCoded(Seq& s, int64_t flush) {
   std::vector<Mark> marks;
   marks.reserve(s.heads.size());
   for (const HeadPages& hp : s.heads) {
-    marks.push_back({hp.table.high_count(), hp.slots.empty() ? 0 : hp.slots.back(),
-                     hp.last_closed});
+    marks.push_back(
+        {hp.table.high_count(), hp.slots.empty() ? 0 : hp.slots.back(), hp.last_closed});
   }
   auto roll_back = [&](absl::Status st) {
     for (size_t i = 0; i < s.heads.size(); ++i) {
@@ -324,22 +324,22 @@ absl::Status PagedKvCache::FlushCoded(Seq& s, int64_t flush) {
       }
       int64_t written = 0;
       const int64_t want = std::min<int64_t>(flush - t0, layout_.tokens - hp.slots.back());
-      absl::Status st = backend_.KvQuantize(
-          {.k = s.k[layer].data() + t0 * row_ + h * options_.head_dim,
-           .v = s.v[layer].data() + t0 * row_ + h * options_.head_dim,
-           .stride = row_,
-           .tokens = want,
-           .format = options_.preset.high,
-           .layout = layout_,
-           .page = pool_->data(hp.table.high(hp.table.high_count() - 1)),
-           .slot = hp.slots.back(),
-           .codebooks = Codebooks(layer),
-           .tokens_written = &written});
+      absl::Status st =
+          backend_.KvQuantize({.k = s.k[layer].data() + t0 * row_ + h * options_.head_dim,
+                               .v = s.v[layer].data() + t0 * row_ + h * options_.head_dim,
+                               .stride = row_,
+                               .tokens = want,
+                               .format = options_.preset.high,
+                               .layout = layout_,
+                               .page = pool_->data(hp.table.high(hp.table.high_count() - 1)),
+                               .slot = hp.slots.back(),
+                               .codebooks = Codebooks(layer),
+                               .tokens_written = &written});
       if (!st.ok()) return roll_back(st);
       if (written == 0 && hp.slots.back() == 0) {
-        return roll_back(absl::InternalError(absl::StrFormat(
-            "layer %d: one unit of %s does not fit an empty %d-byte page", layer,
-            kernels::KvTierFormatName(options_.preset.high), layout_.bytes_used)));
+        return roll_back(absl::InternalError(
+            absl::StrFormat("layer %d: one unit of %s does not fit an empty %d-byte page", layer,
+                            kernels::KvTierFormatName(options_.preset.high), layout_.bytes_used)));
       }
       if (written < want) hp.last_closed = true;  // its bitstream is full
       hp.slots.back() += static_cast<int32_t>(written);

@@ -7,13 +7,13 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/get_rows.h"
 #include "kernels/cpu/kv_quant.h"
-#include "kernels/kv_huffman.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/softmax.h"
 #include "kernels/cpu/swiglu.h"
+#include "kernels/kv_huffman.h"
 
 namespace sluice::kernels {
 

@@ -1,8 +1,8 @@
 #include "kernels/ref/ref_backend.h"
 
+#include "kernels/kv_huffman.h"
 #include "kernels/ref/attention.h"
 #include "kernels/ref/get_rows.h"
-#include "kernels/kv_huffman.h"
 #include "kernels/ref/kv_quant.h"
 #include "kernels/ref/matmul.h"
 #include "kernels/ref/paged_attention.h"

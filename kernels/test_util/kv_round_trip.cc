@@ -39,8 +39,7 @@ namespace sluice::kernels::testing {
           bound = std::ldexp(std::fabs(xv), -4) + std::ldexp(amax, -9) + 1e-6f;
           break;
         default:  // half a step, plus fp16 rounding of scale and zero
-          bound = 0.5f * (hi - lo) / KvMaxCode(spec) * (1 + 1e-3f) + std::ldexp(amax, -10) +
-                  1e-6f;
+          bound = 0.5f * (hi - lo) / KvMaxCode(spec) * (1 + 1e-3f) + std::ldexp(amax, -10) + 1e-6f;
       }
       const float err = std::fabs(y[t * d + c] - xv);
       if (!(err <= bound)) {
