@@ -311,7 +311,10 @@ absl::StatusOr<nlohmann::json> Bits(kernels::CpuBackend& cpu) {
   for (const KvcompVariant& kv : kKvcompVariants) {
     kvstore::KvPreset p = presets[3];
     p.high.k.levels = kv.k_levels;
-    p.high.k.block_channels = kv.k_block_channels;
+    if (kv.k_block_channels > 1) {  // KVComp's 2D blocks of 32 tokens x block_channels
+      p.high.k.grouping = kernels::KvGrouping::kBlock;
+      p.high.k.block_channels = kv.k_block_channels;
+    }
     p.high.v.levels = kv.v_levels;
     p.high.v.group = kv.v_group;
     p.name = absl::StrFormat("kvcomp k%dx%d v%dx%d", kv.k_levels, kv.k_block_channels, kv.v_levels,

@@ -11,12 +11,17 @@
 
 namespace sluice::kvstore {
 
-double KvCacheStats::ratio_vs_fp16() const {
-  const int64_t held = pages.bytes() + residual_bytes;
-  if (held == 0) return 0;
+int64_t KvCacheStats::held_bytes() const { return pages.bytes() + residual_bytes + codebook_bytes; }
+
+int64_t KvCacheStats::fp16_bytes() const {
   // fp16 bytes of the residual tokens: 2 bytes x 2 (K, V) per channel; residual_bytes holds
   // fp32, i.e. twice that.
-  return static_cast<double>(pages.fp16_bytes + residual_bytes / 2) / static_cast<double>(held);
+  return pages.fp16_bytes + residual_bytes / 2;
+}
+
+double KvCacheStats::ratio_vs_fp16() const {
+  const int64_t held = held_bytes();
+  return held == 0 ? 0 : static_cast<double>(fp16_bytes()) / static_cast<double>(held);
 }
 
 absl::StatusOr<int64_t> PagesForSequence(const KvPreset& preset, int32_t layers, int64_t kv_heads,
@@ -439,6 +444,12 @@ KvCacheStats PagedKvCache::Stats() const {
     const int64_t resid = (s.length - s.compressed) * options_.layers * options_.kv_heads;
     st.residual_tokens += resid;
     st.residual_bytes += resid * options_.head_dim * 2 * 4;
+  }
+  for (const auto& books : codebooks_) {
+    if (books) {
+      st.codebook_bytes += static_cast<int64_t>(kernels::SerializeCodebook(books->k).size() +
+                                                kernels::SerializeCodebook(books->v).size());
+    }
   }
   st.pages.pages_high = static_cast<int64_t>(used_slots.size());
   st.pages.allocated_slots = st.pages.pages_high * layout_.tokens;

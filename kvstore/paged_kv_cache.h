@@ -49,8 +49,13 @@ struct KvCacheStats {
   KvAccounting pages;           // compressed tokens in pages
   int64_t residual_tokens = 0;  // tokens x kv-heads x layers held in fp32 outside pages
   int64_t residual_bytes = 0;
+  int64_t codebook_bytes = 0;  // serialized Huffman codebooks (kvcomp), shared by all sequences
   int64_t sequences = 0;
-  // Everything held (pages + residual) against the same tokens in fp16.
+  // Everything held: whole pages (slack included), residual windows, codebooks.
+  int64_t held_bytes() const;
+  // The same tokens as fp16 K and V.
+  int64_t fp16_bytes() const;
+  // fp16_bytes() / held_bytes().
   double ratio_vs_fp16() const;
 };
 

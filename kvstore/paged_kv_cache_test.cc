@@ -168,6 +168,8 @@ TEST(PagedKvCache, CodedPresetBuildsCodebooksOncePerLayer) {
   EXPECT_GT(st.pages.pages(), 2 * kLayers * kKvHeads);
   EXPECT_EQ(st.pages.live_slots, (448 + 384) * kLayers * kKvHeads);
   EXPECT_GT(st.ratio_vs_fp16(), 3.0);
+  // Two codebooks per layer, 8 bytes of header and a nibble per level each.
+  EXPECT_EQ(st.codebook_bytes, kLayers * (8 + 3 + 8 + 4));
   ASSERT_TRUE(cache->RemoveSequence(1).ok());
   ASSERT_TRUE(cache->RemoveSequence(2).ok());
   EXPECT_EQ(cache->pool().used_pages(), 0);

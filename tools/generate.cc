@@ -40,7 +40,8 @@ ABSL_FLAG(int64_t, seed, -1, "Sampling seed; -1 = random.");
 ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else the cache).");
 ABSL_FLAG(bool, json, false, "Print one JSON object instead of streaming text.");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
-ABSL_FLAG(std::string, preset, "fp16", "KV cache compression preset: fp16, int8, kivi4 or kivi2.");
+ABSL_FLAG(std::string, preset, "fp16",
+          "KV cache compression preset: fp16, int8, kivi4, kivi2 or kvcomp.");
 
 namespace sluice {
 namespace {

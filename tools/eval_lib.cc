@@ -1,0 +1,128 @@
+#include "tools/eval_lib.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "kvstore/kv_preset.h"
+#include "kvstore/paged_kv_cache.h"
+#include "tools/eval_metrics.h"
+
+namespace sluice::tools {
+namespace {
+
+// One preset's cache for a batch of windows, and what it has measured so far.
+struct Arm {
+  kvstore::KvPreset preset;
+  std::unique_ptr<kvstore::PagedKvCache> cache;
+  std::vector<float> logits;  // [batch, vocab]
+  EvalTotals totals;
+  double held_bytes = 0, fp16_bytes = 0, pages = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::LlamaModel& llama,
+                                                kernels::Backend& backend,
+                                                const std::vector<int32_t>& tokens) {
+  const model::LlamaConfig& c = llama.config();
+  if (o.context < 4 || o.context > c.context_length) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--context %d outside [4, %d] (the model's context)", o.context, c.context_length));
+  }
+  const int64_t stride = o.stride == 0 ? o.context : o.stride;
+  if (stride < 1 || o.batch < 1 || o.max_windows < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--stride %d, batch %d and --max-windows %d must be positive (0 = default)",
+                        o.stride, o.batch, o.max_windows));
+  }
+  if (o.presets.empty()) return absl::InvalidArgumentError("no preset to evaluate");
+  std::vector<int64_t> starts;
+  for (int64_t s = 0; s + o.context <= static_cast<int64_t>(tokens.size()); s += stride) {
+    if (o.max_windows > 0 && static_cast<int64_t>(starts.size()) == o.max_windows) break;
+    starts.push_back(s);
+  }
+  if (starts.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the text has %d tokens, fewer than one window of --context %d", tokens.size(), o.context));
+  }
+  const int32_t head_dim = static_cast<int32_t>(c.head_dim);
+  // Arm 0 is the fp16 reference; the presets follow.
+  std::vector<Arm> arms(o.presets.size() + 1);
+  SLUICE_ASSIGN_OR_RETURN(arms[0].preset, kvstore::FindKvPreset("fp16", head_dim));
+  for (size_t i = 0; i < o.presets.size(); ++i) {
+    SLUICE_ASSIGN_OR_RETURN(arms[i + 1].preset, kvstore::FindKvPreset(o.presets[i], head_dim));
+  }
+  if (o.residual >= 0) {
+    for (Arm& arm : arms) arm.preset.residual = o.residual;
+  }
+  const int64_t half = o.context / 2, n = static_cast<int64_t>(starts.size());
+  const int64_t total = n * (o.context - half);
+  int64_t done = 0;
+  for (int64_t b0 = 0; b0 < n; b0 += o.batch) {
+    const int64_t bn = std::min(o.batch, n - b0);
+    for (Arm& arm : arms) {
+      SLUICE_ASSIGN_OR_RETURN(
+          const int64_t pages,
+          kvstore::PagesForSequence(arm.preset, c.layers, c.kv_heads, o.context));
+      SLUICE_ASSIGN_OR_RETURN(arm.cache, kvstore::PagedKvCache::Create({.layers = c.layers,
+                                                                        .heads = c.heads,
+                                                                        .kv_heads = c.kv_heads,
+                                                                        .head_dim = c.head_dim,
+                                                                        .preset = arm.preset,
+                                                                        .pages = pages * bn},
+                                                                       backend));
+      arm.logits.resize(bn * c.vocab);
+      std::vector<model::ForwardEntry> prompts;
+      for (int64_t b = 0; b < bn; ++b) {
+        SLUICE_RETURN_IF_ERROR(arm.cache->AddSequence(b, o.context));
+        prompts.push_back({b, absl::MakeConstSpan(tokens.data() + starts[b0 + b], half)});
+      }
+      SLUICE_RETURN_IF_ERROR(llama.Forward(prompts, *arm.cache, arm.logits.data()));
+    }
+    for (int64_t t = half; t < o.context; ++t) {
+      for (int64_t b = 0; b < bn; ++b) {
+        const int32_t target = tokens[starts[b0 + b] + t];
+        const float* ref = arms[0].logits.data() + b * c.vocab;
+        for (size_t i = 1; i < arms.size(); ++i) {
+          arms[i].totals.Add(
+              CompareLogits(arms[i].logits.data() + b * c.vocab, ref, c.vocab, target));
+        }
+      }
+      done += bn;
+      if (o.progress) o.progress(done, total);
+      if (t + 1 == o.context) break;
+      std::vector<model::ForwardEntry> step;
+      for (int64_t b = 0; b < bn; ++b) {
+        step.push_back({b, absl::MakeConstSpan(tokens.data() + starts[b0 + b] + t, 1)});
+      }
+      for (Arm& arm : arms) {
+        SLUICE_RETURN_IF_ERROR(llama.Forward(step, *arm.cache, arm.logits.data()));
+      }
+    }
+    for (Arm& arm : arms) {
+      const kvstore::KvCacheStats st = arm.cache->Stats();
+      arm.held_bytes += static_cast<double>(st.held_bytes());
+      arm.fp16_bytes += static_cast<double>(st.fp16_bytes());
+      arm.pages += static_cast<double>(st.pages.pages());
+      arm.cache.reset();
+    }
+  }
+  std::vector<EvalResult> out;
+  for (size_t i = 1; i < arms.size(); ++i) {
+    const Arm& a = arms[i];
+    out.push_back({.preset = a.preset.name,
+                   .tokens = a.totals.count(),
+                   .windows = n,
+                   .ppl = a.totals.ppl(),
+                   .ppl_fp16 = a.totals.ppl_ref(),
+                   .kl = a.totals.kl(),
+                   .top1 = a.totals.top1(),
+                   .ratio = a.held_bytes > 0 ? a.fp16_bytes / a.held_bytes : 0,
+                   .pages = a.pages / n});
+  }
+  return out;
+}
+
+}  // namespace sluice::tools
