@@ -148,7 +148,9 @@ TEST_P(KvCodedQuantizeTest, PagesMatchReferenceBytes) {
     EXPECT_GT(want_written[0], 0);
     EXPECT_EQ(want_written[0] % u, 0);
     EXPECT_EQ(want_written[1] % u, 0);
-    if (want_written[0] < first) EXPECT_EQ(want_written[1], 0);
+    if (want_written[0] < first) {
+      EXPECT_EQ(want_written[1], 0);
+    }
     int mismatches = 0;
     for (int i = 0; i < f.page_bytes && mismatches < 5; ++i) {
       if (got[i] != want[i]) {

@@ -194,7 +194,7 @@ absl::Status PagedKvCache::Commit(int64_t seq, int64_t n) {
 }
 
 absl::Status PagedKvCache::Flush(Seq& s) {
-  const int64_t group = layout_.token_group, cap = layout_.tokens;
+  const int64_t group = layout_.token_group;
   const int64_t movable = s.length - s.compressed - options_.preset.residual;
   const int64_t flush = movable / group * group;
   if (flush <= 0) return absl::OkStatus();
