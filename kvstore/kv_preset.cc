@@ -30,7 +30,9 @@ constexpr float kKvcompBitsHint = 2.4f;
 
 }  // namespace
 
-std::vector<std::string> KvPresetNames() { return {"fp16", "int8", "kivi4", "kivi2", "kvcomp"}; }
+std::vector<std::string> KvPresetNames() {
+  return {"fp16", "int8", "kivi4", "kivi2", "kvcomp", "sinks", "snapkv"};
+}
 
 absl::StatusOr<KvPreset> FindKvPreset(std::string_view name, int32_t head_dim, int32_t page_bytes) {
   KvPreset p;
@@ -54,6 +56,10 @@ absl::StatusOr<KvPreset> FindKvPreset(std::string_view name, int32_t head_dim, i
     p.high.v.levels = kKvcompValueLevels;
     p.high.huffman_bits = kKvcompBitsHint;
     p.residual = 128;
+  } else if (name == "sinks") {
+    p.policy = {.kind = KvPolicyKind::kSinks, .budget = 0.25f};
+  } else if (name == "snapkv") {
+    p.policy = {.kind = KvPolicyKind::kSnapKv, .budget = 0.25f};
   } else {
     return absl::NotFoundError(
         absl::StrCat("unknown KV preset \"", std::string(name),

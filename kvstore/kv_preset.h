@@ -9,6 +9,12 @@
 //          levels, both Huffman-coded with per-layer codebooks built from the prefill's codes
 //          (about 2.2 and 2.5 bits per value on SmolLM2); the most recent 128 tokens in full
 //          precision
+//   sinks  StreamingLLM: fp16 K and V; the first 4 tokens (attention sinks) and the most recent
+//          ones stay, everything between is evicted as the sequence grows, keeping 25%
+//   snapkv SnapKV: fp16 K and V; at the end of the prompt, the attention of its last 32 tokens
+//          (the observation window), summed over each kv-head's query heads and max-pooled
+//          over 7 neighbouring keys, picks the 25% of the prompt's tokens that stay (the
+//          window among them); generated tokens all stay
 #ifndef SLUICE_KVSTORE_KV_PRESET_H_
 #define SLUICE_KVSTORE_KV_PRESET_H_
 
@@ -21,8 +27,21 @@
 
 namespace sluice::kvstore {
 
+// Which tokens a preset evicts (kvstore/paged_kv_cache.h applies it).
+enum class KvPolicyKind { kNone, kSinks, kSnapKv };
+
+struct KvPolicy {
+  KvPolicyKind kind = KvPolicyKind::kNone;
+  // Fraction of the tokens kept: of the whole sequence (sinks), of the prompt (snapkv).
+  float budget = 1.f;
+  int32_t sinks = 4;         // sinks: leading tokens always kept
+  int32_t observation = 32;  // snapkv: the prompt's last tokens, whose attention scores keys
+  int32_t pool = 7;          // snapkv: max-pooling width over neighbouring keys (odd)
+};
+
 struct KvPreset {
   std::string name;
+  KvPolicy policy;
   kernels::KvTierFormat high;  // the tier every token goes to until policies add a low tier
   // Tokens kept in full precision after the compressed ones (KIVI's residual); tokens move to
   // pages in whole token groups once more than this many are committed.

@@ -83,6 +83,16 @@ absl::Status BidirectionalPageTable::EraseHigh(int32_t i) {
   return absl::OkStatus();
 }
 
+absl::Status BidirectionalPageTable::ReplaceHigh(int32_t i, PageId id) {
+  if (i < 0 || i >= high_count_) {
+    return absl::OutOfRangeError(
+        absl::StrFormat("ReplaceHigh(%d): the table holds %d high-tier pages", i, high_count_));
+  }
+  if (id < 0) return absl::InvalidArgumentError(absl::StrFormat("ReplaceHigh: page id %d", id));
+  slots_[i] = id;
+  return absl::OkStatus();
+}
+
 absl::Status BidirectionalPageTable::EraseLow(int32_t i) {
   if (i < 0 || i >= low_count_) {
     return absl::OutOfRangeError(

@@ -74,6 +74,11 @@ TEST(BidirectionalPageTable, Errors) {
   EXPECT_EQ(table.EraseHigh(0).code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(table.EraseLow(-1).code(), absl::StatusCode::kOutOfRange);
   EXPECT_THAT(table.AllPages(), ElementsAre(3));
+  EXPECT_EQ(table.ReplaceHigh(0, 7).code(), absl::StatusCode::kOutOfRange);
+  ASSERT_TRUE(table.PushHigh(8).ok());
+  EXPECT_EQ(table.ReplaceHigh(0, -2).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(table.ReplaceHigh(0, 9).ok());
+  EXPECT_THAT(table.AllPages(), ElementsAre(9, 3));
   BidirectionalPageTable negative(-4);
   EXPECT_EQ(negative.capacity(), 0);
 }

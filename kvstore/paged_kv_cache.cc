@@ -162,6 +162,9 @@ absl::Status PagedKvCache::Attend(int64_t seq, int layer, const float* q, int64_
                           ? options_.attention_scale
                           : 1.f / std::sqrt(static_cast<float>(options_.head_dim));
   const kernels::KvCodebooks codebooks = Codebooks(layer);
+  if (options_.preset.policy.kind == KvPolicyKind::kSnapKv && s->length == 0 && n > 1) {
+    SLUICE_RETURN_IF_ERROR(SnapKvSelect(*s, layer, q, n));
+  }
   return backend_.PagedAttention({.q = q,
                                   .out = out,
                                   .q_tokens = n,
@@ -190,7 +193,8 @@ absl::Status PagedKvCache::Commit(int64_t seq, int64_t n) {
     }
   }
   s->length += n;
-  return Flush(*s);
+  SLUICE_RETURN_IF_ERROR(Flush(*s));
+  return ApplyPolicy(seq, *s);
 }
 
 absl::Status PagedKvCache::Flush(Seq& s) {
@@ -208,19 +212,42 @@ absl::Status PagedKvCache::Flush(Seq& s) {
     s.v[l].erase(s.v[l].begin(), s.v[l].begin() + flush * row_);
   }
   s.compressed += flush;
+  // Evictions that waited for their tokens to reach pages.
+  for (HeadPages& hp : s.heads) {
+    const auto paged = std::lower_bound(hp.pending.begin(), hp.pending.end(), s.compressed);
+    if (paged == hp.pending.begin()) continue;
+    std::vector<int64_t> now(hp.pending.begin(), paged);
+    hp.pending.erase(hp.pending.begin(), paged);
+    SLUICE_RETURN_IF_ERROR(EvictPaged(hp, now));
+  }
   return absl::OkStatus();
 }
 
 absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush) {
-  const int64_t cap = layout_.tokens;
-  // Pages each (layer, head) needs beyond the room left in its last page; one batch
-  // allocation for all of them.
+  const int64_t cap = layout_.tokens, d = options_.head_dim;
   const int64_t lists = static_cast<int64_t>(s.heads.size());
+  // The rows each (layer, head) writes: with one-token groups, tokens evicted while still in
+  // the full-precision window (a prompt-phase policy) are dropped here and never take a slot.
+  const bool compact = layout_.token_group == 1;
+  std::vector<std::vector<int64_t>> rows(lists);
+  for (int64_t i = 0; i < lists; ++i) {
+    const std::vector<int64_t>& pending = s.heads[i].pending;
+    auto next_evicted = std::lower_bound(pending.begin(), pending.end(), s.compressed);
+    for (int64_t t = 0; t < flush; ++t) {
+      if (compact && next_evicted != pending.end() && *next_evicted == s.compressed + t) {
+        ++next_evicted;
+        continue;
+      }
+      rows[i].push_back(t);
+    }
+  }
+  // Pages each list needs beyond the room left in its last page; one batch allocation.
   std::vector<int32_t> counts(lists);
   for (int64_t i = 0; i < lists; ++i) {
     const HeadPages& hp = s.heads[i];
     const int64_t room = hp.LastOpen(layout_.tokens) ? cap - hp.slots.back() : 0;
-    counts[i] = static_cast<int32_t>(std::max<int64_t>(0, (flush - room + cap - 1) / cap));
+    const int64_t n = static_cast<int64_t>(rows[i].size());
+    counts[i] = static_cast<int32_t>(std::max<int64_t>(0, (n - room + cap - 1) / cap));
   }
   std::vector<int64_t> offsets;
   std::vector<PageId> fresh;
@@ -230,22 +257,38 @@ absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush) {
   }
   const int64_t valid_bytes = (cap + 63) / 64 * 8;
   for (PageId id : fresh) std::memset(pool_->data(id) + layout_.valid, 0, valid_bytes);
+  std::vector<float> k, v;  // gathered rows when some are dropped
   for (int64_t i = 0; i < lists; ++i) {
     const int layer = static_cast<int>(i / options_.kv_heads);
     const int64_t h = i % options_.kv_heads;
     HeadPages& hp = s.heads[i];
+    const int64_t n = static_cast<int64_t>(rows[i].size());
+    const float* src_k = s.k[layer].data() + h * d;
+    const float* src_v = s.v[layer].data() + h * d;
+    int64_t stride = row_;
+    if (n < flush) {
+      k.resize(n * d);
+      v.resize(n * d);
+      for (int64_t r = 0; r < n; ++r) {
+        std::memcpy(&k[r * d], src_k + rows[i][r] * row_, d * sizeof(float));
+        std::memcpy(&v[r * d], src_v + rows[i][r] * row_, d * sizeof(float));
+      }
+      src_k = k.data();
+      src_v = v.data();
+      stride = d;
+    }
     int64_t next = offsets[i];
-    for (int64_t t0 = 0; t0 < flush;) {
+    for (int64_t t0 = 0; t0 < n;) {
       if (!hp.LastOpen(layout_.tokens)) {
         SLUICE_RETURN_IF_ERROR(hp.table.PushHigh(fresh[next++]));
         hp.slots.push_back(0);
         hp.last_closed = false;
       }
-      const int64_t chunk = std::min<int64_t>(flush - t0, cap - hp.slots.back());
+      const int64_t chunk = std::min<int64_t>(n - t0, cap - hp.slots.back());
       SLUICE_RETURN_IF_ERROR(
-          backend_.KvQuantize({.k = s.k[layer].data() + t0 * row_ + h * options_.head_dim,
-                               .v = s.v[layer].data() + t0 * row_ + h * options_.head_dim,
-                               .stride = row_,
+          backend_.KvQuantize({.k = src_k + t0 * stride,
+                               .v = src_v + t0 * stride,
+                               .stride = stride,
                                .tokens = chunk,
                                .format = options_.preset.high,
                                .layout = layout_,
@@ -253,6 +296,12 @@ absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush) {
                                .slot = hp.slots.back()}));
       hp.slots.back() += static_cast<int32_t>(chunk);
       t0 += chunk;
+    }
+    for (int64_t t : rows[i]) hp.positions.push_back(static_cast<int32_t>(s.compressed + t));
+    if (compact) {  // the dropped tokens' evictions are done
+      auto& pending = hp.pending;
+      pending.erase(std::lower_bound(pending.begin(), pending.end(), s.compressed),
+                    std::lower_bound(pending.begin(), pending.end(), s.compressed + flush));
     }
   }
   return absl::OkStatus();
@@ -307,6 +356,9 @@ absl::Status PagedKvCache::FlushCoded(Seq& s, int64_t flush) {
       pool_->Free(added).IgnoreError();  // pages this flush took; none is shared
       hp.slots.resize(marks[i].pages);
       if (!hp.slots.empty()) hp.slots.back() = marks[i].last_slots;
+      int64_t written = 0;
+      for (int32_t n : hp.slots) written += n;
+      hp.positions.resize(written);
       hp.last_closed = marks[i].last_closed;
     }
     return st;
@@ -347,6 +399,9 @@ absl::Status PagedKvCache::FlushCoded(Seq& s, int64_t flush) {
                             kernels::KvTierFormatName(options_.preset.high), layout_.bytes_used)));
       }
       if (written < want) hp.last_closed = true;  // its bitstream is full
+      for (int64_t t = t0; t < t0 + written; ++t) {
+        hp.positions.push_back(static_cast<int32_t>(s.compressed + t));
+      }
       hp.slots.back() += static_cast<int32_t>(written);
       t0 += written;
     }
@@ -403,6 +458,7 @@ absl::Status PagedKvCache::ForkSequence(int64_t src, int64_t dst, int64_t max_to
   to.max_tokens = max_tokens;
   to.length = from->length;
   to.compressed = from->compressed;
+  to.sinks_evicted_to = from->sinks_evicted_to;
   to.k = from->k;
   to.v = from->v;
   to.heads.resize(from->heads.size());
@@ -419,9 +475,161 @@ absl::Status PagedKvCache::ForkSequence(int64_t src, int64_t dst, int64_t max_to
       SLUICE_RETURN_IF_ERROR(out.table.PushHigh(id));
     }
     out.slots = hp.slots;
+    out.positions = hp.positions;
+    out.pending = hp.pending;
     out.last_closed = hp.last_closed;
   }
   seqs_.emplace(dst, std::move(to));
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::Evict(int64_t seq, int layer, int64_t kv_head,
+                                 absl::Span<const int64_t> positions) {
+  SLUICE_ASSIGN_OR_RETURN(Seq * s, Find(seq));
+  if (layer < 0 || layer >= options_.layers || kv_head < 0 || kv_head >= options_.kv_heads) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("layer %d / kv-head %d outside [0, %d) / [0, %d)", layer, kv_head,
+                        options_.layers, options_.kv_heads));
+  }
+  std::vector<int64_t> paged;
+  HeadPages& hp = s->heads[layer * options_.kv_heads + kv_head];
+  for (int64_t p : positions) {
+    if (p < 0 || p >= s->length) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sequence %d: position %d outside its %d committed tokens", seq, p, s->length));
+    }
+  }
+  for (int64_t p : positions) {
+    if (p < s->compressed) {
+      paged.push_back(p);
+    } else {
+      hp.pending.push_back(p);
+    }
+  }
+  std::sort(hp.pending.begin(), hp.pending.end());
+  hp.pending.erase(std::unique(hp.pending.begin(), hp.pending.end()), hp.pending.end());
+  std::sort(paged.begin(), paged.end());
+  return EvictPaged(hp, paged);
+}
+
+absl::Status PagedKvCache::EvictPaged(HeadPages& hp, const std::vector<int64_t>& positions) {
+  std::vector<int32_t> touched;
+  for (int64_t p : positions) {
+    // The written slot holding position p, then its page.
+    const auto at = std::lower_bound(hp.positions.begin(), hp.positions.end(), p);
+    if (at == hp.positions.end() || *at != p) continue;  // dropped, or its page is gone
+    int64_t index = at - hp.positions.begin();
+    int32_t i = 0;
+    while (index >= hp.slots[i]) index -= hp.slots[i++];
+    const int64_t slot = index;
+    PageId id = hp.table.high(i);
+    if (pool_->refcount(id) > 1) {  // shared with a fork: this sequence gets its own copy
+      SLUICE_ASSIGN_OR_RETURN(const PageId copy, AllocatePage(1));
+      std::memcpy(pool_->data(copy), pool_->data(id), pool_->page_bytes());
+      SLUICE_RETURN_IF_ERROR(pool_->Free({id}));
+      SLUICE_RETURN_IF_ERROR(hp.table.ReplaceHigh(i, copy));
+      id = copy;
+    }
+    uint64_t* valid = reinterpret_cast<uint64_t*>(pool_->data(id) + layout_.valid);
+    valid[slot / 64] &= ~(uint64_t{1} << (slot % 64));
+    if (touched.empty() || touched.back() != i) touched.push_back(i);
+  }
+  // Pages with no live slot go back to the pool; from the back, so the indices hold.
+  for (auto it = touched.rbegin(); it != touched.rend(); ++it) {
+    const int32_t i = *it;
+    const PageId id = hp.table.high(i);
+    const uint64_t* valid = reinterpret_cast<const uint64_t*>(pool_->data(id) + layout_.valid);
+    bool live = false;
+    for (int32_t w = 0; w * 64 < hp.slots[i] && !live; ++w) {
+      const int bits = std::min(64, hp.slots[i] - w * 64);
+      live = (valid[w] & (bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1)) != 0;
+    }
+    if (live) continue;
+    const bool last = i + 1 == hp.table.high_count();
+    SLUICE_RETURN_IF_ERROR(hp.table.EraseHigh(i));
+    SLUICE_RETURN_IF_ERROR(pool_->Free({id}));
+    int64_t begin = 0;
+    for (int32_t j = 0; j < i; ++j) begin += hp.slots[j];
+    hp.positions.erase(hp.positions.begin() + begin, hp.positions.begin() + begin + hp.slots[i]);
+    hp.slots.erase(hp.slots.begin() + i);
+    // The page before a freed last page was full or closed; new tokens open a fresh one.
+    if (last) hp.last_closed = !hp.slots.empty();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::ApplyPolicy(int64_t seq, Seq& s) {
+  const KvPolicy& policy = options_.preset.policy;
+  if (policy.kind != KvPolicyKind::kSinks) return absl::OkStatus();
+  // Keep the sinks and the most recent tokens: budget * length in all, at least one recent.
+  const int64_t keep = std::max<int64_t>(policy.sinks + 1,
+                                         static_cast<int64_t>(std::ceil(policy.budget * s.length)));
+  const int64_t recent_from = s.length - (keep - policy.sinks);
+  if (s.sinks_evicted_to < 0) s.sinks_evicted_to = policy.sinks;
+  if (recent_from <= s.sinks_evicted_to) return absl::OkStatus();
+  std::vector<int64_t> positions;
+  for (int64_t p = s.sinks_evicted_to; p < recent_from; ++p) positions.push_back(p);
+  s.sinks_evicted_to = recent_from;
+  for (int l = 0; l < options_.layers; ++l) {
+    for (int64_t h = 0; h < options_.kv_heads; ++h) {
+      SLUICE_RETURN_IF_ERROR(Evict(seq, l, h, positions));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::SnapKvSelect(Seq& s, int layer, const float* q, int64_t n) {
+  const KvPolicy& policy = options_.preset.policy;
+  const int64_t window = std::min<int64_t>(policy.observation, n);
+  const int64_t keep = static_cast<int64_t>(std::ceil(policy.budget * n));
+  if (keep >= n) return absl::OkStatus();
+  const int64_t d = options_.head_dim, heads = options_.heads, group = heads / options_.kv_heads;
+  // Attention of the observation window's queries over the whole prompt, summed per key.
+  std::vector<float> scores(heads * n, 0.f), out(window * heads * d);
+  const float scale = options_.attention_scale > 0.f ? options_.attention_scale
+                                                     : 1.f / std::sqrt(static_cast<float>(d));
+  SLUICE_RETURN_IF_ERROR(backend_.Attention({.q = q + (n - window) * heads * d,
+                                             .k = s.k[layer].data(),
+                                             .v = s.v[layer].data(),
+                                             .out = out.data(),
+                                             .q_tokens = window,
+                                             .kv_tokens = n,
+                                             .q_start = n - window,
+                                             .heads = heads,
+                                             .kv_heads = options_.kv_heads,
+                                             .head_dim = d,
+                                             .scale = scale,
+                                             .key_scores = scores.data()}));
+  const int64_t candidates = n - window;  // the window itself always stays
+  const int64_t pick = std::max<int64_t>(0, keep - window);
+  const int64_t radius = policy.pool / 2;
+  std::vector<float> summed(candidates), pooled(candidates);
+  std::vector<int64_t> order(candidates);
+  for (int64_t h = 0; h < options_.kv_heads; ++h) {
+    for (int64_t j = 0; j < candidates; ++j) {
+      float a = 0;
+      for (int64_t g = 0; g < group; ++g) a += scores[(h * group + g) * n + j];
+      summed[j] = a;
+    }
+    for (int64_t j = 0; j < candidates; ++j) {
+      float m = summed[j];
+      for (int64_t o = std::max<int64_t>(0, j - radius);
+           o <= std::min<int64_t>(candidates - 1, j + radius); ++o) {
+        m = std::max(m, summed[o]);
+      }
+      pooled[j] = m;
+    }
+    for (int64_t j = 0; j < candidates; ++j) order[j] = j;
+    // Highest pooled score first; ties keep the earlier token.
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return pooled[a] > pooled[b]; });
+    std::vector<int64_t> evict(order.begin() + std::min(pick, candidates), order.end());
+    // The prompt is not committed yet: its evictions wait for Commit and the flush.
+    HeadPages& hp = s.heads[layer * options_.kv_heads + h];
+    hp.pending.insert(hp.pending.end(), evict.begin(), evict.end());
+    std::sort(hp.pending.begin(), hp.pending.end());
+    hp.pending.erase(std::unique(hp.pending.begin(), hp.pending.end()), hp.pending.end());
+  }
   return absl::OkStatus();
 }
 
@@ -453,7 +661,14 @@ KvCacheStats PagedKvCache::Stats() const {
   }
   st.pages.pages_high = static_cast<int64_t>(used_slots.size());
   st.pages.allocated_slots = st.pages.pages_high * layout_.tokens;
-  for (const auto& [id, n] : used_slots) st.pages.live_slots += n;
+  for (const auto& [id, n] : used_slots) {
+    const uint64_t* valid = reinterpret_cast<const uint64_t*>(pool_->data(id) + layout_.valid);
+    for (int32_t w = 0; w * 64 < n; ++w) {
+      const int bits = std::min(64, n - w * 64);
+      const uint64_t mask = bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
+      st.pages.live_slots += __builtin_popcountll(valid[w] & mask);
+    }
+  }
   return st;
 }
 

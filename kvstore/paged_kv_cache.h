@@ -21,6 +21,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/backend.h"
 #include "kernels/huffman.h"
 #include "kernels/kv_format.h"
@@ -85,6 +86,13 @@ class PagedKvCache final : public model::KvCache {
   // written tokens it has not committed; ResourceExhausted if the copies find no pages.
   absl::Status ForkSequence(int64_t src, int64_t dst, int64_t max_tokens);
 
+  // Evicts the tokens at `positions` of one (sequence, layer, kv-head): tokens already in pages
+  // at once (their slots turn invalid; a page left with no live token returns to the pool, and
+  // a page shared with a fork is copied first), tokens still in the full-precision window when
+  // they move to pages. InvalidArgument for a position outside the committed tokens or an
+  // unknown layer or kv-head; ResourceExhausted if a shared page cannot be copied.
+  absl::Status Evict(int64_t seq, int layer, int64_t kv_head, absl::Span<const int64_t> positions);
+
   KvCacheStats Stats() const;
   // The codebooks of `layer` (Huffman-coded presets, once that layer has compressed tokens);
   // null codebooks otherwise.
@@ -99,7 +107,10 @@ class PagedKvCache final : public model::KvCache {
   struct HeadPages {
     BidirectionalPageTable table;
     std::vector<int32_t> slots;  // slots written in each high-tier page
-    bool last_closed = false;    // the last page takes no more tokens
+    // Position of every written slot, page after page (ascending: pages fill in order).
+    std::vector<int32_t> positions;
+    std::vector<int64_t> pending;  // evicted positions still in the full-precision window
+    bool last_closed = false;      // the last page takes no more tokens
     // Whether the last page can take more tokens.
     bool LastOpen(int32_t capacity) const {
       return !slots.empty() && !last_closed && slots.back() < capacity;
@@ -112,7 +123,8 @@ class PagedKvCache final : public model::KvCache {
     // Per layer: the residual window plus the written, not yet committed tokens,
     // [tokens, kv_heads, head_dim].
     std::vector<std::vector<float>> k, v;
-    std::vector<HeadPages> heads;  // [layers * kv_heads]
+    std::vector<HeadPages> heads;   // [layers * kv_heads]
+    int64_t sinks_evicted_to = -1;  // sinks policy: positions before this are evicted (or sinks)
   };
 
   PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLayout layout,
@@ -121,6 +133,12 @@ class PagedKvCache final : public model::KvCache {
   // Moves whole token groups beyond the residual window into pages.
   absl::Status Flush(Seq& s);
   absl::Status FlushFixed(Seq& s, int64_t flush);
+  // Clears the valid bits of paged `positions` (sorted) and frees pages left with none.
+  absl::Status EvictPaged(HeadPages& hp, const std::vector<int64_t>& positions);
+  // The preset's policy after `s` committed tokens: sinks evicts what fell out of its budget.
+  absl::Status ApplyPolicy(int64_t seq, Seq& s);
+  // SnapKV at the end of a prompt of n tokens in layer `layer` (q: the prompt's queries).
+  absl::Status SnapKvSelect(Seq& s, int layer, const float* q, int64_t n);
   // Flush for Huffman-coded presets: pages one at a time, as many units as each fits.
   absl::Status FlushCoded(Seq& s, int64_t flush);
   // Builds the codebooks of `layer` from the codes of its first `tokens` tokens in `s`.

@@ -2,8 +2,10 @@
 // backends agreeing, prefix sharing by fork, errors, and every page back in the pool.
 #include "kvstore/paged_kv_cache.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -47,10 +49,14 @@ std::vector<float> Step(PagedKvCache& cache, int64_t seq, const std::vector<floa
                         const std::vector<float>& v, const std::vector<float>& q, int64_t n) {
   std::vector<float> out(n * kHeads * kDim);
   for (int l = 0; l < kLayers; ++l) {
-    EXPECT_TRUE(cache.Write(seq, l, k.data() + l * n * kRow, v.data() + l * n * kRow, n).ok());
+    const absl::Status st =
+        cache.Write(seq, l, k.data() + l * n * kRow, v.data() + l * n * kRow, n);
+    EXPECT_TRUE(st.ok()) << st;
   }
-  EXPECT_TRUE(cache.Attend(seq, 0, q.data(), n, out.data()).ok());
-  EXPECT_TRUE(cache.Commit(seq, n).ok());
+  const absl::Status attend = cache.Attend(seq, 0, q.data(), n, out.data());
+  EXPECT_TRUE(attend.ok()) << attend;
+  const absl::Status commit = cache.Commit(seq, n);
+  EXPECT_TRUE(commit.ok()) << commit;
   return out;
 }
 
@@ -241,6 +247,163 @@ TEST(PagedKvCache, ErrorsNameTheProblemAndLeaveNothingBehind) {
   EXPECT_EQ(cache->pool().used_pages(), 0);  // all or nothing
   ASSERT_TRUE(cache->RemoveSequence(3).ok());
   EXPECT_EQ(cache->RemoveSequence(3).code(), absl::StatusCode::kNotFound);
+}
+
+// Layer-0 attention of one query ([kHeads, kDim]) over the rows `keep` of k and v
+// ([tokens, kKvHeads, kDim]), by ref.
+std::vector<float> RefOverKept(const std::vector<float>& q, const std::vector<float>& k,
+                               const std::vector<float>& v, const std::vector<int64_t>& keep) {
+  std::vector<float> kk, vv;
+  for (int64_t t : keep) {
+    kk.insert(kk.end(), k.begin() + t * kRow, k.begin() + (t + 1) * kRow);
+    vv.insert(vv.end(), v.begin() + t * kRow, v.begin() + (t + 1) * kRow);
+  }
+  const int64_t n = static_cast<int64_t>(keep.size());
+  std::vector<float> out(kHeads * kDim);
+  kernels::ref::Attention({.q = q.data(),
+                           .k = kk.data(),
+                           .v = vv.data(),
+                           .out = out.data(),
+                           .q_tokens = 1,
+                           .kv_tokens = n,
+                           .q_start = n - 1,
+                           .heads = kHeads,
+                           .kv_heads = kKvHeads,
+                           .head_dim = kDim,
+                           .scale = 1.f / std::sqrt(float(kDim))});
+  return out;
+}
+
+// Evicted tokens stop counting in attention, pages with no live token go back to the pool,
+// tokens still in the full-precision window are evicted when they reach pages, and a page
+// shared with a fork is copied before its slots change.
+TEST(PagedKvCache, EvictionMasksTokensAndFreesEmptyPages) {
+  std::mt19937_64 rng(std::random_device{}());
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok());
+  auto cache = MakeCache(**cpu, "fp16", 16);
+  const int64_t n = 300;
+  ASSERT_TRUE(cache->AddSequence(1, n + 32).ok());
+  const std::vector<float> k = Random(rng, kLayers * n * kRow), v = Random(rng, kLayers * n * kRow);
+  Step(*cache, 1, k, v, Random(rng, n * kHeads * kDim), n);
+  const int64_t per_page = cache->layout().tokens;  // fp16, head_dim 32, 4 KiB pages
+  ASSERT_LT(2 * per_page, n - 16);
+  const int64_t pages_before = cache->pool().used_pages();
+  // Evict the whole second page and every third token elsewhere, plus tokens still in the
+  // 16-token window, in every (layer, head).
+  std::vector<int64_t> evicted;
+  for (int64_t t = 0; t < n; ++t) {
+    if ((t >= per_page && t < 2 * per_page) || t % 3 == 1 || t == n - 5) evicted.push_back(t);
+  }
+  ASSERT_TRUE(cache->ForkSequence(1, 2, n + 32).ok());  // shares the full pages
+  for (int l = 0; l < kLayers; ++l) {
+    for (int64_t h = 0; h < kKvHeads; ++h) ASSERT_TRUE(cache->Evict(1, l, h, evicted).ok());
+  }
+  std::vector<int64_t> keep;
+  for (int64_t t = 0; t <= n; ++t) {
+    if (!std::binary_search(evicted.begin(), evicted.end(), t)) keep.push_back(t);
+  }
+  // One more token (kept) moves the window along; n - 5 reaches a page only later, so attend
+  // now and compare with the kept set.
+  const std::vector<float> k1 = Random(rng, kLayers * kRow), v1 = Random(rng, kLayers * kRow);
+  const std::vector<float> q1 = Random(rng, kHeads * kDim);
+  std::vector<float> all_k(k.begin(), k.begin() + n * kRow), all_v(v.begin(), v.begin() + n * kRow);
+  all_k.insert(all_k.end(), k1.begin(), k1.begin() + kRow);
+  all_v.insert(all_v.end(), v1.begin(), v1.begin() + kRow);
+  // Evicted tokens still in the 16-token window (from n - 16 on) count until they reach pages.
+  std::vector<int64_t> keep_now = keep;
+  for (int64_t t : evicted) {
+    if (t >= n - 16) keep_now.push_back(t);
+  }
+  std::sort(keep_now.begin(), keep_now.end());
+  EXPECT_LT(MaxAbsDiff(Step(*cache, 1, k1, v1, q1, 1), RefOverKept(q1, all_k, all_v, keep_now)),
+            2e-3);
+  // The fork kept everything: its shared pages were copied, not changed.
+  std::vector<int64_t> all(n + 1);
+  for (int64_t t = 0; t <= n; ++t) all[t] = t;
+  EXPECT_LT(MaxAbsDiff(Step(*cache, 2, k1, v1, q1, 1), RefOverKept(q1, all_k, all_v, all)), 2e-3);
+  // Fill the window past n - 5: now it is evicted too.
+  for (int i = 0; i < 16; ++i) {
+    const std::vector<float> kx = Random(rng, kLayers * kRow), vx = Random(rng, kLayers * kRow);
+    Step(*cache, 1, kx, vx, q1, 1);
+  }
+  // Sequence 1's second page is gone in every (layer, head); sequence 2 holds its own copies.
+  ASSERT_TRUE(cache->RemoveSequence(2).ok());
+  // Every (layer, head) holds the kept tokens (n + 17 written, the evicted ones gone) in live
+  // slots or in the 16-token window.
+  const KvCacheStats st = cache->Stats();
+  EXPECT_EQ(st.pages.live_slots + st.residual_tokens,
+            kLayers * kKvHeads * (n + 17 - static_cast<int64_t>(evicted.size())));
+  EXPECT_LT(cache->pool().used_pages(), pages_before);
+  const int64_t live = cache->Stats().pages.live_slots;
+  const int64_t paged = cache->Stats().pages.allocated_slots;
+  EXPECT_LT(live, paged);
+  EXPECT_EQ(cache->Evict(1, 0, 0, {n + 100}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache->Evict(1, kLayers, 0, {1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache->Evict(9, 0, 0, {1}).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(cache->RemoveSequence(1).ok());
+  EXPECT_EQ(cache->pool().used_pages(), 0);
+}
+
+// sinks keeps the first 4 tokens and the most recent ones, a quarter of the sequence in all;
+// snapkv keeps a quarter of the prompt, its last 32 tokens among them, and every generated one.
+TEST(PagedKvCache, SinksAndSnapKvKeepTheirBudget) {
+  std::mt19937_64 rng(std::random_device{}());
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok());
+  const int64_t prompt = 400, steps = 40;
+  for (const char* preset : {"sinks", "snapkv"}) {
+    SCOPED_TRACE(preset);
+    auto cache = MakeCache(**cpu, preset, 0);
+    ASSERT_TRUE(cache->AddSequence(1, prompt + steps).ok());
+    std::vector<float> all_k = Random(rng, kLayers * prompt * kRow);
+    std::vector<float> all_v = Random(rng, kLayers * prompt * kRow);
+    // The prompt attends in every layer, as the model does: snapkv selects per layer.
+    const std::vector<float> pq = Random(rng, prompt * kHeads * kDim);
+    std::vector<float> pout(pq.size());
+    for (int l = 0; l < kLayers; ++l) {
+      ASSERT_TRUE(cache
+                      ->Write(1, l, all_k.data() + l * prompt * kRow,
+                              all_v.data() + l * prompt * kRow, prompt)
+                      .ok());
+    }
+    for (int l = 0; l < kLayers; ++l) {
+      ASSERT_TRUE(cache->Attend(1, l, pq.data(), prompt, pout.data()).ok());
+    }
+    ASSERT_TRUE(cache->Commit(1, prompt).ok());
+    all_k.resize(prompt * kRow);  // layer 0's rows, which the checks below attend over
+    all_v.resize(prompt * kRow);
+    for (int64_t i = 0; i < steps; ++i) {
+      const std::vector<float> k1 = Random(rng, kLayers * kRow), v1 = Random(rng, kLayers * kRow);
+      const std::vector<float> q1 = Random(rng, kHeads * kDim);
+      all_k.insert(all_k.end(), k1.begin(), k1.begin() + kRow);
+      all_v.insert(all_v.end(), v1.begin(), v1.begin() + kRow);
+      const std::vector<float> got = Step(*cache, 1, k1, v1, q1, 1);
+      if (std::string_view(preset) == "sinks") {
+        // Before this step's commit: 4 sinks and the recent tokens of the budget at length
+        // prompt + i, plus the new token.
+        const int64_t len = prompt + i;
+        const int64_t keep = static_cast<int64_t>(std::ceil(0.25 * len));
+        std::vector<int64_t> kept = {0, 1, 2, 3};
+        for (int64_t t = len - (keep - 4); t <= len; ++t) kept.push_back(t);
+        EXPECT_LT(MaxAbsDiff(got, RefOverKept(q1, all_k, all_v, kept)), 2e-3) << "step " << i;
+      }
+    }
+    const KvCacheStats st = cache->Stats();
+    const int64_t lists = kLayers * kKvHeads;
+    if (std::string_view(preset) == "sinks") {
+      EXPECT_EQ(st.pages.live_slots,
+                lists * static_cast<int64_t>(std::ceil(0.25 * (prompt + steps))));
+    } else {
+      EXPECT_EQ(st.pages.live_slots,
+                lists * (static_cast<int64_t>(std::ceil(0.25 * prompt)) + steps));
+      // Dropped prompt tokens never took a slot.
+      EXPECT_LT(st.pages.allocated_slots - st.pages.live_slots, cache->layout().tokens * lists);
+    }
+    EXPECT_GT(st.ratio_vs_fp16(), 2.0);
+    ASSERT_TRUE(cache->RemoveSequence(1).ok());
+    EXPECT_EQ(cache->pool().used_pages(), 0);
+  }
 }
 
 // Coded pages come one at a time; when the pool runs dry part way, every list goes back to

@@ -25,12 +25,14 @@
 #include "tools/eval_lib.h"
 
 ABSL_FLAG(std::string, text, "", "UTF-8 text file to evaluate on (required).");
-ABSL_FLAG(std::string, preset, "int8,kivi4,kivi2,kvcomp",
+ABSL_FLAG(std::string, preset, "int8,kivi4,kivi2,kvcomp,sinks,snapkv",
           "Presets to compare with fp16, comma-separated.");
 ABSL_FLAG(int64_t, context, 1024, "Tokens per window: the first half is the prompt.");
 ABSL_FLAG(int64_t, stride, 0, "Tokens from one window's start to the next; 0 = --context.");
 ABSL_FLAG(int64_t, max_windows, 0, "Most windows to evaluate; 0 = all that fit the text.");
 ABSL_FLAG(int64_t, batch, 4, "Windows decoded together.");
+ABSL_FLAG(double, budget, -1,
+          "Fraction of the tokens evicting presets (sinks, snapkv) keep; -1 = each preset's own.");
 ABSL_FLAG(int32_t, residual, -1,
           "Full-precision recent window of every preset, in tokens; -1 = each preset's own.");
 ABSL_FLAG(bool, json, false, "One JSON line per preset on stdout instead of a table.");
@@ -65,6 +67,7 @@ absl::Status Run() {
   o.max_windows = absl::GetFlag(FLAGS_max_windows);
   o.batch = absl::GetFlag(FLAGS_batch);
   o.residual = absl::GetFlag(FLAGS_residual);
+  o.budget = static_cast<float>(absl::GetFlag(FLAGS_budget));
   int64_t shown = -1;  // the percentage on screen
   o.progress = [&shown](int64_t done, int64_t total) {
     const int64_t percent = 100 * done / total;

@@ -57,6 +57,15 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
   if (o.residual >= 0) {
     for (Arm& arm : arms) arm.preset.residual = o.residual;
   }
+  if (o.budget >= 0) {
+    if (o.budget == 0 || o.budget > 1) {
+      return absl::InvalidArgumentError(absl::StrFormat("--budget %g outside (0, 1]", o.budget));
+    }
+    for (Arm& arm : arms) {
+      if (arm.preset.policy.kind != kvstore::KvPolicyKind::kNone)
+        arm.preset.policy.budget = o.budget;
+    }
+  }
   const int64_t half = o.context / 2, n = static_cast<int64_t>(starts.size());
   const int64_t total = n * (o.context - half);
   int64_t done = 0;

@@ -25,6 +25,7 @@ struct EvalOptions {
   int64_t max_windows = 0;           // 0 = every window that fits the text
   int64_t batch = 4;                 // windows decoded together
   int32_t residual = -1;             // full-precision window of every preset; -1 = its own
+  float budget = -1.f;               // fraction kept by evicting presets; -1 = their own
   // Called after each decode step with (predictions done, predictions in all).
   std::function<void(int64_t, int64_t)> progress;
 };

@@ -73,6 +73,10 @@ TEST(Eval, Fp16MatchesItselfAndCompressedPresetsDivergeALittle) {
   o.context = 128;
   EXPECT_THAT(RunEval(o, **llama, **cpu, std::vector<int32_t>(100, 1)).status().message(),
               ::testing::HasSubstr("fewer than one window"));
+  o.budget = 1.5f;
+  EXPECT_THAT(RunEval(o, **llama, **cpu, *tokens).status().message(),
+              ::testing::HasSubstr("--budget"));
+  o.budget = -1.f;
   o.presets = {"nope"};
   EXPECT_THAT(RunEval(o, **llama, **cpu, *tokens).status().message(),
               ::testing::HasSubstr("unknown KV preset"));
