@@ -259,6 +259,9 @@ absl::Status ValidatePagedAttention(const PagedAttentionParams& p) {
   }
   const int32_t n = p.page_offsets[p.kv_heads];
   if (n > 0 && p.pages == nullptr) return Invalid(kOp, "pages must be non-null");
+  if ((p.page_scores == nullptr) != (p.recent_scores == nullptr)) {
+    return Invalid(kOp, "page_scores and recent_scores go together");
+  }
   uint32_t coded_tiers_checked = 0;  // Huffman-coded tiers need codebooks once they have pages
   for (int32_t i = 0; i < n; ++i) {
     const KvPageRef& r = p.pages[i];

@@ -165,6 +165,12 @@ struct PagedAttentionParams {
   const float* recent_k = nullptr;        // [recent_tokens, kv_heads, head_dim]
   const float* recent_v = nullptr;        // [recent_tokens, kv_heads, head_dim]
   int64_t recent_tokens = 0;              // >= q_tokens
+  // Optional, both or neither: += the attention weight each key gets, summed over the queries
+  // and over the query heads of its kv-head (cumulative attention: the H2O score).
+  // page_scores: [sum of pages[i].slots], the pages in order, slot by slot (dead slots get 0);
+  // recent_scores: [kv_heads, recent_tokens].
+  float* page_scores = nullptr;
+  float* recent_scores = nullptr;
 };
 
 }  // namespace sluice::kernels

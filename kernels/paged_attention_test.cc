@@ -56,9 +56,11 @@ class PagedAttentionTest : public testing::OpTest<Op::kPagedAttention> {};
 TEST_P(PagedAttentionTest, MatchesReference) {
   const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
-  for (const Case& c : {Case{1, 9, 3, 64, 1, 5, true}, Case{1, 8, 2, 128, 40, 3, true},
-                        Case{2, 4, 4, 32, 2, 4, false}, Case{1, 16, 1, 64, 3, 9, true},
-                        Case{7, 9, 3, 64, 20, 3, true}, Case{3, 6, 3, 64, 3, 0, false}}) {
+  const std::vector<Case> cases = {Case{1, 9, 3, 64, 1, 5, true},  Case{1, 8, 2, 128, 40, 3, true},
+                                   Case{2, 4, 4, 32, 2, 4, false}, Case{1, 16, 1, 64, 3, 9, true},
+                                   Case{7, 9, 3, 64, 20, 3, true}, Case{3, 6, 3, 64, 3, 0, false},
+                                   Case{8, 6, 3, 64, 5, 0, false}};
+  for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message()
                  << "q_tokens=" << c.q_tokens << " heads=" << c.heads << "/" << c.kv_heads
                  << " d=" << c.head_dim << " recent=" << c.recent << " seed=" << seed);
@@ -147,6 +149,17 @@ TEST_P(PagedAttentionTest, MatchesReference) {
                            .recent_tokens = recent};
     std::vector<float> want(q.size());
     p.out = want.data();
+    // Key scores too, on every other case; they start from nonzero values, since they add up.
+    const bool scores = (&c - &*cases.begin()) % 2 == 0;
+    int64_t total_slots = 0;
+    for (const KvPageRef& r : pages) total_slots += r.slots;
+    std::vector<float> want_ps = testing::RandomFloats(rng, std::max<int64_t>(1, total_slots), 0, 1);
+    std::vector<float> want_rs = testing::RandomFloats(rng, c.kv_heads * recent, 0, 1);
+    const std::vector<float> ps0 = want_ps, rs0 = want_rs;
+    if (scores) {
+      p.page_scores = want_ps.data();
+      p.recent_scores = want_rs.data();
+    }
     ASSERT_TRUE(ref::PagedAttention(p).ok());
 
     // Device copies of everything the kernel reads from device memory.
@@ -172,10 +185,30 @@ TEST_P(PagedAttentionTest, MatchesReference) {
     p.recent_v = vb->data();
     p.out = ob->data();
     p.pages = device_refs.data();
+    auto psb = GuardedBuffer::Create(*backend_, ps0.size());
+    auto rsb = GuardedBuffer::Create(*backend_, rs0.size());
+    ASSERT_TRUE(psb.ok() && rsb.ok());
+    ASSERT_TRUE(psb->Upload(ps0).ok() && rsb->Upload(rs0).ok());
+    if (scores) {
+      p.page_scores = psb->data();
+      p.recent_scores = rsb->data();
+    }
     ASSERT_TRUE(backend_->PagedAttention(p).ok());
     auto got = ob->DownloadChecked();
     ASSERT_TRUE(got.ok()) << got.status();
     testing::ExpectNear(*got, want, {2e-5f}, 2e-4f, "paged attention");
+    if (scores) {
+      auto got_ps = psb->DownloadChecked();
+      auto got_rs = rsb->DownloadChecked();
+      ASSERT_TRUE(got_ps.ok() && got_rs.ok());
+      testing::ExpectNear(*got_ps, want_ps, {2e-5f}, 2e-5f, "page scores");
+      testing::ExpectNear(*got_rs, want_rs, {2e-5f}, 2e-5f, "recent scores");
+      // Each query head spends a weight of 1 in all: the scores grew by q_tokens * heads.
+      double added = 0;
+      for (size_t i = 0; i < ps0.size() && total_slots > 0; ++i) added += want_ps[i] - ps0[i];
+      for (size_t i = 0; i < rs0.size(); ++i) added += want_rs[i] - rs0[i];
+      EXPECT_NEAR(added, static_cast<double>(c.q_tokens * c.heads), 1e-3);
+    }
   }
 }
 

@@ -57,7 +57,8 @@ struct Partial {
 #pragma GCC diagnostic pop
 
 using AttendFn = void (*)(const PagedAttentionParams&, const KvHuffmanTier*, uint8_t*, int64_t,
-                          int64_t, int32_t, int32_t, const float*, ExpFn, float*, Partial*);
+                          int64_t, int32_t, int32_t, const float*, ExpFn, float*, Partial*,
+                          const int64_t*, float*, int64_t);
 using DecodeRowFn = void (*)(const KvQuantSpec&, int, int, const uint8_t*, int32_t, int32_t,
                              int32_t, int64_t, int32_t, const float*, float*);
 
@@ -109,14 +110,17 @@ std::vector<KvHuffmanTier> HuffmanTiers(const PagedAttentionParams& p, int32_t* 
 }
 
 // Appends the live tokens of page `r` to k and v, decoded to fp32.
+// origin: each gathered token's index in page_scores (`first_slot` is the page's first).
 void GatherPage(const PagedAttentionParams& p, const KvPageRef& r, const KvHuffmanTier& huffman,
-                DecodeRowFn decode, std::vector<uint8_t>& unit, std::vector<float>& k,
-                std::vector<float>& v) {
+                DecodeRowFn decode, int64_t first_slot, std::vector<uint8_t>& unit,
+                std::vector<float>& k, std::vector<float>& v, std::vector<int64_t>& origin) {
   const int d = static_cast<int>(p.head_dim);
-  auto gather = [&](const KvTierFormat& f, const KvPageLayout& l, const uint8_t* data, int n) {
+  auto gather = [&](const KvTierFormat& f, const KvPageLayout& l, const uint8_t* data, int n,
+                    int64_t base) {
     const uint64_t* valid = reinterpret_cast<const uint64_t*>(data + l.valid);
     for (int32_t s = 0; s < n; ++s) {
       if (!((valid[s / 64] >> (s % 64)) & 1)) continue;
+      origin.push_back(base + s);
       const size_t at = k.size();
       k.resize(at + d);
       v.resize(at + d);
@@ -127,12 +131,13 @@ void GatherPage(const PagedAttentionParams& p, const KvPageRef& r, const KvHuffm
     }
   };
   const KvTierFormat& f = p.formats[r.tier];
-  if (f.huffman_bits == 0.f) return gather(f, p.layouts[r.tier], r.data, r.slots);
+  if (f.huffman_bits == 0.f) return gather(f, p.layouts[r.tier], r.data, r.slots, first_slot);
   const int u = huffman.layout.unit_tokens;
   unit.resize(huffman.unit_layout.bytes_used);
   for (int first = 0; first < r.slots; first += u) {
     KvDecodeUnit(huffman, p.codebooks[r.tier], r.data, first / u, unit.data());
-    gather(huffman.unit_format, huffman.unit_layout, unit.data(), std::min(u, r.slots - first));
+    gather(huffman.unit_format, huffman.unit_layout, unit.data(), std::min(u, r.slots - first),
+           first_slot + first);
   }
 }
 
@@ -144,15 +149,20 @@ void DenseOverGathered(const PagedAttentionParams& p, Isa isa, int threads) {
   std::vector<uint8_t> unit;
   // Each kv-head holds its own number of live tokens; each runs as its own dense call.
   std::vector<std::vector<float>> k(kvh_count), v(kvh_count);
+  std::vector<std::vector<int64_t>> origin(kvh_count);
+  int64_t first_slot = 0;
   for (int64_t h = 0; h < kvh_count; ++h) {
     for (int32_t i = p.page_offsets[h]; i < p.page_offsets[h + 1]; ++i) {
-      GatherPage(p, p.pages[i], huffman[p.pages[i].tier], decode, unit, k[h], v[h]);
+      GatherPage(p, p.pages[i], huffman[p.pages[i].tier], decode, first_slot, unit, k[h], v[h],
+                 origin[h]);
+      first_slot += p.pages[i].slots;
     }
   }
   const int64_t g = p.heads / p.kv_heads;
-  std::vector<float> q(p.q_tokens * g * d), out(p.q_tokens * g * d);
+  std::vector<float> q(p.q_tokens * g * d), out(p.q_tokens * g * d), key_scores;
   for (int64_t h = 0; h < kvh_count; ++h) {
     const int64_t paged = static_cast<int64_t>(k[h].size()) / d;
+    if (p.page_scores != nullptr) key_scores.assign(g * (paged + p.recent_tokens), 0.f);
     const int64_t kv_tokens = paged + p.recent_tokens;
     k[h].resize(kv_tokens * d);
     v[h].resize(kv_tokens * d);
@@ -173,10 +183,19 @@ void DenseOverGathered(const PagedAttentionParams& p, Isa isa, int threads) {
                .heads = g,
                .kv_heads = 1,
                .head_dim = d,
-               .scale = p.scale},
+               .scale = p.scale,
+               .key_scores = p.page_scores != nullptr ? key_scores.data() : nullptr},
               isa, threads);
     for (int64_t t = 0; t < p.q_tokens; ++t) {
       std::memcpy(p.out + (t * p.heads + h * g) * d, out.data() + t * g * d, g * d * 4);
+    }
+    if (p.page_scores == nullptr) continue;
+    for (int64_t hi = 0; hi < g; ++hi) {
+      const float* ks = key_scores.data() + hi * kv_tokens;
+      for (int64_t j = 0; j < paged; ++j) p.page_scores[origin[h][j]] += ks[j];
+      for (int64_t r = 0; r < p.recent_tokens; ++r) {
+        p.recent_scores[h * p.recent_tokens + r] += ks[paged + r];
+      }
     }
   }
 }
@@ -185,7 +204,7 @@ void DenseOverGathered(const PagedAttentionParams& p, Isa isa, int threads) {
 
 void PagedAttention(const PagedAttentionParams& p, Isa isa, int threads) {
   const bool no_pages = p.page_offsets[p.kv_heads] == 0;
-  if (no_pages && p.q_tokens > kMaxFusedQueries) {
+  if (no_pages && p.q_tokens > kMaxFusedQueries && p.page_scores == nullptr) {
     // Prefill of a fresh sequence: everything is full precision.
     return Attention({.q = p.q,
                       .k = p.recent_k,
@@ -210,6 +229,13 @@ void PagedAttention(const PagedAttentionParams& p, Isa isa, int threads) {
   for (int32_t t = 0; t < p.tier_count; ++t) max_slots = std::max(max_slots, p.layouts[t].tokens);
   int32_t max_unit_bytes;
   const std::vector<KvHuffmanTier> huffman = HuffmanTiers(p, &max_unit_bytes);
+  // Key scores: each page's first slot in page_scores, and every (query, head)'s logits.
+  const bool want_scores = p.page_scores != nullptr;
+  const int32_t page_count = p.page_offsets[p.kv_heads];
+  std::vector<int64_t> slot_offsets(page_count + 1, 0);
+  for (int32_t i = 0; i < page_count; ++i) slot_offsets[i + 1] = slot_offsets[i] + p.pages[i].slots;
+  const int64_t total_slots = slot_offsets[page_count];
+  std::vector<float> logits(want_scores ? p.q_tokens * p.heads * total_slots : 0);
 
   // Tasks: (query, kv-head, run of pages). Runs are cut so that there are a few tasks per
   // thread even for one sequence with few kv-heads.
@@ -242,13 +268,19 @@ void PagedAttention(const PagedAttentionParams& p, Isa isa, int threads) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < n_tasks; ++i) {
       const Task& task = tasks[i];
+      float* task_logits =
+          want_scores ? logits.data() + (task.t * p.heads + task.kvh * g) * total_slots : nullptr;
       attend(p, huffman.data(), unit.data(), task.kvh, task.t, task.begin, task.end, Fp8Lut(),
-             ops.exp, scratch.data(), parts.data() + i * g);
+             ops.exp, scratch.data(), parts.data() + i * g, slot_offsets.data(), task_logits,
+             total_slots);
     }
   }
 
   // Merge the page partials of each (query, head) with its recent full-precision tokens.
   const int64_t merges = p.q_tokens * p.heads;
+  // With key scores: each (query, head)'s final max and normalizer, and its recent weights.
+  std::vector<float> final_m(want_scores ? merges : 0), final_l(want_scores ? merges : 0);
+  std::vector<float> recent_w(want_scores ? merges * p.recent_tokens : 0);
 #pragma omp parallel num_threads(threads) if (threads > 1 && merges > 1 && p.recent_tokens > 64)
   {
     std::vector<float> s(p.recent_tokens);
@@ -285,6 +317,30 @@ void PagedAttention(const PagedAttentionParams& p, Isa isa, int threads) {
       }
       const float inv = 1.f / l;
       for (int c = 0; c < d; ++c) out[c] *= inv;
+      if (want_scores) {
+        final_m[mi] = m;
+        final_l[mi] = l;
+        for (int64_t r = 0; r < visible; ++r) recent_w[mi * p.recent_tokens + r] = s[r] * inv;
+      }
+    }
+  }
+  if (!want_scores) return;
+  // Each kv-head's keys on one thread: weight = exp(logit - m) / l, summed over the queries
+  // and the head's query heads. Dead slots hold -inf logits and get 0.
+#pragma omp parallel for num_threads(threads) if (threads > 1 && p.kv_heads > 1)
+  for (int64_t kvh = 0; kvh < p.kv_heads; ++kvh) {
+    const int64_t s0 = slot_offsets[p.page_offsets[kvh]], s1 = slot_offsets[p.page_offsets[kvh + 1]];
+    for (int64_t t = 0; t < p.q_tokens; ++t) {
+      for (int64_t h = kvh * g; h < (kvh + 1) * g; ++h) {
+        const int64_t mi = t * p.heads + h;
+        const float* lg = logits.data() + mi * total_slots;
+        const float m = final_m[mi], inv = 1.f / final_l[mi];
+        for (int64_t j = s0; j < s1; ++j) p.page_scores[j] += std::exp(lg[j] - m) * inv;
+        const int64_t visible = p.recent_tokens - p.q_tokens + t + 1;
+        for (int64_t r = 0; r < visible; ++r) {
+          p.recent_scores[kvh * p.recent_tokens + r] += recent_w[mi * p.recent_tokens + r];
+        }
+      }
     }
   }
 }

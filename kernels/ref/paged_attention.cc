@@ -11,8 +11,11 @@ namespace sluice::kernels::ref {
 absl::Status PagedAttention(const PagedAttentionParams& p) {
   const int64_t d = p.head_dim, group = p.heads / p.kv_heads;
   for (int64_t kvh = 0; kvh < p.kv_heads; ++kvh) {
-    // The live paged tokens of this head, dequantized.
+    // The live paged tokens of this head, dequantized, and the index of each in page_scores.
     std::vector<float> k, v;
+    std::vector<int64_t> origin;
+    int64_t slot_base = 0;
+    for (int32_t i = 0; i < p.page_offsets[kvh]; ++i) slot_base += p.pages[i].slots;
     for (int32_t i = p.page_offsets[kvh]; i < p.page_offsets[kvh + 1]; ++i) {
       const KvPageRef& page = p.pages[i];
       const KvPageLayout& l = p.layouts[page.tier];
@@ -31,7 +34,9 @@ absl::Status PagedAttention(const PagedAttentionParams& p) {
         if (!((valid[s / 64] >> (s % 64)) & 1)) continue;
         k.insert(k.end(), pk.begin() + s * d, pk.begin() + (s + 1) * d);
         v.insert(v.end(), pv.begin() + s * d, pv.begin() + (s + 1) * d);
+        origin.push_back(slot_base + s);
       }
+      slot_base += page.slots;
     }
     const int64_t paged = static_cast<int64_t>(k.size()) / d;
     for (int64_t r = 0; r < p.recent_tokens; ++r) {
@@ -54,6 +59,16 @@ absl::Status PagedAttention(const PagedAttentionParams& p) {
         }
         double sum = 0;
         for (double& x : s) sum += (x = std::exp(x - mx));
+        if (p.page_scores != nullptr) {
+          for (int64_t j = 0; j < visible; ++j) {
+            const float w = static_cast<float>(s[j] / sum);
+            if (j < paged) {
+              p.page_scores[origin[j]] += w;
+            } else {
+              p.recent_scores[kvh * p.recent_tokens + (j - paged)] += w;
+            }
+          }
+        }
         float* out = p.out + (t * p.heads + h) * d;
         for (int64_t c = 0; c < d; ++c) {
           double acc = 0;
