@@ -153,7 +153,8 @@ TEST_P(PagedAttentionTest, MatchesReference) {
     const bool scores = (&c - &*cases.begin()) % 2 == 0;
     int64_t total_slots = 0;
     for (const KvPageRef& r : pages) total_slots += r.slots;
-    std::vector<float> want_ps = testing::RandomFloats(rng, std::max<int64_t>(1, total_slots), 0, 1);
+    std::vector<float> want_ps =
+        testing::RandomFloats(rng, std::max<int64_t>(1, total_slots), 0, 1);
     std::vector<float> want_rs = testing::RandomFloats(rng, c.kv_heads * recent, 0, 1);
     const std::vector<float> ps0 = want_ps, rs0 = want_rs;
     if (scores) {

@@ -31,7 +31,7 @@ constexpr float kKvcompBitsHint = 2.4f;
 }  // namespace
 
 std::vector<std::string> KvPresetNames() {
-  return {"fp16", "int8", "kivi4", "kivi2", "kvcomp", "sinks", "snapkv"};
+  return {"fp16", "int8", "kivi4", "kivi2", "kvcomp", "sinks", "snapkv", "h2o"};
 }
 
 absl::StatusOr<KvPreset> FindKvPreset(std::string_view name, int32_t head_dim, int32_t page_bytes) {
@@ -58,6 +58,8 @@ absl::StatusOr<KvPreset> FindKvPreset(std::string_view name, int32_t head_dim, i
     p.residual = 128;
   } else if (name == "sinks") {
     p.policy = {.kind = KvPolicyKind::kSinks, .budget = 0.25f};
+  } else if (name == "h2o") {
+    p.policy = {.kind = KvPolicyKind::kH2o, .budget = 0.25f};
   } else if (name == "snapkv") {
     p.policy = {.kind = KvPolicyKind::kSnapKv, .budget = 0.25f};
   } else {

@@ -15,6 +15,9 @@
 //          (the observation window), summed over each kv-head's query heads and max-pooled
 //          over 7 neighbouring keys, picks the 25% of the prompt's tokens that stay (the
 //          window among them); generated tokens all stay
+//   h2o    H2O: fp16 K and V; after every step each (layer, kv-head) keeps 25% of the tokens:
+//          the most recent half of that, and the heavy hitters with the largest cumulative
+//          attention (summed over the kv-head's query heads) among the older ones
 #ifndef SLUICE_KVSTORE_KV_PRESET_H_
 #define SLUICE_KVSTORE_KV_PRESET_H_
 
@@ -28,11 +31,11 @@
 namespace sluice::kvstore {
 
 // Which tokens a preset evicts (kvstore/paged_kv_cache.h applies it).
-enum class KvPolicyKind { kNone, kSinks, kSnapKv };
+enum class KvPolicyKind { kNone, kSinks, kSnapKv, kH2o };
 
 struct KvPolicy {
   KvPolicyKind kind = KvPolicyKind::kNone;
-  // Fraction of the tokens kept: of the whole sequence (sinks), of the prompt (snapkv).
+  // Fraction of the tokens kept: of the whole sequence (sinks, h2o), of the prompt (snapkv).
   float budget = 1.f;
   int32_t sinks = 4;         // sinks: leading tokens always kept
   int32_t observation = 32;  // snapkv: the prompt's last tokens, whose attention scores keys

@@ -165,22 +165,47 @@ absl::Status PagedKvCache::Attend(int64_t seq, int layer, const float* q, int64_
   if (options_.preset.policy.kind == KvPolicyKind::kSnapKv && s->length == 0 && n > 1) {
     SLUICE_RETURN_IF_ERROR(SnapKvSelect(*s, layer, q, n));
   }
-  return backend_.PagedAttention({.q = q,
-                                  .out = out,
-                                  .q_tokens = n,
-                                  .heads = options_.heads,
-                                  .kv_heads = options_.kv_heads,
-                                  .head_dim = options_.head_dim,
-                                  .scale = scale,
-                                  .formats = &options_.preset.high,
-                                  .layouts = &layout_,
-                                  .codebooks = &codebooks,
-                                  .tier_count = 1,
-                                  .pages = refs.data(),
-                                  .page_offsets = offsets.data(),
-                                  .recent_k = s->k[layer].data(),
-                                  .recent_v = s->v[layer].data(),
-                                  .recent_tokens = recent});
+  // H2O: every key's attention adds to its score (pages in table order, slot by slot, are the
+  // order of HeadPages::positions).
+  const bool h2o = options_.preset.policy.kind == KvPolicyKind::kH2o;
+  std::vector<float> page_scores, recent_scores;
+  if (h2o) {
+    int64_t slots = 0;
+    for (const kernels::KvPageRef& r : refs) slots += r.slots;
+    page_scores.assign(std::max<int64_t>(1, slots), 0.f);
+    recent_scores.assign(options_.kv_heads * recent, 0.f);
+  }
+  SLUICE_RETURN_IF_ERROR(
+      backend_.PagedAttention({.q = q,
+                               .out = out,
+                               .q_tokens = n,
+                               .heads = options_.heads,
+                               .kv_heads = options_.kv_heads,
+                               .head_dim = options_.head_dim,
+                               .scale = scale,
+                               .formats = &options_.preset.high,
+                               .layouts = &layout_,
+                               .codebooks = &codebooks,
+                               .tier_count = 1,
+                               .pages = refs.data(),
+                               .page_offsets = offsets.data(),
+                               .recent_k = s->k[layer].data(),
+                               .recent_v = s->v[layer].data(),
+                               .recent_tokens = recent,
+                               .page_scores = h2o ? page_scores.data() : nullptr,
+                               .recent_scores = h2o ? recent_scores.data() : nullptr}));
+  if (h2o) {
+    int64_t slot = 0;
+    for (int64_t h = 0; h < options_.kv_heads; ++h) {
+      HeadPages& hp = s->heads[layer * options_.kv_heads + h];
+      hp.score.resize(s->length + n, 0.f);
+      for (int32_t pos : hp.positions) hp.score[pos] += page_scores[slot++];
+      for (int64_t r = 0; r < recent; ++r) {
+        hp.score[s->compressed + r] += recent_scores[h * recent + r];
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status PagedKvCache::Commit(int64_t seq, int64_t n) {
@@ -477,6 +502,8 @@ absl::Status PagedKvCache::ForkSequence(int64_t src, int64_t dst, int64_t max_to
     out.slots = hp.slots;
     out.positions = hp.positions;
     out.pending = hp.pending;
+    out.score = hp.score;
+    out.gone = hp.gone;
     out.last_closed = hp.last_closed;
   }
   seqs_.emplace(dst, std::move(to));
@@ -560,6 +587,7 @@ absl::Status PagedKvCache::EvictPaged(HeadPages& hp, const std::vector<int64_t>&
 
 absl::Status PagedKvCache::ApplyPolicy(int64_t seq, Seq& s) {
   const KvPolicy& policy = options_.preset.policy;
+  if (policy.kind == KvPolicyKind::kH2o) return ApplyH2o(seq, s);
   if (policy.kind != KvPolicyKind::kSinks) return absl::OkStatus();
   // Keep the sinks and the most recent tokens: budget * length in all, at least one recent.
   const int64_t keep = std::max<int64_t>(policy.sinks + 1,
@@ -573,6 +601,39 @@ absl::Status PagedKvCache::ApplyPolicy(int64_t seq, Seq& s) {
   for (int l = 0; l < options_.layers; ++l) {
     for (int64_t h = 0; h < options_.kv_heads; ++h) {
       SLUICE_RETURN_IF_ERROR(Evict(seq, l, h, positions));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::ApplyH2o(int64_t seq, Seq& s) {
+  // Per (layer, kv-head): keep budget * length tokens, the most recent half of them and the
+  // heaviest hitters (largest cumulative attention) among the older ones.
+  const KvPolicy& policy = options_.preset.policy;
+  const int64_t keep =
+      std::max<int64_t>(2, static_cast<int64_t>(std::ceil(policy.budget * s.length)));
+  const int64_t recent = keep / 2, heavy = keep - recent;
+  const int64_t older = s.length - recent;  // candidates: positions before this
+  if (older <= heavy) return absl::OkStatus();
+  std::vector<int64_t> candidates;
+  for (int l = 0; l < options_.layers; ++l) {
+    for (int64_t h = 0; h < options_.kv_heads; ++h) {
+      HeadPages& hp = s.heads[l * options_.kv_heads + h];
+      hp.score.resize(s.length, 0.f);
+      hp.gone.resize(s.length, 0);
+      candidates.clear();
+      for (int64_t p = 0; p < older; ++p) {
+        if (!hp.gone[p]) candidates.push_back(p);
+      }
+      if (static_cast<int64_t>(candidates.size()) <= heavy) continue;
+      // Heaviest first; the rest go.
+      std::nth_element(candidates.begin(), candidates.begin() + heavy, candidates.end(),
+                       [&](int64_t a, int64_t b) {
+                         return hp.score[a] != hp.score[b] ? hp.score[a] > hp.score[b] : a < b;
+                       });
+      std::vector<int64_t> evict(candidates.begin() + heavy, candidates.end());
+      for (int64_t p : evict) hp.gone[p] = 1;
+      SLUICE_RETURN_IF_ERROR(Evict(seq, l, h, evict));
     }
   }
   return absl::OkStatus();

@@ -110,6 +110,8 @@ class PagedKvCache final : public model::KvCache {
     // Position of every written slot, page after page (ascending: pages fill in order).
     std::vector<int32_t> positions;
     std::vector<int64_t> pending;  // evicted positions still in the full-precision window
+    std::vector<float> score;      // h2o: cumulative attention by position
+    std::vector<uint8_t> gone;     // h2o: evicted, by position
     bool last_closed = false;      // the last page takes no more tokens
     // Whether the last page can take more tokens.
     bool LastOpen(int32_t capacity) const {
@@ -137,6 +139,8 @@ class PagedKvCache final : public model::KvCache {
   absl::Status EvictPaged(HeadPages& hp, const std::vector<int64_t>& positions);
   // The preset's policy after `s` committed tokens: sinks evicts what fell out of its budget.
   absl::Status ApplyPolicy(int64_t seq, Seq& s);
+  // H2O after each commit: recent half of the budget plus the heaviest hitters.
+  absl::Status ApplyH2o(int64_t seq, Seq& s);
   // SnapKV at the end of a prompt of n tokens in layer `layer` (q: the prompt's queries).
   absl::Status SnapKvSelect(Seq& s, int layer, const float* q, int64_t n);
   // Flush for Huffman-coded presets: pages one at a time, as many units as each fits.

@@ -406,6 +406,58 @@ TEST(PagedKvCache, SinksAndSnapKvKeepTheirBudget) {
   }
 }
 
+// h2o keeps a quarter of the tokens: the recent half of that and the heavy hitters. A token
+// every query attends to strongly survives the evictions and still dominates attention.
+TEST(PagedKvCache, H2oKeepsTheHeavyHitter) {
+  std::mt19937_64 rng(std::random_device{}());
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok());
+  auto cache = MakeCache(**cpu, "h2o", 0);
+  // Ties in score keep the earlier token: a heavy hitter late in the prompt survives only by
+  // its score.
+  const int64_t prompt = 200, steps = 60, heavy = 150;
+  ASSERT_TRUE(cache->AddSequence(1, prompt + steps + 1).ok());
+  std::vector<float> u(kDim, 0.f);
+  u[5] = 1.f;
+  auto scaled = [](std::vector<float> x, float a) {
+    for (float& e : x) e *= a;
+    return x;
+  };
+  // Keys small except the heavy hitter's, which points along u in every kv-head; queries
+  // point along u.
+  std::vector<float> k = scaled(Random(rng, kLayers * prompt * kRow), 0.1f);
+  const std::vector<float> v = Random(rng, kLayers * prompt * kRow);
+  for (int l = 0; l < kLayers; ++l) {
+    for (int64_t h = 0; h < kKvHeads; ++h) {
+      for (int c = 0; c < kDim; ++c) k[(l * prompt + heavy) * kRow + h * kDim + c] = 30.f * u[c];
+    }
+  }
+  std::vector<float> q;
+  for (int64_t t = 0; t < prompt; ++t) {
+    for (int h = 0; h < kHeads; ++h) q.insert(q.end(), u.begin(), u.end());
+  }
+  Step(*cache, 1, k, v, scaled(q, 3.f), prompt);
+  const std::vector<float> q1 =
+      scaled(std::vector<float>(q.begin(), q.begin() + kHeads * kDim), 3.f);
+  std::vector<float> out;
+  for (int64_t i = 0; i < steps; ++i) {
+    out = Step(*cache, 1, scaled(Random(rng, kLayers * kRow), 0.1f), Random(rng, kLayers * kRow),
+               q1, 1);
+  }
+  // Attention is on the heavy hitter: each query head's output is its kv-head's value row.
+  for (int h = 0; h < kHeads; ++h) {
+    const int64_t kvh = h / (kHeads / kKvHeads);
+    for (int c = 0; c < kDim; ++c) {
+      EXPECT_NEAR(out[h * kDim + c], v[heavy * kRow + kvh * kDim + c], 0.05) << "head " << h;
+    }
+  }
+  const int64_t len = prompt + steps;
+  EXPECT_EQ(cache->Stats().pages.live_slots,
+            kLayers * kKvHeads * static_cast<int64_t>(std::ceil(0.25 * len)));
+  ASSERT_TRUE(cache->RemoveSequence(1).ok());
+  EXPECT_EQ(cache->pool().used_pages(), 0);
+}
+
 // Coded pages come one at a time; when the pool runs dry part way, every list goes back to
 // where it was and the sequence carries on once pages are free.
 TEST(PagedKvCache, CodedFlushThatRunsOutOfPagesRollsBack) {

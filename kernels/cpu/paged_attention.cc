@@ -325,11 +325,12 @@ void PagedAttention(const PagedAttentionParams& p, Isa isa, int threads) {
     }
   }
   if (!want_scores) return;
-  // Each kv-head's keys on one thread: weight = exp(logit - m) / l, summed over the queries
-  // and the head's query heads. Dead slots hold -inf logits and get 0.
+    // Each kv-head's keys on one thread: weight = exp(logit - m) / l, summed over the queries
+    // and the head's query heads. Dead slots hold -inf logits and get 0.
 #pragma omp parallel for num_threads(threads) if (threads > 1 && p.kv_heads > 1)
   for (int64_t kvh = 0; kvh < p.kv_heads; ++kvh) {
-    const int64_t s0 = slot_offsets[p.page_offsets[kvh]], s1 = slot_offsets[p.page_offsets[kvh + 1]];
+    const int64_t s0 = slot_offsets[p.page_offsets[kvh]],
+                  s1 = slot_offsets[p.page_offsets[kvh + 1]];
     for (int64_t t = 0; t < p.q_tokens; ++t) {
       for (int64_t h = kvh * g; h < (kvh + 1) * g; ++h) {
         const int64_t mi = t * p.heads + h;
