@@ -280,6 +280,50 @@ int KvCodeAt(const KvQuantSpec& spec, int32_t head_dim, int32_t tile, const uint
   return (codes[p.byte] >> p.shift) & ((1 << spec.bits) - 1);
 }
 
+namespace {
+
+// One token's codes and per-token metadata of K or V.
+void MoveSegment(const KvQuantSpec& spec, int32_t d, int32_t tile, int32_t row_bytes, int32_t codes,
+                 int32_t meta, int32_t tokens, const uint8_t* src, int64_t src_slot, uint8_t* dst,
+                 int64_t dst_slot) {
+  if (spec.codec == KvCodec::kInt && tile > 1) {
+    for (int c = 0; c < d; ++c) {
+      const KvCodePosition from = KvCodePositionOf(spec, d, tile, src_slot, c);
+      const KvCodePosition to = KvCodePositionOf(spec, d, tile, dst_slot, c);
+      const int mask = (1 << spec.bits) - 1;
+      const int code = (src[codes + from.byte] >> from.shift) & mask;
+      uint8_t& b = dst[codes + to.byte];
+      b = static_cast<uint8_t>((b & ~(mask << to.shift)) | (code << to.shift));
+    }
+  } else {
+    std::memmove(dst + codes + dst_slot * row_bytes, src + codes + src_slot * row_bytes, row_bytes);
+  }
+  if (spec.codec == KvCodec::kF16) return;
+  // Per-token metadata, planar: scales [groups][tokens], then (int) zeros.
+  const int groups = d / KvGroupOf(spec, d) * (spec.codec == KvCodec::kInt ? 2 : 1);
+  const uint16_t* from = reinterpret_cast<const uint16_t*>(src + meta);
+  uint16_t* to = reinterpret_cast<uint16_t*>(dst + meta);
+  for (int gi = 0; gi < groups; ++gi) {
+    to[static_cast<int64_t>(gi) * tokens + dst_slot] =
+        from[static_cast<int64_t>(gi) * tokens + src_slot];
+  }
+}
+
+}  // namespace
+
+void KvMoveSlot(const KvTierFormat& f, const KvPageLayout& l, const uint8_t* src, int64_t src_slot,
+                uint8_t* dst, int64_t dst_slot) {
+  MoveSegment(f.k, f.head_dim, l.k_tile, l.k_row_bytes, l.k_codes, l.k_meta, l.tokens, src,
+              src_slot, dst, dst_slot);
+  MoveSegment(f.v, f.head_dim, 1, l.v_row_bytes, l.v_codes, l.v_meta, l.tokens, src, src_slot, dst,
+              dst_slot);
+  if (f.token_meta) {
+    std::memmove(dst + l.scores + dst_slot * 4, src + l.scores + src_slot * 4, 4);
+    std::memmove(dst + l.positions + dst_slot * 4, src + l.positions + src_slot * 4, 4);
+  }
+  reinterpret_cast<uint64_t*>(dst + l.valid)[dst_slot / 64] |= uint64_t{1} << (dst_slot % 64);
+}
+
 uint8_t FloatToFp8E4M3(float f) {
   if (std::isnan(f)) return 0x7f;
   const uint8_t sign = std::signbit(f) ? 0x80 : 0;

@@ -164,6 +164,13 @@ struct KvCodePosition {
 KvCodePosition KvCodePositionOf(const KvQuantSpec& spec, int32_t head_dim, int32_t tile,
                                 int64_t slot, int c);
 
+// Copies the token in slot `src_slot` of page `src` to slot `dst_slot` of page `dst` (the same
+// page is fine, other slots stay as they are): its codes, metadata, score and position, and sets
+// the destination's valid bit. Formats whose K is grouped per token and that are not
+// Huffman-coded only (l.token_group == 1); the caller checks.
+void KvMoveSlot(const KvTierFormat& f, const KvPageLayout& l, const uint8_t* src, int64_t src_slot,
+                uint8_t* dst, int64_t dst_slot);
+
 // OCP FP8 E4M3 (bias 7, no infinities, 0x7f/0xff NaN, max 448): round to nearest even,
 // saturating to +-448; NaN maps to 0x7f.
 uint8_t FloatToFp8E4M3(float f);

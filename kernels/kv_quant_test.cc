@@ -262,6 +262,69 @@ TEST(KvPageLayout, SegmentsFitThePageAndDoNotOverlap) {
   EXPECT_EQ(kivi2->tokens, 352);
 }
 
+// Moving a token between pages (or within one, to an earlier slot: compaction) carries its
+// codes and metadata: it dequantizes to the same values in its new slot.
+TEST(KvMoveSlot, MovedTokensDequantizeTheSame) {
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  for (const KvTierFormat& f : Formats()) {
+    auto layout = ComputePageLayout(f);
+    ASSERT_TRUE(layout.ok());
+    if (layout->token_group != 1) continue;  // K grouped along tokens moves by whole groups
+    SCOPED_TRACE(::testing::Message() << KvTierFormatName(f) << " seed=" << seed);
+    const int64_t n = layout->tokens, d = f.head_dim;
+    const std::vector<float> k = KvRows(rng, n, d, true), v = KvRows(rng, n, d, false);
+    const std::vector<uint8_t> src = RefPage(f, *layout, k, v);
+    std::vector<float> want_k(n * d), want_v(n * d);
+    ref::KvDequantize({.page = src.data(),
+                       .format = f,
+                       .layout = *layout,
+                       .tokens = n,
+                       .k = want_k.data(),
+                       .v = want_v.data()});
+    // Every other slot, in order, to the front of the same page; the rest to another page in
+    // reverse.
+    std::vector<uint8_t> same = src, other(f.page_bytes, 0);
+    std::vector<int64_t> front, back;
+    for (int64_t t = 0; t < n; ++t) (t % 2 == 0 ? front : back).push_back(t);
+    for (size_t i = 0; i < front.size(); ++i) {
+      KvMoveSlot(f, *layout, same.data(), front[i], same.data(), static_cast<int64_t>(i));
+    }
+    for (size_t i = 0; i < back.size(); ++i) {
+      KvMoveSlot(f, *layout, src.data(), back[back.size() - 1 - i], other.data(),
+                 static_cast<int64_t>(i));
+    }
+    std::vector<float> got_k(n * d), got_v(n * d), other_k(n * d), other_v(n * d);
+    ref::KvDequantize({.page = same.data(),
+                       .format = f,
+                       .layout = *layout,
+                       .tokens = n,
+                       .k = got_k.data(),
+                       .v = got_v.data()});
+    ref::KvDequantize({.page = other.data(),
+                       .format = f,
+                       .layout = *layout,
+                       .tokens = static_cast<int64_t>(back.size()),
+                       .k = other_k.data(),
+                       .v = other_v.data()});
+    for (size_t i = 0; i < front.size(); ++i) {
+      for (int64_t c = 0; c < d; ++c) {
+        ASSERT_EQ(got_k[i * d + c], want_k[front[i] * d + c]) << "front " << i;
+        ASSERT_EQ(got_v[i * d + c], want_v[front[i] * d + c]) << "front " << i;
+      }
+    }
+    for (size_t i = 0; i < back.size(); ++i) {
+      const int64_t from = back[back.size() - 1 - i];
+      for (int64_t c = 0; c < d; ++c) {
+        ASSERT_EQ(other_k[i * d + c], want_k[from * d + c]) << "back " << i;
+        ASSERT_EQ(other_v[i * d + c], want_v[from * d + c]) << "back " << i;
+      }
+    }
+    const uint64_t* valid = reinterpret_cast<const uint64_t*>(other.data() + layout->valid);
+    EXPECT_EQ(valid[0] & 1, 1u);
+  }
+}
+
 TEST(KvPageLayout, RejectsUnsupportedFormats) {
   auto msg = [](const KvTierFormat& f) {
     return std::string(ComputePageLayout(f).status().message());

@@ -582,6 +582,65 @@ absl::Status PagedKvCache::EvictPaged(HeadPages& hp, const std::vector<int64_t>&
     // The page before a freed last page was full or closed; new tokens open a fresh one.
     if (last) hp.last_closed = !hp.slots.empty();
   }
+  return MaybeCompact(hp);
+}
+
+absl::Status PagedKvCache::MaybeCompact(HeadPages& hp) {
+  // Tokens move slot by slot only where K is grouped per token and codes have a fixed width.
+  if (layout_.token_group != 1 || options_.preset.high.huffman_bits > 0) return absl::OkStatus();
+  const int32_t cap = layout_.tokens;
+  int64_t written = 0, live = 0;
+  const int32_t n = hp.table.high_count();
+  for (int32_t i = 0; i < n; ++i) {
+    const PageId id = hp.table.high(i);
+    if (pool_->refcount(id) > 1) return absl::OkStatus();  // shared with a fork: leave as is
+    written += hp.slots[i];
+    const uint64_t* valid = reinterpret_cast<const uint64_t*>(pool_->data(id) + layout_.valid);
+    for (int32_t w = 0; w * 64 < hp.slots[i]; ++w) {
+      const int bits = std::min(64, hp.slots[i] - w * 64);
+      live +=
+          __builtin_popcountll(valid[w] & (bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1));
+    }
+  }
+  // Compact once a page's worth of slots is dead: live tokens slide towards the front, in
+  // order (positions stay ascending), and the pages left empty at the end go back.
+  if (written - live < cap) return absl::OkStatus();
+  std::vector<int32_t> positions;
+  positions.reserve(live);
+  int32_t to_page = 0, to_slot = 0;
+  int64_t index = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    uint8_t* src = pool_->data(hp.table.high(i));
+    for (int32_t j = 0; j < hp.slots[i]; ++j, ++index) {
+      const uint64_t* valid = reinterpret_cast<const uint64_t*>(src + layout_.valid);
+      if (!((valid[j / 64] >> (j % 64)) & 1)) continue;
+      uint8_t* dst = pool_->data(hp.table.high(to_page));
+      if (to_page != i || to_slot != j) {
+        kernels::KvMoveSlot(options_.preset.high, layout_, src, j, dst, to_slot);
+        uint64_t* src_valid = reinterpret_cast<uint64_t*>(src + layout_.valid);
+        src_valid[j / 64] &= ~(uint64_t{1} << (j % 64));
+      }
+      positions.push_back(hp.positions[index]);
+      if (++to_slot == cap) {
+        ++to_page;
+        to_slot = 0;
+      }
+    }
+  }
+  const int32_t keep_pages = to_page + (to_slot > 0 ? 1 : 0);
+  std::vector<PageId> freed;
+  while (hp.table.high_count() > keep_pages) freed.push_back(*hp.table.PopHigh());
+  SLUICE_RETURN_IF_ERROR(pool_->Free(freed));
+  hp.slots.assign(keep_pages, cap);
+  if (to_slot > 0) hp.slots.back() = to_slot;
+  hp.positions = std::move(positions);
+  hp.last_closed = false;
+  // Clear the valid bits past the last page's live slots: later writes set their own.
+  if (to_slot > 0) {
+    uint64_t* valid =
+        reinterpret_cast<uint64_t*>(pool_->data(hp.table.high(keep_pages - 1)) + layout_.valid);
+    for (int32_t j = to_slot; j < cap; ++j) valid[j / 64] &= ~(uint64_t{1} << (j % 64));
+  }
   return absl::OkStatus();
 }
 

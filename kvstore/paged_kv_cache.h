@@ -139,6 +139,9 @@ class PagedKvCache final : public model::KvCache {
   absl::Status EvictPaged(HeadPages& hp, const std::vector<int64_t>& positions);
   // The preset's policy after `s` committed tokens: sinks evicts what fell out of its budget.
   absl::Status ApplyPolicy(int64_t seq, Seq& s);
+  // Slides a list's live tokens to the front once a page's worth of slots is dead, and frees the
+  // pages left empty (fixed-width formats with K grouped per token; unshared pages only).
+  absl::Status MaybeCompact(HeadPages& hp);
   // H2O after each commit: recent half of the budget plus the heaviest hitters.
   absl::Status ApplyH2o(int64_t seq, Seq& s);
   // SnapKV at the end of a prompt of n tokens in layer `layer` (q: the prompt's queries).

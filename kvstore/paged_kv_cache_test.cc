@@ -345,6 +345,42 @@ TEST(PagedKvCache, EvictionMasksTokensAndFreesEmptyPages) {
   EXPECT_EQ(cache->pool().used_pages(), 0);
 }
 
+// Once a page's worth of slots is dead, live tokens slide to the front and the emptied pages go
+// back; the moved tokens attend as before and can still be evicted by position.
+TEST(PagedKvCache, CompactionKeepsTokensAndFreesPages) {
+  std::mt19937_64 rng(std::random_device{}());
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok());
+  auto cache = MakeCache(**cpu, "fp16", 0);
+  const int64_t n = 200;
+  ASSERT_TRUE(cache->AddSequence(1, n + 4).ok());
+  const std::vector<float> k = Random(rng, kLayers * n * kRow), v = Random(rng, kLayers * n * kRow);
+  Step(*cache, 1, k, v, Random(rng, n * kHeads * kDim), n);
+  const int64_t cap = cache->layout().tokens, lists = kLayers * kKvHeads;
+  std::vector<int64_t> odd, keep;
+  for (int64_t t = 0; t < n; ++t) (t % 2 == 1 ? odd : keep).push_back(t);
+  for (int l = 0; l < kLayers; ++l) {
+    for (int64_t h = 0; h < kKvHeads; ++h) ASSERT_TRUE(cache->Evict(1, l, h, odd).ok());
+  }
+  const int64_t pages = (n / 2 + cap - 1) / cap;
+  EXPECT_EQ(cache->pool().used_pages(), lists * pages);
+  EXPECT_EQ(cache->Stats().pages.live_slots, lists * n / 2);
+  // Position 2 now sits in slot 1; evicting it by position still finds it.
+  for (int l = 0; l < kLayers; ++l) {
+    for (int64_t h = 0; h < kKvHeads; ++h) ASSERT_TRUE(cache->Evict(1, l, h, {2}).ok());
+  }
+  keep.erase(keep.begin() + 1);
+  const std::vector<float> k1 = Random(rng, kLayers * kRow), v1 = Random(rng, kLayers * kRow);
+  const std::vector<float> q1 = Random(rng, kHeads * kDim);
+  std::vector<float> all_k(k.begin(), k.begin() + n * kRow), all_v(v.begin(), v.begin() + n * kRow);
+  all_k.insert(all_k.end(), k1.begin(), k1.begin() + kRow);
+  all_v.insert(all_v.end(), v1.begin(), v1.begin() + kRow);
+  keep.push_back(n);
+  EXPECT_LT(MaxAbsDiff(Step(*cache, 1, k1, v1, q1, 1), RefOverKept(q1, all_k, all_v, keep)), 2e-3);
+  ASSERT_TRUE(cache->RemoveSequence(1).ok());
+  EXPECT_EQ(cache->pool().used_pages(), 0);
+}
+
 // sinks keeps the first 4 tokens and the most recent ones, a quarter of the sequence in all;
 // snapkv keeps a quarter of the prompt, its last 32 tokens among them, and every generated one.
 TEST(PagedKvCache, SinksAndSnapKvKeepTheirBudget) {
