@@ -1,5 +1,7 @@
 #include "kvstore/kv_preset.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -30,8 +32,15 @@ constexpr float kKvcompBitsHint = 2.4f;
 
 }  // namespace
 
+float PyramidBudget(const KvPolicy& policy, int layer, int layers) {
+  const float x = policy.budget, depth = static_cast<float>(policy.pyramid_depth);
+  const float bottom = x * (2.f - 1.f / depth), top = x / depth;
+  const float at = layers > 1 ? static_cast<float>(layer) / static_cast<float>(layers - 1) : 0.f;
+  return std::min(1.f, bottom + (top - bottom) * at);
+}
+
 std::vector<std::string> KvPresetNames() {
-  return {"fp16", "int8", "kivi4", "kivi2", "kvcomp", "sinks", "snapkv", "h2o"};
+  return {"fp16", "int8", "kivi4", "kivi2", "kvcomp", "sinks", "snapkv", "pyramid", "h2o"};
 }
 
 absl::StatusOr<KvPreset> FindKvPreset(std::string_view name, int32_t head_dim, int32_t page_bytes) {
@@ -60,6 +69,8 @@ absl::StatusOr<KvPreset> FindKvPreset(std::string_view name, int32_t head_dim, i
     p.policy = {.kind = KvPolicyKind::kSinks, .budget = 0.25f};
   } else if (name == "h2o") {
     p.policy = {.kind = KvPolicyKind::kH2o, .budget = 0.25f};
+  } else if (name == "pyramid") {
+    p.policy = {.kind = KvPolicyKind::kPyramid, .budget = 0.25f};
   } else if (name == "snapkv") {
     p.policy = {.kind = KvPolicyKind::kSnapKv, .budget = 0.25f};
   } else {

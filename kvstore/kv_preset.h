@@ -15,6 +15,8 @@
 //          (the observation window), summed over each kv-head's query heads and max-pooled
 //          over 7 neighbouring keys, picks the 25% of the prompt's tokens that stay (the
 //          window among them); generated tokens all stay
+//   pyramid PyramidKV: snapkv's selection with per-layer budgets, 25% of the prompt on average,
+//          more in lower layers (MiniKV's schedule, δ = 7)
 //   h2o    H2O: fp16 K and V; after every step each (layer, kv-head) keeps 25% of the tokens:
 //          the most recent half of that, and the heavy hitters with the largest cumulative
 //          attention (summed over the kv-head's query heads) among the older ones
@@ -31,16 +33,22 @@
 namespace sluice::kvstore {
 
 // Which tokens a preset evicts (kvstore/paged_kv_cache.h applies it).
-enum class KvPolicyKind { kNone, kSinks, kSnapKv, kH2o };
+enum class KvPolicyKind { kNone, kSinks, kSnapKv, kH2o, kPyramid };
 
 struct KvPolicy {
   KvPolicyKind kind = KvPolicyKind::kNone;
   // Fraction of the tokens kept: of the whole sequence (sinks, h2o), of the prompt (snapkv).
   float budget = 1.f;
-  int32_t sinks = 4;         // sinks: leading tokens always kept
-  int32_t observation = 32;  // snapkv: the prompt's last tokens, whose attention scores keys
-  int32_t pool = 7;          // snapkv: max-pooling width over neighbouring keys (odd)
+  int32_t sinks = 4;          // sinks: leading tokens always kept
+  int32_t observation = 32;   // snapkv: the prompt's last tokens, whose attention scores keys
+  int32_t pool = 7;           // snapkv: max-pooling width over neighbouring keys (odd)
+  int32_t pyramid_depth = 7;  // pyramid: the top layer keeps budget / depth (MiniKV's δ)
 };
+
+// The fraction of the prompt layer `layer` of `layers` keeps under a pyramid policy: linear in
+// depth from budget * (2 - 1/δ) at the bottom layer to budget / δ at the top (PyramidKV, MiniKV
+// §3.1.3 with δ = 7), so that the layers keep `budget` on average; at most 1.
+float PyramidBudget(const KvPolicy& policy, int layer, int layers);
 
 struct KvPreset {
   std::string name;

@@ -162,7 +162,9 @@ absl::Status PagedKvCache::Attend(int64_t seq, int layer, const float* q, int64_
                           ? options_.attention_scale
                           : 1.f / std::sqrt(static_cast<float>(options_.head_dim));
   const kernels::KvCodebooks codebooks = Codebooks(layer);
-  if (options_.preset.policy.kind == KvPolicyKind::kSnapKv && s->length == 0 && n > 1) {
+  const KvPolicyKind kind = options_.preset.policy.kind;
+  if ((kind == KvPolicyKind::kSnapKv || kind == KvPolicyKind::kPyramid) && s->length == 0 &&
+      n > 1) {
     SLUICE_RETURN_IF_ERROR(SnapKvSelect(*s, layer, q, n));
   }
   // H2O: every key's attention adds to its score (pages in table order, slot by slot, are the
@@ -701,7 +703,10 @@ absl::Status PagedKvCache::ApplyH2o(int64_t seq, Seq& s) {
 absl::Status PagedKvCache::SnapKvSelect(Seq& s, int layer, const float* q, int64_t n) {
   const KvPolicy& policy = options_.preset.policy;
   const int64_t window = std::min<int64_t>(policy.observation, n);
-  const int64_t keep = static_cast<int64_t>(std::ceil(policy.budget * n));
+  const float budget = policy.kind == KvPolicyKind::kPyramid
+                           ? PyramidBudget(policy, layer, options_.layers)
+                           : policy.budget;
+  const int64_t keep = static_cast<int64_t>(std::ceil(budget * n));
   if (keep >= n) return absl::OkStatus();
   const int64_t d = options_.head_dim, heads = options_.heads, group = heads / options_.kv_heads;
   // Attention of the observation window's queries over the whole prompt, summed per key.

@@ -382,13 +382,14 @@ TEST(PagedKvCache, CompactionKeepsTokensAndFreesPages) {
 }
 
 // sinks keeps the first 4 tokens and the most recent ones, a quarter of the sequence in all;
-// snapkv keeps a quarter of the prompt, its last 32 tokens among them, and every generated one.
+// snapkv keeps a quarter of the prompt, its last 32 tokens among them, and every generated one;
+// pyramid does so with more in the lower layer.
 TEST(PagedKvCache, SinksAndSnapKvKeepTheirBudget) {
   std::mt19937_64 rng(std::random_device{}());
   auto cpu = kernels::CpuBackend::Create();
   ASSERT_TRUE(cpu.ok());
   const int64_t prompt = 400, steps = 40;
-  for (const char* preset : {"sinks", "snapkv"}) {
+  for (const char* preset : {"sinks", "snapkv", "pyramid"}) {
     SCOPED_TRACE(preset);
     auto cache = MakeCache(**cpu, preset, 0);
     ASSERT_TRUE(cache->AddSequence(1, prompt + steps).ok());
@@ -430,9 +431,19 @@ TEST(PagedKvCache, SinksAndSnapKvKeepTheirBudget) {
     if (std::string_view(preset) == "sinks") {
       EXPECT_EQ(st.pages.live_slots,
                 lists * static_cast<int64_t>(std::ceil(0.25 * (prompt + steps))));
-    } else {
+    } else if (std::string_view(preset) == "snapkv") {
       EXPECT_EQ(st.pages.live_slots,
                 lists * (static_cast<int64_t>(std::ceil(0.25 * prompt)) + steps));
+      EXPECT_LT(st.pages.allocated_slots - st.pages.live_slots, cache->layout().tokens * lists);
+    } else {
+      // Layer 0 keeps 0.25 * (2 - 1/7) of the prompt, the top layer 0.25 / 7, but never less
+      // than the 32-token observation window.
+      int64_t want = 0;
+      for (int l = 0; l < kLayers; ++l) {
+        const float b = PyramidBudget(cache->preset().policy, l, kLayers);
+        want += std::max<int64_t>(32, static_cast<int64_t>(std::ceil(b * prompt))) + steps;
+      }
+      EXPECT_EQ(st.pages.live_slots, kKvHeads * want);
       // Dropped prompt tokens never took a slot.
       EXPECT_LT(st.pages.allocated_slots - st.pages.live_slots, cache->layout().tokens * lists);
     }
@@ -440,6 +451,19 @@ TEST(PagedKvCache, SinksAndSnapKvKeepTheirBudget) {
     ASSERT_TRUE(cache->RemoveSequence(1).ok());
     EXPECT_EQ(cache->pool().used_pages(), 0);
   }
+}
+
+TEST(KvPolicy, PyramidBudgetsFallWithDepthAndAverageTheBudget) {
+  const KvPolicy policy{.kind = KvPolicyKind::kPyramid, .budget = 0.25f};
+  double sum = 0;
+  for (int l = 0; l < 30; ++l) {
+    sum += PyramidBudget(policy, l, 30);
+    if (l > 0) EXPECT_LT(PyramidBudget(policy, l, 30), PyramidBudget(policy, l - 1, 30));
+  }
+  EXPECT_NEAR(sum / 30, 0.25, 1e-6);
+  EXPECT_FLOAT_EQ(PyramidBudget(policy, 0, 30), 0.25f * (2.f - 1.f / 7.f));
+  EXPECT_FLOAT_EQ(PyramidBudget(policy, 29, 30), 0.25f / 7.f);
+  EXPECT_FLOAT_EQ(PyramidBudget({.budget = 0.8f}, 0, 30), 1.f);  // capped
 }
 
 // h2o keeps a quarter of the tokens: the recent half of that and the heavy hitters. A token
