@@ -25,7 +25,7 @@
 #include "tools/eval_lib.h"
 
 ABSL_FLAG(std::string, text, "", "UTF-8 text file to evaluate on (required).");
-ABSL_FLAG(std::string, preset, "int8,kivi4,kivi2,kvcomp,sinks,snapkv",
+ABSL_FLAG(std::string, preset, "int8,kivi4,kivi2,kvcomp,sinks,snapkv,pyramid,h2o",
           "Presets to compare with fp16, comma-separated.");
 ABSL_FLAG(int64_t, context, 1024, "Tokens per window: the first half is the prompt.");
 ABSL_FLAG(int64_t, stride, 0, "Tokens from one window's start to the next; 0 = --context.");
