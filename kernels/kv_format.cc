@@ -112,6 +112,21 @@ std::string KvTierFormatName(const KvTierFormat& f) {
 
 namespace {
 
+// The segments over a page's n slots, from `off` on: scores and positions (token_meta), then
+// the valid bitmap. Returns the end of the bitmap.
+int64_t LayOutTokenSegments(const KvTierFormat& f, int64_t n, int64_t off, KvPageLayout* l) {
+  if (f.token_meta) {
+    l->scores = static_cast<int32_t>(off);
+    off = Align64(off + n * 4);
+    l->positions = static_cast<int32_t>(off);
+    off = Align64(off + n * 4);
+  } else {
+    l->scores = l->positions = -1;
+  }
+  l->valid = static_cast<int32_t>(off);
+  return off + (n + 63) / 64 * 8;
+}
+
 // The fixed-width layout: the largest whole number of token groups that fits the page, or
 // exactly `exact_tokens` tokens (a unit page) when that is > 0.
 absl::StatusOr<KvPageLayout> FixedLayout(const KvTierFormat& f, int64_t exact_tokens) {
@@ -144,16 +159,7 @@ absl::StatusOr<KvPageLayout> FixedLayout(const KvTierFormat& f, int64_t exact_to
     off = Align64(off + n * l.v_row_bytes);
     l.v_meta = static_cast<int32_t>(off);
     off = Align64(off + MetaBytes(f.v, f.head_dim, n));
-    if (f.token_meta) {
-      l.scores = static_cast<int32_t>(off);
-      off = Align64(off + n * 4);
-      l.positions = static_cast<int32_t>(off);
-      off = Align64(off + n * 4);
-    } else {
-      l.scores = l.positions = -1;
-    }
-    l.valid = static_cast<int32_t>(off);
-    off += (n + 63) / 64 * 8;
+    off = LayOutTokenSegments(f, n, off, &l);
     l.bytes_used = static_cast<int32_t>(off);
     return off;
   };
@@ -209,16 +215,8 @@ absl::StatusOr<KvPageLayout> HuffmanLayout(const KvTierFormat& f) {
     int64_t off = Align64((units * 2 * kKvHuffmanStreams + 1) * 4);
     l.unit_meta = static_cast<int32_t>(off);
     off = Align64(off + units * l.unit_meta_bytes);
-    if (f.token_meta) {
-      l.scores = static_cast<int32_t>(off);
-      off = Align64(off + n * 4);
-      l.positions = static_cast<int32_t>(off);
-      off = Align64(off + n * 4);
-    } else {
-      l.scores = l.positions = -1;
-    }
-    l.valid = static_cast<int32_t>(off);
-    off = Align64(off + (n + 63) / 64 * 8);
+    off = LayOutTokenSegments(f, n, off, &l);
+    off = Align64(off);
     l.bitstream = static_cast<int32_t>(off);
     l.bytes_used = f.page_bytes;
     // The nominal codes, the padding decoders read past them, and up to a byte of alignment
@@ -310,6 +308,20 @@ void MoveSegment(const KvQuantSpec& spec, int32_t d, int32_t tile, int32_t row_b
 }
 
 }  // namespace
+
+void KvWriteTokenMeta(const KvTierFormat& f, const KvPageLayout& l, uint8_t* page, int64_t slot,
+                      int64_t tokens, const float* scores, const int32_t* positions) {
+  if (f.token_meta) {
+    float* s = reinterpret_cast<float*>(page + l.scores);
+    int32_t* pos = reinterpret_cast<int32_t*>(page + l.positions);
+    for (int64_t t = 0; t < tokens; ++t) {
+      s[slot + t] = scores ? scores[t] : 0.f;
+      pos[slot + t] = positions ? positions[t] : -1;
+    }
+  }
+  uint64_t* valid = reinterpret_cast<uint64_t*>(page + l.valid);
+  for (int64_t t = slot; t < slot + tokens; ++t) valid[t / 64] |= uint64_t{1} << (t % 64);
+}
 
 void KvMoveSlot(const KvTierFormat& f, const KvPageLayout& l, const uint8_t* src, int64_t src_slot,
                 uint8_t* dst, int64_t dst_slot) {

@@ -164,6 +164,11 @@ struct KvCodePosition {
 KvCodePosition KvCodePositionOf(const KvQuantSpec& spec, int32_t head_dim, int32_t tile,
                                 int64_t slot, int c);
 
+// Stores scores and positions (with token_meta; null arrays store 0 and -1) of slots
+// [slot, slot + tokens) and marks those slots valid: what every quantizer writes besides codes.
+void KvWriteTokenMeta(const KvTierFormat& f, const KvPageLayout& l, uint8_t* page, int64_t slot,
+                      int64_t tokens, const float* scores, const int32_t* positions);
+
 // Copies the token in slot `src_slot` of page `src` to slot `dst_slot` of page `dst` (the same
 // page is fine, other slots stay as they are): its codes, metadata, score and position, and sets
 // the destination's valid bit. Formats whose K is grouped per token and that are not

@@ -189,14 +189,8 @@ absl::Status KvQuantizeHuffman(const KvQuantizeParams& p,
     SLUICE_ASSIGN_OR_RETURN(const bool fits,
                             KvAppendUnit(t, p.codebooks, unit.data(), slot / u, p.page));
     if (!fits) break;
-    if (p.format.token_meta) {
-      float* scores = reinterpret_cast<float*>(p.page + t.layout.scores);
-      int32_t* positions = reinterpret_cast<int32_t*>(p.page + t.layout.positions);
-      for (int64_t i = 0; i < u; ++i) {
-        scores[slot + i] = p.scores ? p.scores[written + i] : 0.f;
-        positions[slot + i] = p.positions ? p.positions[written + i] : -1;
-      }
-    }
+    KvWriteTokenMeta(p.format, t.layout, p.page, slot, u, p.scores ? p.scores + written : nullptr,
+                     p.positions ? p.positions + written : nullptr);
   }
   *p.tokens_written = written;
   return absl::OkStatus();

@@ -24,6 +24,22 @@ double KvCacheStats::ratio_vs_fp16() const {
   return held == 0 ? 0 : static_cast<double>(fp16_bytes()) / static_cast<double>(held);
 }
 
+namespace {
+
+// Live (valid) slots among the first `slots` of a page whose bitmap is at `valid_offset`.
+int32_t LiveSlots(const uint8_t* page, int32_t valid_offset, int32_t slots) {
+  const uint64_t* valid = reinterpret_cast<const uint64_t*>(page + valid_offset);
+  int32_t live = 0;
+  for (int32_t w = 0; w * 64 < slots; ++w) {
+    const int bits = std::min(64, slots - w * 64);
+    live +=
+        __builtin_popcountll(valid[w] & (bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1));
+  }
+  return live;
+}
+
+}  // namespace
+
 absl::StatusOr<int64_t> PagesForSequence(const KvPreset& preset, int32_t layers, int64_t kv_heads,
                                          int64_t tokens) {
   kernels::KvTierFormat format = preset.high;
@@ -158,9 +174,7 @@ absl::Status PagedKvCache::Attend(int64_t seq, int layer, const float* q, int64_
     }
     offsets.push_back(static_cast<int32_t>(refs.size()));
   }
-  const float scale = options_.attention_scale > 0.f
-                          ? options_.attention_scale
-                          : 1.f / std::sqrt(static_cast<float>(options_.head_dim));
+  const float scale = AttentionScale();
   const kernels::KvCodebooks codebooks = Codebooks(layer);
   const KvPolicyKind kind = options_.preset.policy.kind;
   if ((kind == KvPolicyKind::kSnapKv || kind == KvPolicyKind::kPyramid) && s->length == 0 &&
@@ -351,6 +365,11 @@ absl::Status PagedKvCache::BuildCodebooks(const Seq& s, int layer, int64_t token
                        options_.kv_heads * tokens, static_cast<uint32_t>(layer) * 2 + 1));
   codebooks_[layer] = std::make_unique<KvCodebookPair>(std::move(books));
   return absl::OkStatus();
+}
+
+float PagedKvCache::AttentionScale() const {
+  return options_.attention_scale > 0.f ? options_.attention_scale
+                                        : 1.f / std::sqrt(static_cast<float>(options_.head_dim));
 }
 
 kernels::KvCodebooks PagedKvCache::Codebooks(int layer) const {
@@ -567,13 +586,7 @@ absl::Status PagedKvCache::EvictPaged(HeadPages& hp, const std::vector<int64_t>&
   for (auto it = touched.rbegin(); it != touched.rend(); ++it) {
     const int32_t i = *it;
     const PageId id = hp.table.high(i);
-    const uint64_t* valid = reinterpret_cast<const uint64_t*>(pool_->data(id) + layout_.valid);
-    bool live = false;
-    for (int32_t w = 0; w * 64 < hp.slots[i] && !live; ++w) {
-      const int bits = std::min(64, hp.slots[i] - w * 64);
-      live = (valid[w] & (bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1)) != 0;
-    }
-    if (live) continue;
+    if (LiveSlots(pool_->data(id), layout_.valid, hp.slots[i]) > 0) continue;
     const bool last = i + 1 == hp.table.high_count();
     SLUICE_RETURN_IF_ERROR(hp.table.EraseHigh(i));
     SLUICE_RETURN_IF_ERROR(pool_->Free({id}));
@@ -597,12 +610,7 @@ absl::Status PagedKvCache::MaybeCompact(HeadPages& hp) {
     const PageId id = hp.table.high(i);
     if (pool_->refcount(id) > 1) return absl::OkStatus();  // shared with a fork: leave as is
     written += hp.slots[i];
-    const uint64_t* valid = reinterpret_cast<const uint64_t*>(pool_->data(id) + layout_.valid);
-    for (int32_t w = 0; w * 64 < hp.slots[i]; ++w) {
-      const int bits = std::min(64, hp.slots[i] - w * 64);
-      live +=
-          __builtin_popcountll(valid[w] & (bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1));
-    }
+    live += LiveSlots(pool_->data(id), layout_.valid, hp.slots[i]);
   }
   // Compact once a page's worth of slots is dead: live tokens slide towards the front, in
   // order (positions stay ascending), and the pages left empty at the end go back.
@@ -711,8 +719,7 @@ absl::Status PagedKvCache::SnapKvSelect(Seq& s, int layer, const float* q, int64
   const int64_t d = options_.head_dim, heads = options_.heads, group = heads / options_.kv_heads;
   // Attention of the observation window's queries over the whole prompt, summed per key.
   std::vector<float> scores(heads * n, 0.f), out(window * heads * d);
-  const float scale = options_.attention_scale > 0.f ? options_.attention_scale
-                                                     : 1.f / std::sqrt(static_cast<float>(d));
+  const float scale = AttentionScale();
   SLUICE_RETURN_IF_ERROR(backend_.Attention({.q = q + (n - window) * heads * d,
                                              .k = s.k[layer].data(),
                                              .v = s.v[layer].data(),
@@ -787,12 +794,7 @@ KvCacheStats PagedKvCache::Stats() const {
   st.pages.pages_high = static_cast<int64_t>(used_slots.size());
   st.pages.allocated_slots = st.pages.pages_high * layout_.tokens;
   for (const auto& [id, n] : used_slots) {
-    const uint64_t* valid = reinterpret_cast<const uint64_t*>(pool_->data(id) + layout_.valid);
-    for (int32_t w = 0; w * 64 < n; ++w) {
-      const int bits = std::min(64, n - w * 64);
-      const uint64_t mask = bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
-      st.pages.live_slots += __builtin_popcountll(valid[w] & mask);
-    }
+    st.pages.live_slots += LiveSlots(pool_->data(id), layout_.valid, n);
   }
   return st;
 }

@@ -132,6 +132,8 @@ class PagedKvCache final : public model::KvCache {
   PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLayout layout,
                std::unique_ptr<PagePool> pool, kernels::Backend& backend);
   absl::StatusOr<Seq*> Find(int64_t seq);
+  // options.attention_scale, or 1 / sqrt(head_dim) when it is 0.
+  float AttentionScale() const;
   // Moves whole token groups beyond the residual window into pages.
   absl::Status Flush(Seq& s);
   absl::Status FlushFixed(Seq& s, int64_t flush);

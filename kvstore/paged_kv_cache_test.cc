@@ -458,7 +458,9 @@ TEST(KvPolicy, PyramidBudgetsFallWithDepthAndAverageTheBudget) {
   double sum = 0;
   for (int l = 0; l < 30; ++l) {
     sum += PyramidBudget(policy, l, 30);
-    if (l > 0) EXPECT_LT(PyramidBudget(policy, l, 30), PyramidBudget(policy, l - 1, 30));
+    if (l > 0) {
+      EXPECT_LT(PyramidBudget(policy, l, 30), PyramidBudget(policy, l - 1, 30));
+    }
   }
   EXPECT_NEAR(sum / 30, 0.25, 1e-6);
   EXPECT_FLOAT_EQ(PyramidBudget(policy, 0, 30), 0.25f * (2.f - 1.f / 7.f));

@@ -177,16 +177,7 @@ void KvQuantize(const KvQuantizeParams& p) {
                   p.slot, l.tokens);
   QuantizeSegment(f.v, f.head_dim, 1, p.v, p.stride, p.tokens, p.page, l.v_codes, l.v_meta, p.slot,
                   l.tokens);
-  if (f.token_meta) {
-    float* scores = reinterpret_cast<float*>(p.page + l.scores);
-    int32_t* positions = reinterpret_cast<int32_t*>(p.page + l.positions);
-    for (int64_t t = 0; t < p.tokens; ++t) {
-      scores[p.slot + t] = p.scores ? p.scores[t] : 0.f;
-      positions[p.slot + t] = p.positions ? p.positions[t] : -1;
-    }
-  }
-  uint64_t* valid = reinterpret_cast<uint64_t*>(p.page + l.valid);
-  for (int64_t s = p.slot; s < p.slot + p.tokens; ++s) valid[s / 64] |= uint64_t{1} << (s % 64);
+  KvWriteTokenMeta(f, l, p.page, p.slot, p.tokens, p.scores, p.positions);
 }
 
 absl::Status KvDequantizeAny(const KvDequantizeParams& p) {
