@@ -171,6 +171,10 @@ struct PagedAttentionParams {
   // recent_scores: [kv_heads, recent_tokens].
   float* page_scores = nullptr;
   float* recent_scores = nullptr;
+  // With scores: keep each query head's apart instead of summing a kv-head's (LeanKV takes
+  // their max). page_scores is then [heads / kv_heads, sum of pages[i].slots] (query head h of
+  // kv-head h / g writes row h % g) and recent_scores [heads, recent_tokens].
+  bool scores_per_head = false;
 };
 
 }  // namespace sluice::kernels

@@ -149,13 +149,18 @@ TEST_P(PagedAttentionTest, MatchesReference) {
                            .recent_tokens = recent};
     std::vector<float> want(q.size());
     p.out = want.data();
-    // Key scores too, on every other case; they start from nonzero values, since they add up.
-    const bool scores = (&c - &*cases.begin()) % 2 == 0;
+    // Key scores on two cases of three, summed over a kv-head's query heads or kept per query
+    // head; they start from nonzero values, since they add up.
+    const int64_t index = &c - &*cases.begin();
+    const bool scores = index % 3 != 2;
+    p.scores_per_head = index % 3 == 1;
+    const int64_t g = c.heads / c.kv_heads, rows = p.scores_per_head ? g : 1;
     int64_t total_slots = 0;
     for (const KvPageRef& r : pages) total_slots += r.slots;
     std::vector<float> want_ps =
-        testing::RandomFloats(rng, std::max<int64_t>(1, total_slots), 0, 1);
-    std::vector<float> want_rs = testing::RandomFloats(rng, c.kv_heads * recent, 0, 1);
+        testing::RandomFloats(rng, std::max<int64_t>(1, rows * total_slots), 0, 1);
+    std::vector<float> want_rs =
+        testing::RandomFloats(rng, (p.scores_per_head ? c.heads : c.kv_heads) * recent, 0, 1);
     const std::vector<float> ps0 = want_ps, rs0 = want_rs;
     if (scores) {
       p.page_scores = want_ps.data();
@@ -209,6 +214,23 @@ TEST_P(PagedAttentionTest, MatchesReference) {
       for (size_t i = 0; i < ps0.size() && total_slots > 0; ++i) added += want_ps[i] - ps0[i];
       for (size_t i = 0; i < rs0.size(); ++i) added += want_rs[i] - rs0[i];
       EXPECT_NEAR(added, static_cast<double>(c.q_tokens * c.heads), 1e-3);
+      if (p.scores_per_head) {  // and each query head's own row grew by q_tokens
+        for (int64_t h = 0; h < c.heads; ++h) {
+          const int64_t kvh = h / g, hi = h % g;
+          double mine = 0;
+          for (int32_t i = offsets[kvh]; i < offsets[kvh + 1]; ++i) {
+            int64_t first = 0;
+            for (int32_t j = 0; j < i; ++j) first += pages[j].slots;
+            for (int64_t s = first; s < first + pages[i].slots; ++s) {
+              mine += want_ps[hi * total_slots + s] - ps0[hi * total_slots + s];
+            }
+          }
+          for (int64_t r = 0; r < recent; ++r) {
+            mine += want_rs[h * recent + r] - rs0[h * recent + r];
+          }
+          EXPECT_NEAR(mine, static_cast<double>(c.q_tokens), 1e-3) << "query head " << h;
+        }
+      }
     }
   }
 }

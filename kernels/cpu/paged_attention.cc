@@ -158,6 +158,7 @@ void DenseOverGathered(const PagedAttentionParams& p, Isa isa, int threads) {
       first_slot += p.pages[i].slots;
     }
   }
+  const int64_t total_slots = first_slot;
   const int64_t g = p.heads / p.kv_heads;
   std::vector<float> q(p.q_tokens * g * d), out(p.q_tokens * g * d), key_scores;
   for (int64_t h = 0; h < kvh_count; ++h) {
@@ -192,10 +193,10 @@ void DenseOverGathered(const PagedAttentionParams& p, Isa isa, int threads) {
     if (p.page_scores == nullptr) continue;
     for (int64_t hi = 0; hi < g; ++hi) {
       const float* ks = key_scores.data() + hi * kv_tokens;
-      for (int64_t j = 0; j < paged; ++j) p.page_scores[origin[h][j]] += ks[j];
-      for (int64_t r = 0; r < p.recent_tokens; ++r) {
-        p.recent_scores[h * p.recent_tokens + r] += ks[paged + r];
-      }
+      float* ps = p.page_scores + (p.scores_per_head ? hi * total_slots : 0);
+      float* rs = p.recent_scores + (p.scores_per_head ? h * g + hi : h) * p.recent_tokens;
+      for (int64_t j = 0; j < paged; ++j) ps[origin[h][j]] += ks[j];
+      for (int64_t r = 0; r < p.recent_tokens; ++r) rs[r] += ks[paged + r];
     }
   }
 }
@@ -336,11 +337,11 @@ void PagedAttention(const PagedAttentionParams& p, Isa isa, int threads) {
         const int64_t mi = t * p.heads + h;
         const float* lg = logits.data() + mi * total_slots;
         const float m = final_m[mi], inv = 1.f / final_l[mi];
-        for (int64_t j = s0; j < s1; ++j) p.page_scores[j] += std::exp(lg[j] - m) * inv;
+        float* ps = p.page_scores + (p.scores_per_head ? (h - kvh * g) * total_slots : 0);
+        float* rs = p.recent_scores + (p.scores_per_head ? h : kvh) * p.recent_tokens;
+        for (int64_t j = s0; j < s1; ++j) ps[j] += std::exp(lg[j] - m) * inv;
         const int64_t visible = p.recent_tokens - p.q_tokens + t + 1;
-        for (int64_t r = 0; r < visible; ++r) {
-          p.recent_scores[kvh * p.recent_tokens + r] += recent_w[mi * p.recent_tokens + r];
-        }
+        for (int64_t r = 0; r < visible; ++r) rs[r] += recent_w[mi * p.recent_tokens + r];
       }
     }
   }

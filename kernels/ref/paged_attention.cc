@@ -10,6 +10,8 @@ namespace sluice::kernels::ref {
 
 absl::Status PagedAttention(const PagedAttentionParams& p) {
   const int64_t d = p.head_dim, group = p.heads / p.kv_heads;
+  int64_t total_slots = 0;
+  for (int32_t i = 0; i < p.page_offsets[p.kv_heads]; ++i) total_slots += p.pages[i].slots;
   for (int64_t kvh = 0; kvh < p.kv_heads; ++kvh) {
     // The live paged tokens of this head, dequantized, and the index of each in page_scores.
     std::vector<float> k, v;
@@ -60,12 +62,15 @@ absl::Status PagedAttention(const PagedAttentionParams& p) {
         double sum = 0;
         for (double& x : s) sum += (x = std::exp(x - mx));
         if (p.page_scores != nullptr) {
+          // Rows of the score arrays this query head adds to.
+          float* ps = p.page_scores + (p.scores_per_head ? (h % group) * total_slots : 0);
+          float* rs = p.recent_scores + (p.scores_per_head ? h : kvh) * p.recent_tokens;
           for (int64_t j = 0; j < visible; ++j) {
             const float w = static_cast<float>(s[j] / sum);
             if (j < paged) {
-              p.page_scores[origin[j]] += w;
+              ps[origin[j]] += w;
             } else {
-              p.recent_scores[kvh * p.recent_tokens + (j - paged)] += w;
+              rs[j - paged] += w;
             }
           }
         }
