@@ -40,7 +40,8 @@ float PyramidBudget(const KvPolicy& policy, int layer, int layers) {
 }
 
 std::vector<std::string> KvPresetNames() {
-  return {"fp16", "int8", "kivi4", "kivi2", "kvcomp", "sinks", "snapkv", "pyramid", "h2o"};
+  return {"fp16",   "int8",    "kivi4", "kivi2",  "kvcomp",      "sinks",
+          "snapkv", "pyramid", "h2o",   "minikv", "leankv-k8v4", "leankv-k4v2"};
 }
 
 absl::StatusOr<KvPreset> FindKvPreset(std::string_view name, int32_t head_dim, int32_t page_bytes) {
@@ -73,15 +74,37 @@ absl::StatusOr<KvPreset> FindKvPreset(std::string_view name, int32_t head_dim, i
     p.policy = {.kind = KvPolicyKind::kPyramid, .budget = 0.25f};
   } else if (name == "snapkv") {
     p.policy = {.kind = KvPolicyKind::kSnapKv, .budget = 0.25f};
+  } else if (name == "minikv") {
+    // MiniKV: pyramid selection of persistent heavy hitters at the end of the prompt (half of
+    // it on average), then 2-bit KIVI codes; generated tokens all stay.
+    p.policy = {.kind = KvPolicyKind::kMiniKv, .budget = 0.5f, .pool = 1};
+    p.high.k = PerChannel(2, 32);
+    p.high.v = PerToken(2, 32);
+    p.residual = 128;
+  } else if (name == "leankv-k8v4" || name == "leankv-k4v2") {
+    // LeanKV: significant tokens in the high tier, less significant ones in the low tier, the
+    // rest evicted; the most recent 64 in full precision. K8V4 pairs with K4V2 (LeanKV's
+    // example); K4V2 with K2V2, since values have no 1-bit codes here.
+    const bool k8 = name == "leankv-k8v4";
+    p.policy = {.kind = KvPolicyKind::kLeanKv, .alpha_high = 1.f, .alpha_low = 0.02f};
+    p.high.k = k8 ? PerToken(8) : PerToken(4, 32);
+    p.high.v = k8 ? PerToken(4, 32) : PerToken(2, 32);
+    p.low = p.high;
+    p.low->k = k8 ? PerToken(4, 32) : PerToken(2, 32);
+    p.low->v = PerToken(2, 32);
+    p.residual = 64;
   } else {
     return absl::NotFoundError(
         absl::StrCat("unknown KV preset \"", std::string(name),
                      "\"; known presets: ", absl::StrJoin(KvPresetNames(), ", ")));
   }
-  if (auto layout = kernels::ComputePageLayout(p.high); !layout.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("preset ", std::string(name), " at head_dim ",
-                                                   head_dim, ": ",
-                                                   std::string(layout.status().message())));
+  for (const kernels::KvTierFormat* f : {&p.high, p.low ? &*p.low : nullptr}) {
+    if (f == nullptr) continue;
+    if (auto layout = kernels::ComputePageLayout(*f); !layout.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("preset ", std::string(name), " at head_dim ",
+                                                     head_dim, ": ",
+                                                     std::string(layout.status().message())));
+    }
   }
   return p;
 }

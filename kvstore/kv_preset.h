@@ -23,6 +23,7 @@
 #ifndef SLUICE_KVSTORE_KV_PRESET_H_
 #define SLUICE_KVSTORE_KV_PRESET_H_
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,7 +34,7 @@
 namespace sluice::kvstore {
 
 // Which tokens a preset evicts (kvstore/paged_kv_cache.h applies it).
-enum class KvPolicyKind { kNone, kSinks, kSnapKv, kH2o, kPyramid };
+enum class KvPolicyKind { kNone, kSinks, kSnapKv, kH2o, kPyramid, kMiniKv, kLeanKv };
 
 struct KvPolicy {
   KvPolicyKind kind = KvPolicyKind::kNone;
@@ -43,6 +44,11 @@ struct KvPolicy {
   int32_t observation = 32;   // snapkv: the prompt's last tokens, whose attention scores keys
   int32_t pool = 7;           // snapkv: max-pooling width over neighbouring keys (odd)
   int32_t pyramid_depth = 7;  // pyramid: the top layer keeps budget / depth (MiniKV's δ)
+  // leankv: a token whose significance (mean attention per query that saw it, max over the
+  // kv-head's query heads) is at least alpha_high / N goes to the high tier, at least
+  // alpha_low / N to the low tier, and is evicted below that (N: the sequence's length).
+  float alpha_high = 1.f;
+  float alpha_low = 0.02f;
 };
 
 // The fraction of the prompt layer `layer` of `layers` keeps under a pyramid policy: linear in
@@ -53,7 +59,10 @@ float PyramidBudget(const KvPolicy& policy, int layer, int layers);
 struct KvPreset {
   std::string name;
   KvPolicy policy;
-  kernels::KvTierFormat high;  // the tier every token goes to until policies add a low tier
+  kernels::KvTierFormat high;  // the tier tokens go to
+  // Two-tier presets (leankv): the tier of less significant tokens; its pages come from the
+  // same pool (same page size), token_group 1 and fixed-width codes in both tiers.
+  std::optional<kernels::KvTierFormat> low;
   // Tokens kept in full precision after the compressed ones (KIVI's residual); tokens move to
   // pages in whole token groups once more than this many are committed.
   int32_t residual = 0;

@@ -93,6 +93,16 @@ absl::Status BidirectionalPageTable::ReplaceHigh(int32_t i, PageId id) {
   return absl::OkStatus();
 }
 
+absl::Status BidirectionalPageTable::ReplaceLow(int32_t i, PageId id) {
+  if (i < 0 || i >= low_count_) {
+    return absl::OutOfRangeError(
+        absl::StrFormat("ReplaceLow(%d): the table holds %d low-tier pages", i, low_count_));
+  }
+  if (id < 0) return absl::InvalidArgumentError(absl::StrFormat("ReplaceLow: page id %d", id));
+  slots_[slots_.size() - 1 - i] = id;
+  return absl::OkStatus();
+}
+
 absl::Status BidirectionalPageTable::EraseLow(int32_t i) {
   if (i < 0 || i >= low_count_) {
     return absl::OutOfRangeError(

@@ -45,9 +45,10 @@ class BidirectionalPageTable {
   absl::Status EraseHigh(int32_t i);
   absl::Status EraseLow(int32_t i);
 
-  // Puts `id` in place of the i-th high-tier page (copy-on-write of a shared page).
-  // OutOfRange for i outside [0, high_count()), InvalidArgument for a negative id.
+  // Puts `id` in place of the i-th page of a tier (copy-on-write of a shared page).
+  // OutOfRange for i outside [0, count), InvalidArgument for a negative id.
   absl::Status ReplaceHigh(int32_t i, PageId id);
+  absl::Status ReplaceLow(int32_t i, PageId id);
 
   // Forgets every page; keeps the capacity. The pages themselves are the caller's to free.
   void Clear();

@@ -79,6 +79,11 @@ TEST(BidirectionalPageTable, Errors) {
   EXPECT_EQ(table.ReplaceHigh(0, -2).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(table.ReplaceHigh(0, 9).ok());
   EXPECT_THAT(table.AllPages(), ElementsAre(9, 3));
+  EXPECT_EQ(table.ReplaceLow(1, 7).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(table.ReplaceLow(0, -1).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(table.ReplaceLow(0, 4).ok());
+  EXPECT_THAT(table.AllPages(), ElementsAre(9, 4));
+  EXPECT_EQ(table.low(0), 4);
   BidirectionalPageTable negative(-4);
   EXPECT_EQ(negative.capacity(), 0);
 }

@@ -46,7 +46,10 @@ absl::StatusOr<int64_t> PagesForSequence(const KvPreset& preset, int32_t layers,
   // Huffman-coded pages: every code at the longest length a codebook may give it.
   if (format.huffman_bits > 0) format.huffman_bits = kernels::kMaxHuffmanCodeLength;
   SLUICE_ASSIGN_OR_RETURN(kernels::KvPageLayout layout, kernels::ComputePageLayout(format));
-  return (tokens + layout.tokens - 1) / layout.tokens * layers * kv_heads;
+  // Two tiers: low-tier pages hold more tokens than high-tier ones, so splitting the tokens
+  // between them costs at most the low tier's partly filled last page more.
+  const int64_t extra = preset.low ? 1 : 0;
+  return ((tokens + layout.tokens - 1) / layout.tokens + extra) * layers * kv_heads;
 }
 
 absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const PagedKvCacheOptions& o,
@@ -69,15 +72,38 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const PagedKv
   }
   if (o.preset.residual < 0) return absl::InvalidArgumentError("preset residual must be >= 0");
   SLUICE_ASSIGN_OR_RETURN(kernels::KvPageLayout layout, kernels::ComputePageLayout(o.preset.high));
+  kernels::KvPageLayout low_layout = layout;
+  const bool leankv = o.preset.policy.kind == KvPolicyKind::kLeanKv;
+  if (leankv != o.preset.low.has_value()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "preset %s: a low tier goes with the leankv policy and only with it", o.preset.name));
+  }
+  if (o.preset.low) {
+    const kernels::KvTierFormat& low = *o.preset.low;
+    SLUICE_ASSIGN_OR_RETURN(low_layout, kernels::ComputePageLayout(low));
+    if (low.head_dim != o.head_dim || low.page_bytes != o.preset.high.page_bytes ||
+        layout.token_group != 1 || low_layout.token_group != 1 || low.huffman_bits > 0 ||
+        o.preset.high.huffman_bits > 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "preset %s: both tiers need the model's head_dim, one page size, keys grouped per "
+          "token and fixed-width codes (high %s, low %s)",
+          o.preset.name, kernels::KvTierFormatName(o.preset.high), kernels::KvTierFormatName(low)));
+    }
+  }
   SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool,
                           PagePool::Create(o.pages, o.preset.high.page_bytes));
-  return std::unique_ptr<PagedKvCache>(new PagedKvCache(o, layout, std::move(pool), backend));
+  return std::unique_ptr<PagedKvCache>(
+      new PagedKvCache(o, layout, low_layout, std::move(pool), backend));
 }
 
-PagedKvCache::PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLayout layout,
-                           std::unique_ptr<PagePool> pool, kernels::Backend& backend)
+PagedKvCache::PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLayout high,
+                           kernels::KvPageLayout low, std::unique_ptr<PagePool> pool,
+                           kernels::Backend& backend)
     : options_(options),
-      layout_(layout),
+      tiers_(options.preset.low ? 2 : 1),
+      formats_{options.preset.high, options.preset.low.value_or(options.preset.high)},
+      layouts_{high, low},
+      layout_(layouts_[0]),
       row_(options.kv_heads * options.head_dim),
       pool_(std::move(pool)),
       backend_(backend),
@@ -168,28 +194,33 @@ absl::Status PagedKvCache::Attend(int64_t seq, int layer, const float* q, int64_
   std::vector<int32_t> offsets = {0};
   for (int64_t h = 0; h < options_.kv_heads; ++h) {
     const HeadPages& hp = s->heads[layer * options_.kv_heads + h];
-    const int32_t n = hp.table.high_count();
-    for (int32_t i = 0; i < n; ++i) {
-      refs.push_back({.data = pool_->data(hp.table.high(i)), .slots = hp.slots[i], .tier = 0});
+    for (int t = 0; t < tiers_; ++t) {
+      for (int32_t i = 0; i < hp.count(t); ++i) {
+        refs.push_back(
+            {.data = pool_->data(hp.page(t, i)), .slots = hp.tier[t].slots[i], .tier = t});
+      }
     }
     offsets.push_back(static_cast<int32_t>(refs.size()));
   }
   const float scale = AttentionScale();
-  const kernels::KvCodebooks codebooks = Codebooks(layer);
+  const kernels::KvCodebooks codebooks[2] = {Codebooks(layer), {}};
   const KvPolicyKind kind = options_.preset.policy.kind;
-  if ((kind == KvPolicyKind::kSnapKv || kind == KvPolicyKind::kPyramid) && s->length == 0 &&
-      n > 1) {
+  if ((kind == KvPolicyKind::kSnapKv || kind == KvPolicyKind::kPyramid ||
+       kind == KvPolicyKind::kMiniKv) &&
+      s->length == 0 && n > 1) {
     SLUICE_RETURN_IF_ERROR(SnapKvSelect(*s, layer, q, n));
   }
-  // H2O: every key's attention adds to its score (pages in table order, slot by slot, are the
-  // order of HeadPages::positions).
-  const bool h2o = options_.preset.policy.kind == KvPolicyKind::kH2o;
+  // H2O and LeanKV: every key's attention adds to its score (pages in tier and table order,
+  // slot by slot, are the order of the tiers' positions). LeanKV keeps query heads apart.
+  const bool h2o = kind == KvPolicyKind::kH2o, leankv = kind == KvPolicyKind::kLeanKv;
+  const bool scores = h2o || leankv;
+  const int64_t group = leankv ? options_.heads / options_.kv_heads : 1;
+  int64_t total_slots = 0;
+  for (const kernels::KvPageRef& r : refs) total_slots += r.slots;
   std::vector<float> page_scores, recent_scores;
-  if (h2o) {
-    int64_t slots = 0;
-    for (const kernels::KvPageRef& r : refs) slots += r.slots;
-    page_scores.assign(std::max<int64_t>(1, slots), 0.f);
-    recent_scores.assign(options_.kv_heads * recent, 0.f);
+  if (scores) {
+    page_scores.assign(std::max<int64_t>(1, group * total_slots), 0.f);
+    recent_scores.assign(group * options_.kv_heads * recent, 0.f);
   }
   SLUICE_RETURN_IF_ERROR(
       backend_.PagedAttention({.q = q,
@@ -199,25 +230,34 @@ absl::Status PagedKvCache::Attend(int64_t seq, int layer, const float* q, int64_
                                .kv_heads = options_.kv_heads,
                                .head_dim = options_.head_dim,
                                .scale = scale,
-                               .formats = &options_.preset.high,
-                               .layouts = &layout_,
-                               .codebooks = &codebooks,
-                               .tier_count = 1,
+                               .formats = formats_,
+                               .layouts = layouts_,
+                               .codebooks = codebooks,
+                               .tier_count = tiers_,
                                .pages = refs.data(),
                                .page_offsets = offsets.data(),
                                .recent_k = s->k[layer].data(),
                                .recent_v = s->v[layer].data(),
                                .recent_tokens = recent,
-                               .page_scores = h2o ? page_scores.data() : nullptr,
-                               .recent_scores = h2o ? recent_scores.data() : nullptr}));
-  if (h2o) {
-    int64_t slot = 0;
-    for (int64_t h = 0; h < options_.kv_heads; ++h) {
-      HeadPages& hp = s->heads[layer * options_.kv_heads + h];
-      hp.score.resize(s->length + n, 0.f);
-      for (int32_t pos : hp.positions) hp.score[pos] += page_scores[slot++];
-      for (int64_t r = 0; r < recent; ++r) {
-        hp.score[s->compressed + r] += recent_scores[h * recent + r];
+                               .page_scores = scores ? page_scores.data() : nullptr,
+                               .recent_scores = scores ? recent_scores.data() : nullptr,
+                               .scores_per_head = leankv}));
+  if (!scores) return absl::OkStatus();
+  int64_t slot = 0;
+  for (int64_t h = 0; h < options_.kv_heads; ++h) {
+    HeadPages& hp = s->heads[layer * options_.kv_heads + h];
+    hp.score.resize((s->length + n) * group, 0.f);
+    for (int t = 0; t < tiers_; ++t) {
+      for (int32_t pos : hp.tier[t].positions) {
+        for (int64_t g = 0; g < group; ++g) {
+          hp.score[pos * group + g] += page_scores[g * total_slots + slot];
+        }
+        ++slot;
+      }
+    }
+    for (int64_t r = 0; r < recent; ++r) {
+      for (int64_t g = 0; g < group; ++g) {
+        hp.score[(s->compressed + r) * group + g] += recent_scores[(h * group + g) * recent + r];
       }
     }
   }
@@ -234,19 +274,21 @@ absl::Status PagedKvCache::Commit(int64_t seq, int64_t n) {
     }
   }
   s->length += n;
-  SLUICE_RETURN_IF_ERROR(Flush(*s));
+  SLUICE_RETURN_IF_ERROR(Flush(*s, n));
   return ApplyPolicy(seq, *s);
 }
 
-absl::Status PagedKvCache::Flush(Seq& s) {
+absl::Status PagedKvCache::Flush(Seq& s, int64_t committed) {
   const int64_t group = layout_.token_group;
   const int64_t movable = s.length - s.compressed - options_.preset.residual;
   const int64_t flush = movable / group * group;
   if (flush <= 0) return absl::OkStatus();
+  TierChoice choice;
   if (options_.preset.high.huffman_bits > 0) {
     SLUICE_RETURN_IF_ERROR(FlushCoded(s, flush));
   } else {
-    SLUICE_RETURN_IF_ERROR(FlushFixed(s, flush));
+    if (tiers_ == 2) choice = LeanKvChoose(s, flush);
+    SLUICE_RETURN_IF_ERROR(FlushFixed(s, flush, tiers_ == 2 ? &choice : nullptr));
   }
   for (int l = 0; l < options_.layers; ++l) {
     s.k[l].erase(s.k[l].begin(), s.k[l].begin() + flush * row_);
@@ -261,33 +303,39 @@ absl::Status PagedKvCache::Flush(Seq& s) {
     hp.pending.erase(hp.pending.begin(), paged);
     SLUICE_RETURN_IF_ERROR(EvictPaged(hp, now));
   }
+  // LeanKV in generation (one token a step): each token's tier gives up its least significant.
+  if (tiers_ == 2 && committed == 1 && s.length > 1) return LeanKvVictims(s, choice);
   return absl::OkStatus();
 }
 
-absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush) {
-  const int64_t cap = layout_.tokens, d = options_.head_dim;
+absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush, const TierChoice* choice) {
+  const int64_t d = options_.head_dim, group = layout_.token_group;
   const int64_t lists = static_cast<int64_t>(s.heads.size());
-  // The rows each (layer, head) writes: with one-token groups, tokens evicted while still in
-  // the full-precision window (a prompt-phase policy) are dropped here and never take a slot.
-  const bool compact = layout_.token_group == 1;
-  std::vector<std::vector<int64_t>> rows(lists);
+  // The rows each (layer, head) writes to each tier. Tokens evicted while still in the
+  // full-precision window (a prompt-phase policy) are dropped here and never take a slot; with
+  // K grouped over several tokens, the last group is padded with copies of its last row in
+  // dead slots.
+  std::vector<std::vector<int64_t>> rows(lists * 2);
   for (int64_t i = 0; i < lists; ++i) {
     const std::vector<int64_t>& pending = s.heads[i].pending;
     auto next_evicted = std::lower_bound(pending.begin(), pending.end(), s.compressed);
     for (int64_t t = 0; t < flush; ++t) {
-      if (compact && next_evicted != pending.end() && *next_evicted == s.compressed + t) {
+      if (next_evicted != pending.end() && *next_evicted == s.compressed + t) {
         ++next_evicted;
         continue;
       }
-      rows[i].push_back(t);
+      const int tier = choice != nullptr ? (*choice)[i][t] : 0;
+      if (tier >= 0) rows[i * 2 + tier].push_back(t);
     }
   }
-  // Pages each list needs beyond the room left in its last page; one batch allocation.
-  std::vector<int32_t> counts(lists);
-  for (int64_t i = 0; i < lists; ++i) {
-    const HeadPages& hp = s.heads[i];
-    const int64_t room = hp.LastOpen(layout_.tokens) ? cap - hp.slots.back() : 0;
-    const int64_t n = static_cast<int64_t>(rows[i].size());
+  // Pages each list needs in each tier beyond the room left in its last page; one batch
+  // allocation.
+  std::vector<int32_t> counts(lists * 2);
+  for (int64_t i = 0; i < lists * 2; ++i) {
+    const TierPages& tp = s.heads[i / 2].tier[i % 2];
+    const int64_t cap = layouts_[i % 2].tokens;
+    const int64_t room = tp.LastOpen(cap) ? cap - tp.slots.back() : 0;
+    const int64_t n = (static_cast<int64_t>(rows[i].size()) + group - 1) / group * group;
     counts[i] = static_cast<int32_t>(std::max<int64_t>(0, (n - room + cap - 1) / cap));
   }
   std::vector<int64_t> offsets;
@@ -296,54 +344,75 @@ absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "KV page pool exhausted while compressing %d tokens of sequence: %s", flush, st.message()));
   }
-  const int64_t valid_bytes = (cap + 63) / 64 * 8;
-  for (PageId id : fresh) std::memset(pool_->data(id) + layout_.valid, 0, valid_bytes);
-  std::vector<float> k, v;  // gathered rows when some are dropped
-  for (int64_t i = 0; i < lists; ++i) {
-    const int layer = static_cast<int>(i / options_.kv_heads);
-    const int64_t h = i % options_.kv_heads;
-    HeadPages& hp = s.heads[i];
+  std::vector<float> k, v;  // gathered rows
+  for (int64_t i = 0; i < lists * 2; ++i) {
+    const int layer = static_cast<int>(i / 2 / options_.kv_heads);
+    const int64_t h = i / 2 % options_.kv_heads;
+    const int tier = static_cast<int>(i % 2);
+    HeadPages& hp = s.heads[i / 2];
     const int64_t n = static_cast<int64_t>(rows[i].size());
+    if (n == 0) continue;
+    const int64_t padded = (n + group - 1) / group * group;
     const float* src_k = s.k[layer].data() + h * d;
     const float* src_v = s.v[layer].data() + h * d;
     int64_t stride = row_;
     if (n < flush) {
-      k.resize(n * d);
-      v.resize(n * d);
-      for (int64_t r = 0; r < n; ++r) {
-        std::memcpy(&k[r * d], src_k + rows[i][r] * row_, d * sizeof(float));
-        std::memcpy(&v[r * d], src_v + rows[i][r] * row_, d * sizeof(float));
+      k.resize(padded * d);
+      v.resize(padded * d);
+      for (int64_t r = 0; r < padded; ++r) {
+        const int64_t from = rows[i][std::min(r, n - 1)];
+        std::memcpy(&k[r * d], src_k + from * row_, d * sizeof(float));
+        std::memcpy(&v[r * d], src_v + from * row_, d * sizeof(float));
       }
       src_k = k.data();
       src_v = v.data();
       stride = d;
     }
     int64_t next = offsets[i];
-    for (int64_t t0 = 0; t0 < n;) {
-      if (!hp.LastOpen(layout_.tokens)) {
-        SLUICE_RETURN_IF_ERROR(hp.table.PushHigh(fresh[next++]));
-        hp.slots.push_back(0);
-        hp.last_closed = false;
-      }
-      const int64_t chunk = std::min<int64_t>(n - t0, cap - hp.slots.back());
-      SLUICE_RETURN_IF_ERROR(
-          backend_.KvQuantize({.k = src_k + t0 * stride,
-                               .v = src_v + t0 * stride,
-                               .stride = stride,
-                               .tokens = chunk,
-                               .format = options_.preset.high,
-                               .layout = layout_,
-                               .page = pool_->data(hp.table.high(hp.table.high_count() - 1)),
-                               .slot = hp.slots.back()}));
-      hp.slots.back() += static_cast<int32_t>(chunk);
-      t0 += chunk;
+    SLUICE_RETURN_IF_ERROR(WriteRows(hp, tier, src_k, src_v, stride, padded, fresh, &next));
+    TierPages& tp = hp.tier[tier];
+    for (int64_t t : rows[i]) tp.positions.push_back(static_cast<int32_t>(s.compressed + t));
+    // Padding: dead slots, listed under the last row's position (positions stay sorted).
+    for (int64_t r = n; r < padded; ++r) tp.positions.push_back(tp.positions.back());
+    int64_t slot = tp.slots.back() - (padded - n);
+    for (int64_t r = n; r < padded; ++r, ++slot) {
+      uint64_t* valid = reinterpret_cast<uint64_t*>(pool_->data(hp.page(tier, hp.count(tier) - 1)) +
+                                                    layouts_[tier].valid);
+      valid[slot / 64] &= ~(uint64_t{1} << (slot % 64));
     }
-    for (int64_t t : rows[i]) hp.positions.push_back(static_cast<int32_t>(s.compressed + t));
-    if (compact) {  // the dropped tokens' evictions are done
-      auto& pending = hp.pending;
-      pending.erase(std::lower_bound(pending.begin(), pending.end(), s.compressed),
-                    std::lower_bound(pending.begin(), pending.end(), s.compressed + flush));
+  }
+  for (HeadPages& hp : s.heads) {  // the dropped tokens' evictions are done
+    auto& pending = hp.pending;
+    pending.erase(std::lower_bound(pending.begin(), pending.end(), s.compressed),
+                  std::lower_bound(pending.begin(), pending.end(), s.compressed + flush));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::WriteRows(HeadPages& hp, int t, const float* k, const float* v,
+                                     int64_t stride, int64_t n, const std::vector<PageId>& fresh,
+                                     int64_t* next) {
+  const kernels::KvPageLayout& layout = layouts_[t];
+  TierPages& tp = hp.tier[t];
+  for (int64_t t0 = 0; t0 < n;) {
+    if (!tp.LastOpen(layout.tokens)) {
+      const PageId id = fresh[(*next)++];
+      std::memset(pool_->data(id) + layout.valid, 0, (layout.tokens + 63) / 64 * 8);
+      SLUICE_RETURN_IF_ERROR(hp.Push(t, id));
+      tp.slots.push_back(0);
+      tp.last_closed = false;
     }
+    const int64_t chunk = std::min<int64_t>(n - t0, layout.tokens - tp.slots.back());
+    SLUICE_RETURN_IF_ERROR(backend_.KvQuantize({.k = k + t0 * stride,
+                                                .v = v + t0 * stride,
+                                                .stride = stride,
+                                                .tokens = chunk,
+                                                .format = formats_[t],
+                                                .layout = layout,
+                                                .page = pool_->data(hp.page(t, hp.count(t) - 1)),
+                                                .slot = tp.slots.back()}));
+    tp.slots.back() += static_cast<int32_t>(chunk);
+    t0 += chunk;
   }
   return absl::OkStatus();
 }
@@ -391,21 +460,23 @@ absl::Status PagedKvCache::FlushCoded(Seq& s, int64_t flush) {
   std::vector<Mark> marks;
   marks.reserve(s.heads.size());
   for (const HeadPages& hp : s.heads) {
+    const TierPages& tp = hp.tier[0];
     marks.push_back(
-        {hp.table.high_count(), hp.slots.empty() ? 0 : hp.slots.back(), hp.last_closed});
+        {hp.table.high_count(), tp.slots.empty() ? 0 : tp.slots.back(), tp.last_closed});
   }
   auto roll_back = [&](absl::Status st) {
     for (size_t i = 0; i < s.heads.size(); ++i) {
       HeadPages& hp = s.heads[i];
+      TierPages& tp = hp.tier[0];
       std::vector<PageId> added;
       while (hp.table.high_count() > marks[i].pages) added.push_back(*hp.table.PopHigh());
       pool_->Free(added).IgnoreError();  // pages this flush took; none is shared
-      hp.slots.resize(marks[i].pages);
-      if (!hp.slots.empty()) hp.slots.back() = marks[i].last_slots;
+      tp.slots.resize(marks[i].pages);
+      if (!tp.slots.empty()) tp.slots.back() = marks[i].last_slots;
       int64_t written = 0;
-      for (int32_t n : hp.slots) written += n;
-      hp.positions.resize(written);
-      hp.last_closed = marks[i].last_closed;
+      for (int32_t n : tp.slots) written += n;
+      tp.positions.resize(written);
+      tp.last_closed = marks[i].last_closed;
     }
     return st;
   };
@@ -414,19 +485,20 @@ absl::Status PagedKvCache::FlushCoded(Seq& s, int64_t flush) {
     const int layer = static_cast<int>(i / options_.kv_heads);
     const int64_t h = i % options_.kv_heads;
     HeadPages& hp = s.heads[i];
+    TierPages& tp = hp.tier[0];
     for (int64_t t0 = 0; t0 < flush;) {
-      if (!hp.LastOpen(layout_.tokens)) {
+      if (!tp.LastOpen(layout_.tokens)) {
         absl::StatusOr<PageId> id = AllocatePage(flush);
         if (!id.ok()) return roll_back(id.status());
         if (absl::Status st = hp.table.PushHigh(*id); !st.ok()) {
           pool_->Free({*id}).IgnoreError();
           return roll_back(st);
         }
-        hp.slots.push_back(0);
-        hp.last_closed = false;
+        tp.slots.push_back(0);
+        tp.last_closed = false;
       }
       int64_t written = 0;
-      const int64_t want = std::min<int64_t>(flush - t0, layout_.tokens - hp.slots.back());
+      const int64_t want = std::min<int64_t>(flush - t0, layout_.tokens - tp.slots.back());
       absl::Status st =
           backend_.KvQuantize({.k = s.k[layer].data() + t0 * row_ + h * options_.head_dim,
                                .v = s.v[layer].data() + t0 * row_ + h * options_.head_dim,
@@ -435,20 +507,20 @@ absl::Status PagedKvCache::FlushCoded(Seq& s, int64_t flush) {
                                .format = options_.preset.high,
                                .layout = layout_,
                                .page = pool_->data(hp.table.high(hp.table.high_count() - 1)),
-                               .slot = hp.slots.back(),
+                               .slot = tp.slots.back(),
                                .codebooks = Codebooks(layer),
                                .tokens_written = &written});
       if (!st.ok()) return roll_back(st);
-      if (written == 0 && hp.slots.back() == 0) {
+      if (written == 0 && tp.slots.back() == 0) {
         return roll_back(absl::InternalError(
             absl::StrFormat("layer %d: one unit of %s does not fit an empty %d-byte page", layer,
                             kernels::KvTierFormatName(options_.preset.high), layout_.bytes_used)));
       }
-      if (written < want) hp.last_closed = true;  // its bitstream is full
+      if (written < want) tp.last_closed = true;  // its bitstream is full
       for (int64_t t = t0; t < t0 + written; ++t) {
-        hp.positions.push_back(static_cast<int32_t>(s.compressed + t));
+        tp.positions.push_back(static_cast<int32_t>(s.compressed + t));
       }
-      hp.slots.back() += static_cast<int32_t>(written);
+      tp.slots.back() += static_cast<int32_t>(written);
       t0 += written;
     }
   }
@@ -483,15 +555,16 @@ absl::Status PagedKvCache::ForkSequence(int64_t src, int64_t dst, int64_t max_to
           "sequence %d has written tokens it has not committed; fork after Commit", src));
     }
   }
-  // Full pages are shared; a partly filled last page gets a private copy.
+  // Full pages are shared; each tier's partly filled last page gets a private copy.
   std::vector<PageId> shared;
-  std::vector<int32_t> copies(from->heads.size());
+  std::vector<int32_t> copies(from->heads.size() * 2);
   for (size_t i = 0; i < from->heads.size(); ++i) {
     const HeadPages& hp = from->heads[i];
-    const int32_t n = hp.table.high_count();
-    const bool partial = hp.LastOpen(layout_.tokens);
-    for (int32_t j = 0; j < n - (partial ? 1 : 0); ++j) shared.push_back(hp.table.high(j));
-    copies[i] = partial ? 1 : 0;
+    for (int t = 0; t < tiers_; ++t) {
+      const bool partial = hp.tier[t].LastOpen(layouts_[t].tokens);
+      for (int32_t j = 0; j < hp.count(t) - (partial ? 1 : 0); ++j) shared.push_back(hp.page(t, j));
+      copies[i * 2 + t] = partial ? 1 : 0;
+    }
   }
   std::vector<int64_t> offsets;
   std::vector<PageId> fresh;
@@ -511,21 +584,21 @@ absl::Status PagedKvCache::ForkSequence(int64_t src, int64_t dst, int64_t max_to
   for (size_t i = 0; i < from->heads.size(); ++i) {
     const HeadPages& hp = from->heads[i];
     HeadPages& out = to.heads[i];
-    const int32_t n = hp.table.high_count();
-    for (int32_t j = 0; j < n; ++j) {
-      PageId id = hp.table.high(j);
-      if (j == n - 1 && copies[i] == 1) {
-        id = fresh[offsets[i]];
-        std::memcpy(pool_->data(id), pool_->data(hp.table.high(j)), pool_->page_bytes());
+    for (int t = 0; t < tiers_; ++t) {
+      const int32_t n = hp.count(t);
+      for (int32_t j = 0; j < n; ++j) {
+        PageId id = hp.page(t, j);
+        if (j == n - 1 && copies[i * 2 + t] == 1) {
+          id = fresh[offsets[i * 2 + t]];
+          std::memcpy(pool_->data(id), pool_->data(hp.page(t, j)), pool_->page_bytes());
+        }
+        SLUICE_RETURN_IF_ERROR(out.Push(t, id));
       }
-      SLUICE_RETURN_IF_ERROR(out.table.PushHigh(id));
+      out.tier[t] = hp.tier[t];
     }
-    out.slots = hp.slots;
-    out.positions = hp.positions;
     out.pending = hp.pending;
     out.score = hp.score;
     out.gone = hp.gone;
-    out.last_closed = hp.last_closed;
   }
   seqs_.emplace(dst, std::move(to));
   return absl::OkStatus();
@@ -560,77 +633,103 @@ absl::Status PagedKvCache::Evict(int64_t seq, int layer, int64_t kv_head,
   return EvictPaged(hp, paged);
 }
 
-absl::Status PagedKvCache::EvictPaged(HeadPages& hp, const std::vector<int64_t>& positions) {
-  std::vector<int32_t> touched;
-  for (int64_t p : positions) {
-    // The written slot holding position p, then its page.
-    const auto at = std::lower_bound(hp.positions.begin(), hp.positions.end(), p);
-    if (at == hp.positions.end() || *at != p) continue;  // dropped, or its page is gone
-    int64_t index = at - hp.positions.begin();
+bool PagedKvCache::Locate(const HeadPages& hp, int64_t position, int* tier, int32_t* page,
+                          int32_t* slot) const {
+  for (int t = 0; t < tiers_; ++t) {
+    const std::vector<int32_t>& positions = hp.tier[t].positions;
+    // The high tier's positions are sorted; the low tier's come in the order of demotion.
+    const auto at = t == 0 ? std::lower_bound(positions.begin(), positions.end(), position)
+                           : std::find(positions.begin(), positions.end(), position);
+    if (at == positions.end() || *at != position) continue;  // dropped, or its page is gone
+    int64_t index = at - positions.begin();
     int32_t i = 0;
-    while (index >= hp.slots[i]) index -= hp.slots[i++];
-    const int64_t slot = index;
-    PageId id = hp.table.high(i);
+    while (index >= hp.tier[t].slots[i]) index -= hp.tier[t].slots[i++];
+    const uint64_t* valid =
+        reinterpret_cast<const uint64_t*>(pool_->data(hp.page(t, i)) + layouts_[t].valid);
+    if (!((valid[index / 64] >> (index % 64)) & 1)) continue;  // a dead copy (demoted)
+    *tier = t;
+    *page = i;
+    *slot = static_cast<int32_t>(index);
+    return true;
+  }
+  return false;
+}
+
+absl::Status PagedKvCache::EvictPaged(HeadPages& hp, const std::vector<int64_t>& positions) {
+  std::vector<int32_t> touched[2];
+  for (int64_t p : positions) {
+    int t;
+    int32_t i, slot;
+    if (!Locate(hp, p, &t, &i, &slot)) continue;
+    PageId id = hp.page(t, i);
     if (pool_->refcount(id) > 1) {  // shared with a fork: this sequence gets its own copy
       SLUICE_ASSIGN_OR_RETURN(const PageId copy, AllocatePage(1));
       std::memcpy(pool_->data(copy), pool_->data(id), pool_->page_bytes());
       SLUICE_RETURN_IF_ERROR(pool_->Free({id}));
-      SLUICE_RETURN_IF_ERROR(hp.table.ReplaceHigh(i, copy));
+      SLUICE_RETURN_IF_ERROR(hp.Replace(t, i, copy));
       id = copy;
     }
-    uint64_t* valid = reinterpret_cast<uint64_t*>(pool_->data(id) + layout_.valid);
+    uint64_t* valid = reinterpret_cast<uint64_t*>(pool_->data(id) + layouts_[t].valid);
     valid[slot / 64] &= ~(uint64_t{1} << (slot % 64));
-    if (touched.empty() || touched.back() != i) touched.push_back(i);
+    touched[t].push_back(i);
   }
-  // Pages with no live slot go back to the pool; from the back, so the indices hold.
-  for (auto it = touched.rbegin(); it != touched.rend(); ++it) {
-    const int32_t i = *it;
-    const PageId id = hp.table.high(i);
-    if (LiveSlots(pool_->data(id), layout_.valid, hp.slots[i]) > 0) continue;
-    const bool last = i + 1 == hp.table.high_count();
-    SLUICE_RETURN_IF_ERROR(hp.table.EraseHigh(i));
-    SLUICE_RETURN_IF_ERROR(pool_->Free({id}));
-    int64_t begin = 0;
-    for (int32_t j = 0; j < i; ++j) begin += hp.slots[j];
-    hp.positions.erase(hp.positions.begin() + begin, hp.positions.begin() + begin + hp.slots[i]);
-    hp.slots.erase(hp.slots.begin() + i);
-    // The page before a freed last page was full or closed; new tokens open a fresh one.
-    if (last) hp.last_closed = !hp.slots.empty();
+  for (int t = 0; t < tiers_; ++t) {
+    TierPages& tp = hp.tier[t];
+    std::sort(touched[t].begin(), touched[t].end());
+    touched[t].erase(std::unique(touched[t].begin(), touched[t].end()), touched[t].end());
+    // Pages with no live slot go back to the pool; from the back, so the indices hold.
+    for (auto it = touched[t].rbegin(); it != touched[t].rend(); ++it) {
+      const int32_t i = *it;
+      const PageId id = hp.page(t, i);
+      if (LiveSlots(pool_->data(id), layouts_[t].valid, tp.slots[i]) > 0) continue;
+      const bool last = i + 1 == hp.count(t);
+      SLUICE_RETURN_IF_ERROR(hp.Erase(t, i));
+      SLUICE_RETURN_IF_ERROR(pool_->Free({id}));
+      int64_t begin = 0;
+      for (int32_t j = 0; j < i; ++j) begin += tp.slots[j];
+      tp.positions.erase(tp.positions.begin() + begin, tp.positions.begin() + begin + tp.slots[i]);
+      tp.slots.erase(tp.slots.begin() + i);
+      // The page before a freed last page was full or closed; new tokens open a fresh one.
+      if (last) tp.last_closed = !tp.slots.empty();
+    }
+    SLUICE_RETURN_IF_ERROR(MaybeCompact(hp, t));
   }
-  return MaybeCompact(hp);
+  return absl::OkStatus();
 }
 
-absl::Status PagedKvCache::MaybeCompact(HeadPages& hp) {
+absl::Status PagedKvCache::MaybeCompact(HeadPages& hp, int t) {
   // Tokens move slot by slot only where K is grouped per token and codes have a fixed width.
-  if (layout_.token_group != 1 || options_.preset.high.huffman_bits > 0) return absl::OkStatus();
-  const int32_t cap = layout_.tokens;
+  const kernels::KvPageLayout& layout = layouts_[t];
+  if (layout.token_group != 1 || formats_[t].huffman_bits > 0) return absl::OkStatus();
+  TierPages& tp = hp.tier[t];
+  const int32_t cap = layout.tokens;
   int64_t written = 0, live = 0;
-  const int32_t n = hp.table.high_count();
+  const int32_t n = hp.count(t);
   for (int32_t i = 0; i < n; ++i) {
-    const PageId id = hp.table.high(i);
+    const PageId id = hp.page(t, i);
     if (pool_->refcount(id) > 1) return absl::OkStatus();  // shared with a fork: leave as is
-    written += hp.slots[i];
-    live += LiveSlots(pool_->data(id), layout_.valid, hp.slots[i]);
+    written += tp.slots[i];
+    live += LiveSlots(pool_->data(id), layout.valid, tp.slots[i]);
   }
   // Compact once a page's worth of slots is dead: live tokens slide towards the front, in
-  // order (positions stay ascending), and the pages left empty at the end go back.
+  // order (positions keep their order), and the pages left empty at the end go back.
   if (written - live < cap) return absl::OkStatus();
   std::vector<int32_t> positions;
   positions.reserve(live);
   int32_t to_page = 0, to_slot = 0;
   int64_t index = 0;
   for (int32_t i = 0; i < n; ++i) {
-    uint8_t* src = pool_->data(hp.table.high(i));
-    for (int32_t j = 0; j < hp.slots[i]; ++j, ++index) {
-      const uint64_t* valid = reinterpret_cast<const uint64_t*>(src + layout_.valid);
+    uint8_t* src = pool_->data(hp.page(t, i));
+    for (int32_t j = 0; j < tp.slots[i]; ++j, ++index) {
+      const uint64_t* valid = reinterpret_cast<const uint64_t*>(src + layout.valid);
       if (!((valid[j / 64] >> (j % 64)) & 1)) continue;
-      uint8_t* dst = pool_->data(hp.table.high(to_page));
+      uint8_t* dst = pool_->data(hp.page(t, to_page));
       if (to_page != i || to_slot != j) {
-        kernels::KvMoveSlot(options_.preset.high, layout_, src, j, dst, to_slot);
-        uint64_t* src_valid = reinterpret_cast<uint64_t*>(src + layout_.valid);
+        kernels::KvMoveSlot(formats_[t], layout, src, j, dst, to_slot);
+        uint64_t* src_valid = reinterpret_cast<uint64_t*>(src + layout.valid);
         src_valid[j / 64] &= ~(uint64_t{1} << (j % 64));
       }
-      positions.push_back(hp.positions[index]);
+      positions.push_back(tp.positions[index]);
       if (++to_slot == cap) {
         ++to_page;
         to_slot = 0;
@@ -639,16 +738,16 @@ absl::Status PagedKvCache::MaybeCompact(HeadPages& hp) {
   }
   const int32_t keep_pages = to_page + (to_slot > 0 ? 1 : 0);
   std::vector<PageId> freed;
-  while (hp.table.high_count() > keep_pages) freed.push_back(*hp.table.PopHigh());
+  while (hp.count(t) > keep_pages) freed.push_back(*hp.Pop(t));
   SLUICE_RETURN_IF_ERROR(pool_->Free(freed));
-  hp.slots.assign(keep_pages, cap);
-  if (to_slot > 0) hp.slots.back() = to_slot;
-  hp.positions = std::move(positions);
-  hp.last_closed = false;
+  tp.slots.assign(keep_pages, cap);
+  if (to_slot > 0) tp.slots.back() = to_slot;
+  tp.positions = std::move(positions);
+  tp.last_closed = false;
   // Clear the valid bits past the last page's live slots: later writes set their own.
   if (to_slot > 0) {
     uint64_t* valid =
-        reinterpret_cast<uint64_t*>(pool_->data(hp.table.high(keep_pages - 1)) + layout_.valid);
+        reinterpret_cast<uint64_t*>(pool_->data(hp.page(t, keep_pages - 1)) + layout.valid);
     for (int32_t j = to_slot; j < cap; ++j) valid[j / 64] &= ~(uint64_t{1} << (j % 64));
   }
   return absl::OkStatus();
@@ -708,25 +807,116 @@ absl::Status PagedKvCache::ApplyH2o(int64_t seq, Seq& s) {
   return absl::OkStatus();
 }
 
+float PagedKvCache::LeanKvScore(const HeadPages& hp, int64_t position, int64_t length) const {
+  const int64_t group = options_.heads / options_.kv_heads;
+  if (static_cast<int64_t>(hp.score.size()) < (position + 1) * group) return 0.f;  // not attended
+  float best = 0.f;
+  for (int64_t g = 0; g < group; ++g) best = std::max(best, hp.score[position * group + g]);
+  // Queries position .. length - 1 saw it.
+  return best / static_cast<float>(length - position);
+}
+
+PagedKvCache::TierChoice PagedKvCache::LeanKvChoose(const Seq& s, int64_t flush) const {
+  // LeanKV §4 with one rule for both phases: a token at least alpha_high / N significant goes
+  // to the high tier, at least alpha_low / N to the low tier; the rest are evicted.
+  const KvPolicy& policy = options_.preset.policy;
+  const float n = static_cast<float>(s.length);
+  const float high = policy.alpha_high / n, low = policy.alpha_low / n;
+  TierChoice choice(s.heads.size(), std::vector<int8_t>(flush, 0));
+  for (size_t i = 0; i < s.heads.size(); ++i) {
+    for (int64_t t = 0; t < flush; ++t) {
+      const float score = LeanKvScore(s.heads[i], s.compressed + t, s.length);
+      choice[i][t] = score >= high ? 0 : score >= low ? 1 : -1;
+    }
+  }
+  return choice;
+}
+
+absl::Status PagedKvCache::LeanKvVictims(Seq& s, const TierChoice& choice) {
+  const KvPolicy& policy = options_.preset.policy;
+  const float n = static_cast<float>(s.length);
+  const float high = policy.alpha_high / n, low = policy.alpha_low / n;
+  const int64_t d = options_.head_dim;
+  std::vector<float> k(d), v(d);
+  for (size_t i = 0; i < s.heads.size(); ++i) {
+    HeadPages& hp = s.heads[i];
+    for (int8_t t : choice[i]) {
+      if (t < 0) continue;  // the candidate itself went
+      // The least significant live token of the tier the candidate joined.
+      const TierPages& tp = hp.tier[t];
+      int64_t victim = -1;
+      float least = 0.f;
+      int64_t index = 0;
+      for (int32_t p = 0; p < hp.count(t); ++p) {
+        const uint64_t* valid =
+            reinterpret_cast<const uint64_t*>(pool_->data(hp.page(t, p)) + layouts_[t].valid);
+        for (int32_t j = 0; j < tp.slots[p]; ++j, ++index) {
+          if (!((valid[j / 64] >> (j % 64)) & 1)) continue;
+          const int64_t pos = tp.positions[index];
+          const float score = LeanKvScore(hp, pos, s.length);
+          if (victim < 0 || score < least) {
+            victim = pos;
+            least = score;
+          }
+        }
+      }
+      if (victim < 0 || least >= high) continue;
+      if (t == 1 && least >= low) continue;
+      if (t == 0 && least >= low) {  // re-quantized to the low tier
+        int tier;
+        int32_t page, slot;
+        if (!Locate(hp, victim, &tier, &page, &slot)) {
+          return absl::InternalError(absl::StrFormat("token %d is not in its tier", victim));
+        }
+        SLUICE_RETURN_IF_ERROR(backend_.KvDequantize({.page = pool_->data(hp.page(0, page)),
+                                                      .format = formats_[0],
+                                                      .layout = layouts_[0],
+                                                      .slot = slot,
+                                                      .tokens = 1,
+                                                      .k = k.data(),
+                                                      .v = v.data()}));
+        std::vector<PageId> fresh;
+        if (!hp.tier[1].LastOpen(layouts_[1].tokens)) {
+          SLUICE_ASSIGN_OR_RETURN(const PageId id, AllocatePage(1));
+          fresh.push_back(id);
+        }
+        int64_t next = 0;
+        SLUICE_RETURN_IF_ERROR(WriteRows(hp, 1, k.data(), v.data(), d, 1, fresh, &next));
+        hp.tier[1].positions.push_back(static_cast<int32_t>(victim));
+        SLUICE_RETURN_IF_ERROR(EvictPaged(hp, {victim}));  // finds the high-tier copy first
+        ++demoted_;
+        continue;
+      }
+      SLUICE_RETURN_IF_ERROR(EvictPaged(hp, {victim}));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PagedKvCache::SnapKvSelect(Seq& s, int layer, const float* q, int64_t n) {
   const KvPolicy& policy = options_.preset.policy;
+  // SnapKV scores keys by the attention of the observation window's queries; MiniKV by that of
+  // all the prompt's queries, each key's divided by the queries that saw it (H2O's cumulative
+  // score without its bias towards early tokens). Either way the window stays.
+  const bool minikv = policy.kind == KvPolicyKind::kMiniKv;
   const int64_t window = std::min<int64_t>(policy.observation, n);
-  const float budget = policy.kind == KvPolicyKind::kPyramid
-                           ? PyramidBudget(policy, layer, options_.layers)
-                           : policy.budget;
+  const int64_t scorers = minikv ? n : window;
+  const float budget = policy.kind == KvPolicyKind::kSnapKv
+                           ? policy.budget
+                           : PyramidBudget(policy, layer, options_.layers);
   const int64_t keep = static_cast<int64_t>(std::ceil(budget * n));
   if (keep >= n) return absl::OkStatus();
   const int64_t d = options_.head_dim, heads = options_.heads, group = heads / options_.kv_heads;
-  // Attention of the observation window's queries over the whole prompt, summed per key.
-  std::vector<float> scores(heads * n, 0.f), out(window * heads * d);
+  // Attention of the scoring queries over the whole prompt, summed per key.
+  std::vector<float> scores(heads * n, 0.f), out(scorers * heads * d);
   const float scale = AttentionScale();
-  SLUICE_RETURN_IF_ERROR(backend_.Attention({.q = q + (n - window) * heads * d,
+  SLUICE_RETURN_IF_ERROR(backend_.Attention({.q = q + (n - scorers) * heads * d,
                                              .k = s.k[layer].data(),
                                              .v = s.v[layer].data(),
                                              .out = out.data(),
-                                             .q_tokens = window,
+                                             .q_tokens = scorers,
                                              .kv_tokens = n,
-                                             .q_start = n - window,
+                                             .q_start = n - scorers,
                                              .heads = heads,
                                              .kv_heads = options_.kv_heads,
                                              .head_dim = d,
@@ -741,7 +931,7 @@ absl::Status PagedKvCache::SnapKvSelect(Seq& s, int layer, const float* q, int64
     for (int64_t j = 0; j < candidates; ++j) {
       float a = 0;
       for (int64_t g = 0; g < group; ++g) a += scores[(h * group + g) * n + j];
-      summed[j] = a;
+      summed[j] = minikv ? a / static_cast<float>(n - j) : a;
     }
     for (int64_t j = 0; j < candidates; ++j) {
       float m = summed[j];
@@ -765,18 +955,44 @@ absl::Status PagedKvCache::SnapKvSelect(Seq& s, int layer, const float* q, int64
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<PagedKvCache::TokenPlace>> PagedKvCache::LiveTokens(
+    int64_t seq, int layer, int64_t kv_head) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    return absl::NotFoundError(absl::StrFormat("sequence %d has no KV cache", seq));
+  }
+  if (layer < 0 || layer >= options_.layers || kv_head < 0 || kv_head >= options_.kv_heads) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("layer %d / kv-head %d outside [0, %d) / [0, %d)", layer, kv_head,
+                        options_.layers, options_.kv_heads));
+  }
+  const HeadPages& hp = it->second.heads[layer * options_.kv_heads + kv_head];
+  std::vector<TokenPlace> out;
+  for (int t = 0; t < tiers_; ++t) {
+    int64_t index = 0;
+    for (int32_t i = 0; i < hp.count(t); ++i) {
+      const uint64_t* valid =
+          reinterpret_cast<const uint64_t*>(pool_->data(hp.page(t, i)) + layouts_[t].valid);
+      for (int32_t j = 0; j < hp.tier[t].slots[i]; ++j, ++index) {
+        if ((valid[j / 64] >> (j % 64)) & 1) out.push_back({hp.tier[t].positions[index], t});
+      }
+    }
+  }
+  return out;
+}
+
 KvCacheStats PagedKvCache::Stats() const {
   KvCacheStats st;
   st.sequences = static_cast<int64_t>(seqs_.size());
+  st.demoted = demoted_;
   st.pages.page_bytes = options_.preset.high.page_bytes;
   // Pages shared between forked sequences count once; their tokens count for every sequence
   // in the fp16 baseline (without sharing, each would hold its own copy).
-  absl::flat_hash_map<PageId, int32_t> used_slots;
+  absl::flat_hash_map<PageId, std::pair<int, int32_t>> used;  // tier, slots written
   for (const auto& [id, s] : seqs_) {
     for (const HeadPages& hp : s.heads) {
-      const int32_t n = hp.table.high_count();
-      for (int32_t i = 0; i < n; ++i) {
-        used_slots[hp.table.high(i)] = hp.slots[i];
+      for (int t = 0; t < tiers_; ++t) {
+        for (int32_t i = 0; i < hp.count(t); ++i) used[hp.page(t, i)] = {t, hp.tier[t].slots[i]};
       }
     }
     st.pages.fp16_bytes +=
@@ -791,10 +1007,11 @@ KvCacheStats PagedKvCache::Stats() const {
                                                 kernels::SerializeCodebook(books->v).size());
     }
   }
-  st.pages.pages_high = static_cast<int64_t>(used_slots.size());
-  st.pages.allocated_slots = st.pages.pages_high * layout_.tokens;
-  for (const auto& [id, n] : used_slots) {
-    st.pages.live_slots += LiveSlots(pool_->data(id), layout_.valid, n);
+  for (const auto& [id, where] : used) {
+    const auto [t, n] = where;
+    (t == 0 ? st.pages.pages_high : st.pages.pages_low) += 1;
+    st.pages.allocated_slots += layouts_[t].tokens;
+    st.pages.live_slots += LiveSlots(pool_->data(id), layouts_[t].valid, n);
   }
   return st;
 }

@@ -52,6 +52,7 @@ struct KvCacheStats {
   int64_t residual_bytes = 0;
   int64_t codebook_bytes = 0;  // serialized Huffman codebooks (kvcomp), shared by all sequences
   int64_t sequences = 0;
+  int64_t demoted = 0;  // leankv: tokens moved from the high to the low tier, ever
   // Everything held: whole pages (slack included), residual windows, codebooks.
   int64_t held_bytes() const;
   // The same tokens as fp16 K and V.
@@ -94,28 +95,50 @@ class PagedKvCache final : public model::KvCache {
   absl::Status Evict(int64_t seq, int layer, int64_t kv_head, absl::Span<const int64_t> positions);
 
   KvCacheStats Stats() const;
+  // The live paged tokens of one (sequence, layer, kv-head): position and tier (0 high, 1 low),
+  // tier by tier in slot order. NotFound / InvalidArgument for an unknown sequence or list.
+  struct TokenPlace {
+    int64_t position;
+    int tier;
+  };
+  absl::StatusOr<std::vector<TokenPlace>> LiveTokens(int64_t seq, int layer, int64_t kv_head) const;
   // The codebooks of `layer` (Huffman-coded presets, once that layer has compressed tokens);
   // null codebooks otherwise.
   kernels::KvCodebooks Codebooks(int layer) const;
   const KvPreset& preset() const { return options_.preset; }
-  const kernels::KvPageLayout& layout() const { return layout_; }
+  const kernels::KvPageLayout& layout() const { return layout_; }  // the high tier's
   const PagePool& pool() const { return *pool_; }
 
  private:
-  // The pages of one (sequence, layer, kv-head): high-tier pages from the left of the
-  // bidirectional table (the low tier, from the right, comes with the eviction policies).
-  struct HeadPages {
-    BidirectionalPageTable table;
-    std::vector<int32_t> slots;  // slots written in each high-tier page
-    // Position of every written slot, page after page (ascending: pages fill in order).
+  // The pages of one tier of one (sequence, layer, kv-head).
+  struct TierPages {
+    std::vector<int32_t> slots;  // slots written in each page
+    // Position of every written slot, page after page: ascending in the high tier (pages fill
+    // in order); in the low tier, in the order tokens were demoted to it.
     std::vector<int32_t> positions;
-    std::vector<int64_t> pending;  // evicted positions still in the full-precision window
-    std::vector<float> score;      // h2o: cumulative attention by position
-    std::vector<uint8_t> gone;     // h2o: evicted, by position
-    bool last_closed = false;      // the last page takes no more tokens
+    bool last_closed = false;  // the last page takes no more tokens
     // Whether the last page can take more tokens.
     bool LastOpen(int32_t capacity) const {
       return !slots.empty() && !last_closed && slots.back() < capacity;
+    }
+  };
+  // The pages of one (sequence, layer, kv-head): high-tier pages from the left of the
+  // bidirectional table, low-tier pages (two-tier presets) from the right.
+  struct HeadPages {
+    BidirectionalPageTable table;
+    TierPages tier[2];             // [0] high, [1] low
+    std::vector<int64_t> pending;  // evicted positions still in the full-precision window
+    // h2o: cumulative attention by position; leankv: by position and query head of the
+    // kv-head, [position][heads / kv_heads].
+    std::vector<float> score;
+    std::vector<uint8_t> gone;  // h2o: evicted, by position
+    int32_t count(int t) const { return t == 0 ? table.high_count() : table.low_count(); }
+    PageId page(int t, int32_t i) const { return t == 0 ? table.high(i) : table.low(i); }
+    absl::Status Push(int t, PageId id) { return t == 0 ? table.PushHigh(id) : table.PushLow(id); }
+    absl::StatusOr<PageId> Pop(int t) { return t == 0 ? table.PopHigh() : table.PopLow(); }
+    absl::Status Erase(int t, int32_t i) { return t == 0 ? table.EraseHigh(i) : table.EraseLow(i); }
+    absl::Status Replace(int t, int32_t i, PageId id) {
+      return t == 0 ? table.ReplaceHigh(i, id) : table.ReplaceLow(i, id);
     }
   };
   struct Seq {
@@ -129,21 +152,41 @@ class PagedKvCache final : public model::KvCache {
     int64_t sinks_evicted_to = -1;  // sinks policy: positions before this are evicted (or sinks)
   };
 
-  PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLayout layout,
-               std::unique_ptr<PagePool> pool, kernels::Backend& backend);
+  PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLayout high,
+               kernels::KvPageLayout low, std::unique_ptr<PagePool> pool,
+               kernels::Backend& backend);
   absl::StatusOr<Seq*> Find(int64_t seq);
   // options.attention_scale, or 1 / sqrt(head_dim) when it is 0.
   float AttentionScale() const;
   // Moves whole token groups beyond the residual window into pages.
-  absl::Status Flush(Seq& s);
-  absl::Status FlushFixed(Seq& s, int64_t flush);
+  // `committed`: the tokens the commit that flushes added (1 in generation).
+  absl::Status Flush(Seq& s, int64_t committed);
+  // Where each list's tokens go (two-tier presets), [lists][flush]: 0 high, 1 low, -1 evicted.
+  using TierChoice = std::vector<std::vector<int8_t>>;
+  // Fixed-width formats: quantizes the first `flush` window tokens of every list into the
+  // tier `choice` gives them (high without one), dropping those evicted while in the window.
+  absl::Status FlushFixed(Seq& s, int64_t flush, const TierChoice* choice);
+  // Quantizes n rows (row r at k + r * stride) into tier t of `hp` after its written slots,
+  // taking fresh pages from `fresh` (advancing *next) when the last one is full.
+  absl::Status WriteRows(HeadPages& hp, int t, const float* k, const float* v, int64_t stride,
+                         int64_t n, const std::vector<PageId>& fresh, int64_t* next);
   // Clears the valid bits of paged `positions` (sorted) and frees pages left with none.
   absl::Status EvictPaged(HeadPages& hp, const std::vector<int64_t>& positions);
+  // Where the live token at `position` sits: tier, page index and slot; false if none.
+  bool Locate(const HeadPages& hp, int64_t position, int* tier, int32_t* page, int32_t* slot) const;
+  // LeanKV: the significance of `position` after `length` tokens: its mean attention per
+  // query that saw it, the largest over the kv-head's query heads.
+  float LeanKvScore(const HeadPages& hp, int64_t position, int64_t length) const;
+  // LeanKV's choice of tier for the window tokens about to be flushed (prompt and generation).
+  TierChoice LeanKvChoose(const Seq& s, int64_t flush) const;
+  // LeanKV's Algorithm 1, lines 7-17: after a generation step added tokens to a tier, its least
+  // significant token moves to the low tier or goes.
+  absl::Status LeanKvVictims(Seq& s, const TierChoice& choice);
   // The preset's policy after `s` committed tokens: sinks evicts what fell out of its budget.
   absl::Status ApplyPolicy(int64_t seq, Seq& s);
   // Slides a list's live tokens to the front once a page's worth of slots is dead, and frees the
   // pages left empty (fixed-width formats with K grouped per token; unshared pages only).
-  absl::Status MaybeCompact(HeadPages& hp);
+  absl::Status MaybeCompact(HeadPages& hp, int t);
   // H2O after each commit: recent half of the budget plus the heaviest hitters.
   absl::Status ApplyH2o(int64_t seq, Seq& s);
   // SnapKV at the end of a prompt of n tokens in layer `layer` (q: the prompt's queries).
@@ -157,12 +200,16 @@ class PagedKvCache final : public model::KvCache {
   absl::StatusOr<PageId> AllocatePage(int64_t tokens);
 
   const PagedKvCacheOptions options_;
-  const kernels::KvPageLayout layout_;
-  const int64_t row_;  // kv_heads * head_dim
+  const int tiers_;  // 2 for presets with a low tier
+  const kernels::KvTierFormat formats_[2];
+  const kernels::KvPageLayout layouts_[2];
+  const kernels::KvPageLayout& layout_;  // layouts_[0]
+  const int64_t row_;                    // kv_heads * head_dim
   std::unique_ptr<PagePool> pool_;
   kernels::Backend& backend_;
   absl::flat_hash_map<int64_t, Seq> seqs_;
   std::vector<std::unique_ptr<KvCodebookPair>> codebooks_;  // [layers]; null until built
+  int64_t demoted_ = 0;
 };
 
 }  // namespace sluice::kvstore

@@ -554,5 +554,279 @@ TEST(PagedKvCache, CodedFlushThatRunsOutOfPagesRollsBack) {
   EXPECT_EQ(cache->pool().used_pages(), 0);
 }
 
+// A leankv preset with its thresholds (in units of 1/N) and full-precision window set.
+std::unique_ptr<PagedKvCache> MakeLeanKv(kernels::Backend& backend, std::string_view preset,
+                                         float alpha_high, float alpha_low, int32_t residual) {
+  auto p = FindKvPreset(preset, kDim, 4096);
+  EXPECT_TRUE(p.ok()) << p.status();
+  p->policy.alpha_high = alpha_high;
+  p->policy.alpha_low = alpha_low;
+  p->residual = residual;
+  auto c = PagedKvCache::Create({.layers = kLayers,
+                                 .heads = kHeads,
+                                 .kv_heads = kKvHeads,
+                                 .head_dim = kDim,
+                                 .preset = *p,
+                                 .pages = 256},
+                                backend);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return std::move(*c);
+}
+
+// At the extremes of its thresholds leankv keeps every token, in one tier: all high
+// (alpha_high = 0) or all low (alpha_low = 0 and an unreachable alpha_high). Attention then
+// tracks full precision within that tier's precision.
+TEST(PagedKvCache, LeanKvAtExtremeThresholdsKeepsEveryTokenInOneTier) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok());
+  for (auto [alpha_high, tier, tol] : {std::tuple{0.f, 0, 0.3}, std::tuple{1e9f, 1, 0.6}}) {
+    SCOPED_TRACE(tier);
+    auto cache = MakeLeanKv(**cpu, "leankv-k8v4", alpha_high, 0.f, 8);
+    ASSERT_TRUE(cache->AddSequence(3, 200).ok());
+    std::vector<float> all_k, all_v;
+    int64_t len = 0;
+    for (int64_t n : {int64_t{120}, int64_t{1}}) {
+      for (int64_t step = 0; step < (n == 1 ? 60 : 1); ++step) {
+        const std::vector<float> k = Random(rng, kLayers * n * kRow);
+        const std::vector<float> v = Random(rng, kLayers * n * kRow);
+        const std::vector<float> q = Random(rng, n * kHeads * kDim);
+        const std::vector<float> got = Step(*cache, 3, k, v, q, n);
+        all_k.insert(all_k.end(), k.begin(), k.begin() + n * kRow);
+        all_v.insert(all_v.end(), v.begin(), v.begin() + n * kRow);
+        std::vector<float> want(got.size());
+        kernels::ref::Attention({.q = q.data(),
+                                 .k = all_k.data(),
+                                 .v = all_v.data(),
+                                 .out = want.data(),
+                                 .q_tokens = n,
+                                 .kv_tokens = len + n,
+                                 .q_start = len,
+                                 .heads = kHeads,
+                                 .kv_heads = kKvHeads,
+                                 .head_dim = kDim,
+                                 .scale = 1.f / std::sqrt(float(kDim))});
+        len += n;
+        ASSERT_LT(MaxAbsDiff(got, want), tol) << "after " << len << " tokens";
+      }
+    }
+    const KvCacheStats st = cache->Stats();
+    EXPECT_EQ(st.pages.live_slots, kLayers * kKvHeads * (len - 8));
+    EXPECT_EQ(tier == 0 ? st.pages.pages_low : st.pages.pages_high, 0);
+    EXPECT_EQ(st.demoted, 0);
+    auto live = cache->LiveTokens(3, 1, 1);
+    ASSERT_TRUE(live.ok());
+    ASSERT_EQ(static_cast<int64_t>(live->size()), len - 8);
+    for (size_t i = 0; i < live->size(); ++i) {
+      EXPECT_EQ((*live)[i].position, static_cast<int64_t>(i));  // in order, none missing
+      EXPECT_EQ((*live)[i].tier, tier);
+    }
+    ASSERT_TRUE(cache->RemoveSequence(3).ok());
+    EXPECT_EQ(cache->pool().used_pages(), 0);
+  }
+}
+
+// A first token every query attends to is significant and stays in the high tier; the others
+// get almost no attention, fall below alpha_low / N and go, at the prompt and at every step.
+TEST(PagedKvCache, LeanKvKeepsTheHeavyHitterAndEvictsTheRest) {
+  std::mt19937_64 rng(std::random_device{}());
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok());
+  const int32_t window = 16;
+  auto cache = MakeLeanKv(**cpu, "leankv-k8v4", 1.f, 0.1f, window);
+  const int64_t prompt = 200, steps = 60, heavy = 0;
+  ASSERT_TRUE(cache->AddSequence(1, prompt + steps).ok());
+  std::vector<float> u(kDim, 0.f);
+  u[5] = 1.f;
+  auto scaled = [](std::vector<float> x, float a) {
+    for (float& e : x) e *= a;
+    return x;
+  };
+  std::vector<float> k = scaled(Random(rng, kLayers * prompt * kRow), 0.1f);
+  const std::vector<float> v = Random(rng, kLayers * prompt * kRow);
+  for (int l = 0; l < kLayers; ++l) {
+    for (int64_t h = 0; h < kKvHeads; ++h) {
+      for (int c = 0; c < kDim; ++c) k[(l * prompt + heavy) * kRow + h * kDim + c] = 30.f * u[c];
+    }
+  }
+  std::vector<float> q;
+  for (int64_t t = 0; t < prompt; ++t) {
+    for (int h = 0; h < kHeads; ++h) q.insert(q.end(), u.begin(), u.end());
+  }
+  // Every layer attends, as the model does: each scores its own tokens.
+  std::vector<float> pout(q.size());
+  for (int l = 0; l < kLayers; ++l) {
+    ASSERT_TRUE(
+        cache->Write(1, l, k.data() + l * prompt * kRow, v.data() + l * prompt * kRow, prompt)
+            .ok());
+  }
+  const std::vector<float> q3 = scaled(q, 3.f);
+  for (int l = 0; l < kLayers; ++l)
+    ASSERT_TRUE(cache->Attend(1, l, q3.data(), prompt, pout.data()).ok());
+  ASSERT_TRUE(cache->Commit(1, prompt).ok());
+  const std::vector<float> q1 =
+      scaled(std::vector<float>(q.begin(), q.begin() + kHeads * kDim), 3.f);
+  std::vector<float> out(kHeads * kDim);
+  for (int64_t i = 0; i < steps; ++i) {
+    const std::vector<float> k1 = scaled(Random(rng, kLayers * kRow), 0.1f);
+    const std::vector<float> v1 = Random(rng, kLayers * kRow);
+    for (int l = 0; l < kLayers; ++l) {
+      ASSERT_TRUE(cache->Write(1, l, k1.data() + l * kRow, v1.data() + l * kRow, 1).ok());
+    }
+    for (int l = 0; l < kLayers; ++l)
+      ASSERT_TRUE(cache->Attend(1, l, q1.data(), 1, out.data()).ok());
+    ASSERT_TRUE(cache->Commit(1, 1).ok());
+  }
+  // Attention is on the heavy hitter: each query head's output is its kv-head's value row
+  // (int4 values).
+  for (int h = 0; h < kHeads; ++h) {
+    const int64_t kvh = h / (kHeads / kKvHeads);
+    for (int c = 0; c < kDim; ++c) {
+      EXPECT_NEAR(out[h * kDim + c],
+                  v[(kLayers - 1) * prompt * kRow + heavy * kRow + kvh * kDim + c], 0.3)
+          << "head " << h;
+    }
+  }
+  for (int l = 0; l < kLayers; ++l) {
+    for (int64_t h = 0; h < kKvHeads; ++h) {
+      auto live = cache->LiveTokens(1, l, h);
+      ASSERT_TRUE(live.ok());
+      ASSERT_EQ(live->size(), 1u) << "layer " << l << " kv-head " << h;
+      EXPECT_EQ((*live)[0].position, heavy);
+      EXPECT_EQ((*live)[0].tier, 0);
+    }
+  }
+  ASSERT_TRUE(cache->RemoveSequence(1).ok());
+  EXPECT_EQ(cache->pool().used_pages(), 0);
+}
+
+// Random keys and queries with thresholds in between: tokens land in both tiers, some are
+// demoted during generation and some evicted; every live token is in exactly one place, the
+// counts add up, a fork carries on alone, and every page comes back.
+TEST(PagedKvCache, LeanKvTiersStayConsistentThroughGeneration) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok());
+  const int32_t window = 8;
+  auto cache = MakeLeanKv(**cpu, "leankv-k4v2", 1.5f, 0.6f, window);
+  const int64_t prompt = 150, steps = 150;
+  ASSERT_TRUE(cache->AddSequence(1, prompt + steps).ok());
+  auto attend_all = [&](int64_t seq, int64_t n) {
+    const std::vector<float> k = Random(rng, kLayers * n * kRow);
+    const std::vector<float> v = Random(rng, kLayers * n * kRow);
+    const std::vector<float> q = Random(rng, n * kHeads * kDim);
+    std::vector<float> out(q.size());
+    for (int l = 0; l < kLayers; ++l) {
+      ASSERT_TRUE(cache->Write(seq, l, k.data() + l * n * kRow, v.data() + l * n * kRow, n).ok());
+    }
+    for (int l = 0; l < kLayers; ++l) {
+      ASSERT_TRUE(cache->Attend(seq, l, q.data(), n, out.data()).ok());
+      for (float x : out) ASSERT_TRUE(std::isfinite(x));
+    }
+    ASSERT_TRUE(cache->Commit(seq, n).ok());
+  };
+  auto check = [&](int64_t seq) {
+    const int64_t len = *cache->Length(seq);
+    int64_t live_total = 0;
+    for (int l = 0; l < kLayers; ++l) {
+      for (int64_t h = 0; h < kKvHeads; ++h) {
+        auto live = cache->LiveTokens(seq, l, h);
+        ASSERT_TRUE(live.ok());
+        std::vector<int64_t> positions;
+        for (const auto& t : *live) {
+          ASSERT_TRUE(t.tier == 0 || t.tier == 1);
+          ASSERT_LT(t.position, len - window);
+          positions.push_back(t.position);
+        }
+        std::sort(positions.begin(), positions.end());
+        ASSERT_TRUE(std::adjacent_find(positions.begin(), positions.end()) == positions.end())
+            << "a token live twice";
+        live_total += static_cast<int64_t>(positions.size());
+      }
+    }
+    if (cache->Stats().sequences == 1) {
+      EXPECT_EQ(cache->Stats().pages.live_slots, live_total);
+    }
+  };
+  attend_all(1, prompt);
+  check(1);
+  for (int64_t i = 0; i < steps / 2; ++i) {
+    attend_all(1, 1);
+    check(1);
+  }
+  ASSERT_TRUE(cache->ForkSequence(1, 2, prompt + steps).ok());
+  for (int64_t i = 0; i < steps / 2; ++i) {
+    attend_all(1, 1);
+    attend_all(2, 1);
+    check(1);
+    check(2);
+  }
+  ASSERT_TRUE(cache->RemoveSequence(2).ok());
+  check(1);
+  const KvCacheStats st = cache->Stats();
+  EXPECT_GT(st.pages.pages_high, 0);
+  EXPECT_GT(st.pages.pages_low, 0);
+  EXPECT_GT(st.demoted, 0);
+  EXPECT_LT(st.pages.live_slots, kLayers * kKvHeads * (prompt + steps - window));  // some went
+  EXPECT_GT(st.ratio_vs_fp16(), 1.0);
+  ASSERT_TRUE(cache->RemoveSequence(1).ok());
+  EXPECT_EQ(cache->pool().used_pages(), 0);
+}
+
+// MiniKV keeps a pyramid of prompt tokens chosen at the end of the prompt (the last 32 always)
+// in 2-bit pages, and every generated token: the selection persists.
+TEST(PagedKvCache, MiniKvKeepsItsPromptSelectionAndEveryGeneratedToken) {
+  std::mt19937_64 rng(std::random_device{}());
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok());
+  auto cache = MakeCache(**cpu, "minikv", 0);
+  const int64_t prompt = 400, steps = 40;
+  ASSERT_TRUE(cache->AddSequence(1, prompt + steps).ok());
+  const std::vector<float> k = Random(rng, kLayers * prompt * kRow);
+  const std::vector<float> v = Random(rng, kLayers * prompt * kRow);
+  const std::vector<float> q = Random(rng, prompt * kHeads * kDim);
+  std::vector<float> out(q.size());
+  for (int l = 0; l < kLayers; ++l) {
+    ASSERT_TRUE(
+        cache->Write(1, l, k.data() + l * prompt * kRow, v.data() + l * prompt * kRow, prompt)
+            .ok());
+  }
+  for (int l = 0; l < kLayers; ++l)
+    ASSERT_TRUE(cache->Attend(1, l, q.data(), prompt, out.data()).ok());
+  ASSERT_TRUE(cache->Commit(1, prompt).ok());
+  for (int64_t i = 0; i < steps; ++i) {
+    Step(*cache, 1, Random(rng, kLayers * kRow), Random(rng, kLayers * kRow),
+         Random(rng, kHeads * kDim), 1);
+  }
+  // Pages take 32-token groups: 416 of the 440 tokens are in pages, 400 of them the prompt's.
+  int64_t want = 0;
+  for (int l = 0; l < kLayers; ++l) {
+    const float b = PyramidBudget(cache->preset().policy, l, kLayers);
+    const int64_t kept = std::max<int64_t>(32, static_cast<int64_t>(std::ceil(b * prompt)));
+    want += kept + 16;
+    auto live = cache->LiveTokens(1, l, 0);
+    ASSERT_TRUE(live.ok());
+    EXPECT_EQ(static_cast<int64_t>(live->size()), kept + 16);
+    // The observation window and the generated tokens all stay.
+    std::vector<int64_t> positions;
+    for (const auto& t : *live) positions.push_back(t.position);
+    for (int64_t p = prompt - 32; p < prompt + 16; ++p) {
+      EXPECT_TRUE(std::binary_search(positions.begin(), positions.end(), p)) << p;
+    }
+  }
+  const KvCacheStats st = cache->Stats();
+  EXPECT_EQ(st.pages.live_slots, kKvHeads * want);
+  // The dropped prompt tokens took no slot; only the last group of the prompt was padded.
+  EXPECT_LT(st.pages.allocated_slots - st.pages.live_slots,
+            (cache->layout().tokens + 32) * kLayers * kKvHeads);
+  EXPECT_GT(st.ratio_vs_fp16(), 3.0);  // half the prompt in 2-bit pages, small test shapes
+  ASSERT_TRUE(cache->RemoveSequence(1).ok());
+  EXPECT_EQ(cache->pool().used_pages(), 0);
+}
+
 }  // namespace
 }  // namespace sluice::kvstore
