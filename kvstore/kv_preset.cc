@@ -1,9 +1,13 @@
 #include "kvstore/kv_preset.h"
 
 #include <algorithm>
+#include <cmath>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 
 namespace sluice::kvstore {
 namespace {
@@ -44,7 +48,56 @@ std::vector<std::string> KvPresetNames() {
           "snapkv", "pyramid", "h2o",   "minikv", "leankv-k8v4", "leankv-k4v2"};
 }
 
-absl::StatusOr<KvPreset> FindKvPreset(std::string_view name, int32_t head_dim, int32_t page_bytes) {
+namespace {
+
+// Applies "key=value" settings to a preset (FindKvPreset's spec after the name).
+absl::Status ApplyKvPresetSetting(std::string_view setting, KvPreset& p) {
+  const std::vector<std::string> kv = absl::StrSplit(std::string(setting), absl::MaxSplits('=', 1));
+  const std::string& key = kv[0];
+  double value = 0;
+  if (kv.size() != 2 || !absl::SimpleAtod(kv[1], &value) || !std::isfinite(value)) {
+    return absl::InvalidArgumentError(absl::StrCat("preset ", p.name, ": setting \"",
+                                                   std::string(setting), "\" is not key=number"));
+  }
+  const bool leankv = p.policy.kind == KvPolicyKind::kLeanKv;
+  if ((key == "alpha_high" || key == "alpha_low") && !leankv) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("preset ", p.name, ": ", key, " applies to leankv presets only"));
+  }
+  if (key == "alpha_high" || key == "alpha_low") {
+    if (value < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("preset ", p.name, ": ", key, " < 0"));
+    }
+    (key == "alpha_high" ? p.policy.alpha_high : p.policy.alpha_low) = static_cast<float>(value);
+  } else if (key == "budget") {
+    if (p.policy.kind == KvPolicyKind::kNone || p.policy.kind == KvPolicyKind::kLeanKv) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("preset ", p.name, ": budget applies to evicting presets only"));
+    }
+    if (!(value > 0 && value <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("preset ", p.name, ": budget ", value, " outside (0, 1]"));
+    }
+    p.policy.budget = static_cast<float>(value);
+  } else if (key == "residual") {
+    if (value < 0 || value != std::floor(value) || value > (1 << 20)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("preset ", p.name, ": residual ", value, " is not a token count"));
+    }
+    p.residual = static_cast<int32_t>(value);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "preset ", p.name, ": unknown setting \"", key,
+        "\"; settings: alpha_high, alpha_low (leankv), budget (evicting presets), residual"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<KvPreset> FindKvPreset(std::string_view spec, int32_t head_dim, int32_t page_bytes) {
+  const std::vector<std::string> parts = absl::StrSplit(std::string(spec), ':');
+  const std::string_view name = parts[0];
   KvPreset p;
   p.name = std::string(name);
   p.high.head_dim = head_dim;
@@ -81,6 +134,19 @@ absl::StatusOr<KvPreset> FindKvPreset(std::string_view name, int32_t head_dim, i
     p.high.k = PerChannel(2, 32);
     p.high.v = PerToken(2, 32);
     p.residual = 128;
+  } else if (name == "sluice") {
+    // LeanKV's tiers (K8V4, K4V2) with a 32-token window and thresholds from `sluice eval
+    // calibrate` on the calibration text (bench/eval_texts.sh). On SmolLM2 any use of a
+    // low tier costs more top-1 agreement than the 97% bar allows, so the calibrated
+    // alpha_high is 0: every kept token is K8V4, and each step evicts the least significant
+    // token below alpha_low / N.
+    p.policy = {.kind = KvPolicyKind::kLeanKv, .alpha_high = 0.f, .alpha_low = 0.02f};
+    p.high.k = PerToken(8);
+    p.high.v = PerToken(4, 32);
+    p.low = p.high;
+    p.low->k = PerToken(4, 32);
+    p.low->v = PerToken(2, 32);
+    p.residual = 32;
   } else if (name == "leankv-k8v4" || name == "leankv-k4v2") {
     // LeanKV: significant tokens in the high tier, less significant ones in the low tier, the
     // rest evicted; the most recent 64 in full precision. K8V4 pairs with K4V2 (LeanKV's
@@ -98,6 +164,10 @@ absl::StatusOr<KvPreset> FindKvPreset(std::string_view name, int32_t head_dim, i
         absl::StrCat("unknown KV preset \"", std::string(name),
                      "\"; known presets: ", absl::StrJoin(KvPresetNames(), ", ")));
   }
+  for (size_t i = 1; i < parts.size(); ++i) {
+    SLUICE_RETURN_IF_ERROR(ApplyKvPresetSetting(parts[i], p));
+  }
+  p.name = std::string(spec);
   for (const kernels::KvTierFormat* f : {&p.high, p.low ? &*p.low : nullptr}) {
     if (f == nullptr) continue;
     if (auto layout = kernels::ComputePageLayout(*f); !layout.ok()) {

@@ -20,6 +20,21 @@
 //   h2o    H2O: fp16 K and V; after every step each (layer, kv-head) keeps 25% of the tokens:
 //          the most recent half of that, and the heavy hitters with the largest cumulative
 //          attention (summed over the kv-head's query heads) among the older ones
+//   minikv MiniKV: at the end of the prompt, pyramid budgets (50% of the prompt on average)
+//          of persistent heavy hitters, scored by the attention of all the prompt's queries
+//          divided by how many saw each key, plus the last 32 prompt tokens; then 2-bit KIVI
+//          pages (K per channel in 32-token groups, V per token), residual 128; generated
+//          tokens all stay
+//   leankv-k8v4, leankv-k4v2
+//          LeanKV: two tiers per (layer, kv-head) plus eviction. A token's significance is its
+//          mean attention per query that saw it, the max over the kv-head's query heads;
+//          against alpha_high / N and alpha_low / N (N: the sequence's length) it goes to the
+//          high tier (K8V4, or K4V2), the low tier (K4V2, or K2V2) or is evicted, at the end of
+//          the prompt and for each token leaving the 64-token full-precision window, where
+//          Algorithm 1 then demotes or evicts the tier's least significant token. Both tiers
+//          per token (K in groups of 32 channels below 8 bits, V in groups of 32).
+//   sluice leankv's policy with the keys at 8 bits in both tiers, values at 4 (high) and 2
+//          (low) bits, a 32-token window and thresholds from `sluice eval calibrate`
 #ifndef SLUICE_KVSTORE_KV_PRESET_H_
 #define SLUICE_KVSTORE_KV_PRESET_H_
 
@@ -68,9 +83,14 @@ struct KvPreset {
   int32_t residual = 0;
 };
 
-// The preset called `name` for heads of `head_dim` channels and pages of `page_bytes`.
-// NotFound listing the known names otherwise.
-absl::StatusOr<KvPreset> FindKvPreset(std::string_view name, int32_t head_dim,
+// The preset named by `spec` for heads of `head_dim` channels and pages of `page_bytes`:
+// a name, then optional ":key=value" settings that replace the preset's own
+//   alpha_high, alpha_low  leankv thresholds, >= 0 (alpha_low above alpha_high: no low tier)
+//   budget                 fraction kept by evicting presets, in (0, 1]
+//   residual               full-precision window, tokens
+// e.g. "leankv-k8v4:alpha_high=2:alpha_low=0.05"; the preset's name is then the whole spec.
+// NotFound listing the known names for an unknown name; InvalidArgument naming a bad setting.
+absl::StatusOr<KvPreset> FindKvPreset(std::string_view spec, int32_t head_dim,
                                       int32_t page_bytes = 16 * 1024);
 std::vector<std::string> KvPresetNames();
 

@@ -860,9 +860,10 @@ absl::Status PagedKvCache::LeanKvVictims(Seq& s, const TierChoice& choice) {
           }
         }
       }
-      if (victim < 0 || least >= high) continue;
-      if (t == 1 && least >= low) continue;
-      if (t == 0 && least >= low) {  // re-quantized to the low tier
+      // Lines 8-11 for the high tier: demoted within [low, high), evicted below low (even when
+      // low > high: then there is no low tier); lines 16-17 for the low tier: evicted below low.
+      if (victim < 0 || (least >= low && (t == 1 || least >= high))) continue;
+      if (least >= low) {  // re-quantized to the low tier
         int tier;
         int32_t page, slot;
         if (!Locate(hp, victim, &tier, &page, &slot)) {

@@ -635,71 +635,77 @@ TEST(PagedKvCache, LeanKvKeepsTheHeavyHitterAndEvictsTheRest) {
   auto cpu = kernels::CpuBackend::Create();
   ASSERT_TRUE(cpu.ok());
   const int32_t window = 16;
-  auto cache = MakeLeanKv(**cpu, "leankv-k8v4", 1.f, 0.1f, window);
-  const int64_t prompt = 200, steps = 60, heavy = 0;
-  ASSERT_TRUE(cache->AddSequence(1, prompt + steps).ok());
-  std::vector<float> u(kDim, 0.f);
-  u[5] = 1.f;
-  auto scaled = [](std::vector<float> x, float a) {
-    for (float& e : x) e *= a;
-    return x;
-  };
-  std::vector<float> k = scaled(Random(rng, kLayers * prompt * kRow), 0.1f);
-  const std::vector<float> v = Random(rng, kLayers * prompt * kRow);
-  for (int l = 0; l < kLayers; ++l) {
-    for (int64_t h = 0; h < kKvHeads; ++h) {
-      for (int c = 0; c < kDim; ++c) k[(l * prompt + heavy) * kRow + h * kDim + c] = 30.f * u[c];
-    }
-  }
-  std::vector<float> q;
-  for (int64_t t = 0; t < prompt; ++t) {
-    for (int h = 0; h < kHeads; ++h) q.insert(q.end(), u.begin(), u.end());
-  }
-  // Every layer attends, as the model does: each scores its own tokens.
-  std::vector<float> pout(q.size());
-  for (int l = 0; l < kLayers; ++l) {
-    ASSERT_TRUE(
-        cache->Write(1, l, k.data() + l * prompt * kRow, v.data() + l * prompt * kRow, prompt)
-            .ok());
-  }
-  const std::vector<float> q3 = scaled(q, 3.f);
-  for (int l = 0; l < kLayers; ++l)
-    ASSERT_TRUE(cache->Attend(1, l, q3.data(), prompt, pout.data()).ok());
-  ASSERT_TRUE(cache->Commit(1, prompt).ok());
-  const std::vector<float> q1 =
-      scaled(std::vector<float>(q.begin(), q.begin() + kHeads * kDim), 3.f);
-  std::vector<float> out(kHeads * kDim);
-  for (int64_t i = 0; i < steps; ++i) {
-    const std::vector<float> k1 = scaled(Random(rng, kLayers * kRow), 0.1f);
-    const std::vector<float> v1 = Random(rng, kLayers * kRow);
+  // alpha_high 0 < alpha_low: every token is high-tier at the prompt, and each step's least
+  // significant token goes (Algorithm 1, line 10), so the count stays where the prompt left it.
+  for (const float alpha_high : {1.f, 0.f}) {
+    SCOPED_TRACE(alpha_high);
+    auto cache = MakeLeanKv(**cpu, "leankv-k8v4", alpha_high, 0.1f, window);
+    const int64_t prompt = 200, steps = 60, heavy = 0;
+    ASSERT_TRUE(cache->AddSequence(1, prompt + steps).ok());
+    std::vector<float> u(kDim, 0.f);
+    u[5] = 1.f;
+    auto scaled = [](std::vector<float> x, float a) {
+      for (float& e : x) e *= a;
+      return x;
+    };
+    std::vector<float> k = scaled(Random(rng, kLayers * prompt * kRow), 0.1f);
+    const std::vector<float> v = Random(rng, kLayers * prompt * kRow);
     for (int l = 0; l < kLayers; ++l) {
-      ASSERT_TRUE(cache->Write(1, l, k1.data() + l * kRow, v1.data() + l * kRow, 1).ok());
+      for (int64_t h = 0; h < kKvHeads; ++h) {
+        for (int c = 0; c < kDim; ++c) k[(l * prompt + heavy) * kRow + h * kDim + c] = 30.f * u[c];
+      }
     }
+    std::vector<float> q;
+    for (int64_t t = 0; t < prompt; ++t) {
+      for (int h = 0; h < kHeads; ++h) q.insert(q.end(), u.begin(), u.end());
+    }
+    // Every layer attends, as the model does: each scores its own tokens.
+    std::vector<float> pout(q.size());
+    for (int l = 0; l < kLayers; ++l) {
+      ASSERT_TRUE(
+          cache->Write(1, l, k.data() + l * prompt * kRow, v.data() + l * prompt * kRow, prompt)
+              .ok());
+    }
+    const std::vector<float> q3 = scaled(q, 3.f);
     for (int l = 0; l < kLayers; ++l)
-      ASSERT_TRUE(cache->Attend(1, l, q1.data(), 1, out.data()).ok());
-    ASSERT_TRUE(cache->Commit(1, 1).ok());
-  }
-  // Attention is on the heavy hitter: each query head's output is its kv-head's value row
-  // (int4 values).
-  for (int h = 0; h < kHeads; ++h) {
-    const int64_t kvh = h / (kHeads / kKvHeads);
-    for (int c = 0; c < kDim; ++c) {
-      EXPECT_NEAR(out[h * kDim + c],
-                  v[(kLayers - 1) * prompt * kRow + heavy * kRow + kvh * kDim + c], 0.3)
-          << "head " << h;
+      ASSERT_TRUE(cache->Attend(1, l, q3.data(), prompt, pout.data()).ok());
+    ASSERT_TRUE(cache->Commit(1, prompt).ok());
+    const std::vector<float> q1 =
+        scaled(std::vector<float>(q.begin(), q.begin() + kHeads * kDim), 3.f);
+    std::vector<float> out(kHeads * kDim);
+    for (int64_t i = 0; i < steps; ++i) {
+      const std::vector<float> k1 = scaled(Random(rng, kLayers * kRow), 0.1f);
+      const std::vector<float> v1 = Random(rng, kLayers * kRow);
+      for (int l = 0; l < kLayers; ++l) {
+        ASSERT_TRUE(cache->Write(1, l, k1.data() + l * kRow, v1.data() + l * kRow, 1).ok());
+      }
+      for (int l = 0; l < kLayers; ++l)
+        ASSERT_TRUE(cache->Attend(1, l, q1.data(), 1, out.data()).ok());
+      ASSERT_TRUE(cache->Commit(1, 1).ok());
     }
-  }
-  for (int l = 0; l < kLayers; ++l) {
-    for (int64_t h = 0; h < kKvHeads; ++h) {
-      auto live = cache->LiveTokens(1, l, h);
-      ASSERT_TRUE(live.ok());
-      ASSERT_EQ(live->size(), 1u) << "layer " << l << " kv-head " << h;
-      EXPECT_EQ((*live)[0].position, heavy);
-      EXPECT_EQ((*live)[0].tier, 0);
+    // Attention is on the heavy hitter: each query head's output is its kv-head's value row
+    // (int4 values).
+    for (int h = 0; h < kHeads; ++h) {
+      const int64_t kvh = h / (kHeads / kKvHeads);
+      for (int c = 0; c < kDim; ++c) {
+        EXPECT_NEAR(out[h * kDim + c],
+                    v[(kLayers - 1) * prompt * kRow + heavy * kRow + kvh * kDim + c], 0.3)
+            << "head " << h;
+      }
     }
+    for (int l = 0; l < kLayers; ++l) {
+      for (int64_t h = 0; h < kKvHeads; ++h) {
+        auto live = cache->LiveTokens(1, l, h);
+        ASSERT_TRUE(live.ok());
+        const size_t want = alpha_high > 0 ? 1 : prompt - window;
+        ASSERT_EQ(live->size(), want) << "layer " << l << " kv-head " << h;
+        EXPECT_EQ((*live)[0].position, heavy);
+        for (const auto& t : *live) EXPECT_EQ(t.tier, 0);
+      }
+    }
+    ASSERT_TRUE(cache->RemoveSequence(1).ok());
+    EXPECT_EQ(cache->pool().used_pages(), 0);
   }
-  ASSERT_TRUE(cache->RemoveSequence(1).ok());
-  EXPECT_EQ(cache->pool().used_pages(), 0);
 }
 
 // Random keys and queries with thresholds in between: tokens land in both tiers, some are

@@ -3,9 +3,12 @@
 //
 //   ./sluice eval --text /usr/share/common-licenses/GPL-3 --preset kivi2,kvcomp --context 1024
 //   ./sluice eval --text FILE --preset kivi4 --json
+//   ./sluice eval calibrate --text FILE --preset leankv-k8v4   (picks alpha_high, alpha_low)
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -14,9 +17,11 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kvstore/kv_preset.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/model_path.h"
@@ -25,8 +30,15 @@
 #include "tools/eval_lib.h"
 
 ABSL_FLAG(std::string, text, "", "UTF-8 text file to evaluate on (required).");
-ABSL_FLAG(std::string, preset, "int8,kivi4,kivi2,kvcomp,sinks,snapkv,pyramid,h2o",
-          "Presets to compare with fp16, comma-separated.");
+ABSL_FLAG(std::string, preset, "",
+          "Presets to compare with fp16, comma-separated, each a name with optional "
+          "\":key=value\" settings (kvstore/kv_preset.h); default: every compressed preset. "
+          "calibrate: the leankv preset whose thresholds to pick (default: sluice).");
+ABSL_FLAG(double, max_dppl, 1.0,
+          "calibrate: largest perplexity increase over fp16 allowed, percent.");
+ABSL_FLAG(double, min_top1, 0.97, "calibrate: smallest top-1 agreement with fp16 allowed.");
+ABSL_FLAG(double, alpha_high, -1,
+          "calibrate: take this alpha_high and pick alpha_low only; -1 = pick both.");
 ABSL_FLAG(int64_t, context, 1024, "Tokens per window: the first half is the prompt.");
 ABSL_FLAG(int64_t, stride, 0, "Tokens from one window's start to the next; 0 = --context.");
 ABSL_FLAG(int64_t, max_windows, 0, "Most windows to evaluate; 0 = all that fit the text.");
@@ -42,67 +54,166 @@ ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
 namespace sluice {
 namespace {
 
-absl::Status Run() {
-  const std::string text_path = absl::GetFlag(FLAGS_text);
-  if (text_path.empty()) return absl::InvalidArgumentError("--text FILE is required");
-  std::ifstream in(text_path);
-  if (!in) return absl::NotFoundError("cannot read --text " + text_path);
+struct Loaded {
+  std::string text_path;
+  std::unique_ptr<model::GgufFile> gguf;
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<model::LlamaModel> llama;
+  std::vector<int32_t> tokens;
+};
+
+absl::StatusOr<Loaded> Load() {
+  Loaded l;
+  l.text_path = absl::GetFlag(FLAGS_text);
+  if (l.text_path.empty()) return absl::InvalidArgumentError("--text FILE is required");
+  std::ifstream in(l.text_path);
+  if (!in) return absl::NotFoundError("cannot read --text " + l.text_path);
   std::stringstream text;
   text << in.rdbuf();
-
   const std::string path =
       absl::GetFlag(FLAGS_model).empty() ? model::DefaultModelPath() : absl::GetFlag(FLAGS_model);
-  SLUICE_ASSIGN_OR_RETURN(auto gguf, model::GgufFile::Open(path));
-  SLUICE_ASSIGN_OR_RETURN(model::VocabSpec vocab, model::VocabFromGguf(*gguf));
+  SLUICE_ASSIGN_OR_RETURN(l.gguf, model::GgufFile::Open(path));
+  SLUICE_ASSIGN_OR_RETURN(model::VocabSpec vocab, model::VocabFromGguf(*l.gguf));
   SLUICE_ASSIGN_OR_RETURN(auto tokenizer, model::Tokenizer::Create(std::move(vocab)));
-  SLUICE_ASSIGN_OR_RETURN(auto backend,
+  SLUICE_ASSIGN_OR_RETURN(l.backend,
                           kernels::CpuBackend::Create({.threads = absl::GetFlag(FLAGS_threads)}));
-  SLUICE_ASSIGN_OR_RETURN(auto llama, model::LlamaModel::Load(*gguf, *backend));
-  SLUICE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, tokenizer->Encode(text.str(), false));
+  SLUICE_ASSIGN_OR_RETURN(l.llama, model::LlamaModel::Load(*l.gguf, *l.backend));
+  SLUICE_ASSIGN_OR_RETURN(l.tokens, tokenizer->Encode(text.str(), false));
+  return l;
+}
 
+tools::EvalOptions OptionsFromFlags() {
   tools::EvalOptions o;
-  o.presets = absl::StrSplit(absl::GetFlag(FLAGS_preset), ',', absl::SkipEmpty());
   o.context = absl::GetFlag(FLAGS_context);
   o.stride = absl::GetFlag(FLAGS_stride);
   o.max_windows = absl::GetFlag(FLAGS_max_windows);
   o.batch = absl::GetFlag(FLAGS_batch);
   o.residual = absl::GetFlag(FLAGS_residual);
   o.budget = static_cast<float>(absl::GetFlag(FLAGS_budget));
-  int64_t shown = -1;  // the percentage on screen
-  o.progress = [&shown](int64_t done, int64_t total) {
+  auto shown = std::make_shared<int64_t>(-1);  // the percentage on screen
+  o.progress = [shown](int64_t done, int64_t total) {
     const int64_t percent = 100 * done / total;
-    if (percent == shown) return;
-    shown = percent;
+    if (percent == *shown) return;
+    *shown = percent;
     constexpr int kWidth = 40;
     const int filled = static_cast<int>(kWidth * done / total);
     std::fprintf(stderr, "\r[%s%s] %lld/%lld predictions", std::string(filled, '=').c_str(),
                  std::string(kWidth - filled, ' ').c_str(), static_cast<long long>(done),
                  static_cast<long long>(total));
-    if (done == total) std::fputc('\n', stderr);
+    if (done == total) {
+      std::fputc('\n', stderr);
+      *shown = -1;
+    }
   };
-  SLUICE_ASSIGN_OR_RETURN(std::vector<tools::EvalResult> results,
-                          tools::RunEval(o, *llama, *backend, tokens));
-  if (absl::GetFlag(FLAGS_json)) {
-    for (const tools::EvalResult& r : results) {
-      const nlohmann::json line = {
-          {"preset", r.preset},     {"tokens", r.tokens}, {"ppl", r.ppl},
+  return o;
+}
+
+nlohmann::json ResultJson(const tools::EvalResult& r, const tools::EvalOptions& o,
+                          const std::string& text_path) {
+  return {{"preset", r.preset},     {"tokens", r.tokens}, {"ppl", r.ppl},
           {"ppl_fp16", r.ppl_fp16}, {"kl", r.kl},         {"top1", r.top1},
           {"ratio", r.ratio},       {"pages", r.pages},   {"context", o.context},
           {"windows", r.windows},   {"text", text_path}};
-      std::cout << line.dump() << "\n";
+}
+
+void PrintTable(const std::vector<tools::EvalResult>& results) {
+  int width = 6;
+  for (const tools::EvalResult& r : results) width = std::max<int>(width, r.preset.size());
+  std::printf("%-*s %9s %9s %8s %10s %7s %8s %9s\n", width, "preset", "ppl", "ppl fp16", "dppl %",
+              "KL nats", "top-1", "ratio", "pages");
+  for (const tools::EvalResult& r : results) {
+    std::printf("%-*s %9.3f %9.3f %+8.2f %10.5f %6.2f%% %7.2fx %9.1f\n", width, r.preset.c_str(),
+                r.ppl, r.ppl_fp16, 100.0 * (r.ppl / r.ppl_fp16 - 1), r.kl, 100.0 * r.top1, r.ratio,
+                r.pages);
+  }
+}
+
+absl::Status Run() {
+  SLUICE_ASSIGN_OR_RETURN(Loaded l, Load());
+  tools::EvalOptions o = OptionsFromFlags();
+  o.presets = absl::StrSplit(absl::GetFlag(FLAGS_preset), ',', absl::SkipEmpty());
+  if (o.presets.empty()) {
+    for (const std::string& name : kvstore::KvPresetNames()) {
+      if (name != "fp16") o.presets.push_back(name);
+    }
+  }
+  SLUICE_ASSIGN_OR_RETURN(std::vector<tools::EvalResult> results,
+                          tools::RunEval(o, *l.llama, *l.backend, l.tokens));
+  if (absl::GetFlag(FLAGS_json)) {
+    for (const tools::EvalResult& r : results) {
+      std::cout << ResultJson(r, o, l.text_path).dump() << "\n";
     }
     return absl::OkStatus();
   }
-  std::printf("%s: %lld tokens, %lld windows of %lld (second halves scored)\n", text_path.c_str(),
-              static_cast<long long>(tokens.size()),
+  std::printf("%s: %lld tokens, %lld windows of %lld (second halves scored)\n", l.text_path.c_str(),
+              static_cast<long long>(l.tokens.size()),
               static_cast<long long>(results.front().windows), static_cast<long long>(o.context));
-  std::printf("%-8s %9s %9s %8s %10s %7s %8s %9s\n", "preset", "ppl", "ppl fp16", "dppl %",
-              "KL nats", "top-1", "ratio", "pages");
-  for (const tools::EvalResult& r : results) {
-    std::printf("%-8s %9.3f %9.3f %+8.2f %10.5f %6.2f%% %7.2fx %9.1f\n", r.preset.c_str(), r.ppl,
-                r.ppl_fp16, 100.0 * (r.ppl / r.ppl_fp16 - 1), r.kl, 100.0 * r.top1, r.ratio,
-                r.pages);
+  PrintTable(results);
+  return absl::OkStatus();
+}
+
+// LeanKV §7.2: alpha_high over 0..5 with alpha_low = 0, then alpha_low over five equally spaced
+// values in [0, 0.1] at the chosen alpha_high. At each stage the pick is the setting with the
+// largest compression ratio among those within --max_dppl and --min_top1 (LeanKV picks the most
+// accurate; here fp16's quality is the bar and memory the aim), or the smallest KL if none is.
+absl::Status Calibrate() {
+  SLUICE_ASSIGN_OR_RETURN(Loaded l, Load());
+  const std::string base =
+      absl::GetFlag(FLAGS_preset).empty() ? "sluice" : absl::GetFlag(FLAGS_preset);
+  SLUICE_ASSIGN_OR_RETURN(kvstore::KvPreset preset, kvstore::FindKvPreset(base, 64));
+  if (preset.policy.kind != kvstore::KvPolicyKind::kLeanKv) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("calibrate picks leankv thresholds; preset %s has none", base));
   }
+  const double max_dppl = absl::GetFlag(FLAGS_max_dppl), min_top1 = absl::GetFlag(FLAGS_min_top1);
+  auto spec = [&](double high, double low) {
+    return absl::StrFormat("%s:alpha_high=%g:alpha_low=%g", base, high, low);
+  };
+  auto pick = [&](const std::vector<tools::EvalResult>& results) {
+    return tools::PickCalibrated(results, max_dppl, min_top1);
+  };
+  tools::EvalOptions o = OptionsFromFlags();
+  std::vector<double> highs = {0, 1, 2, 3, 4, 5};
+  if (absl::GetFlag(FLAGS_alpha_high) >= 0) highs = {absl::GetFlag(FLAGS_alpha_high)};
+  for (double h : highs) o.presets.push_back(spec(h, 0));
+  std::fprintf(stderr, "stage 1: alpha_high in {%s}, alpha_low = 0\n",
+               absl::StrJoin(highs, ", ").c_str());
+  SLUICE_ASSIGN_OR_RETURN(std::vector<tools::EvalResult> first,
+                          tools::RunEval(o, *l.llama, *l.backend, l.tokens));
+  if (!absl::GetFlag(FLAGS_json)) {
+    std::printf("%s: %lld tokens, %lld windows of %lld; bar: dppl <= %g%%, top-1 >= %g%%\n",
+                l.text_path.c_str(), static_cast<long long>(l.tokens.size()),
+                static_cast<long long>(first.front().windows), static_cast<long long>(o.context),
+                max_dppl, 100 * min_top1);
+    PrintTable(first);
+    std::fflush(stdout);
+  }
+  const int h = pick(first);
+  const double alpha_high = highs[h];
+  std::vector<double> lows = {0.025, 0.05, 0.075, 0.1};
+  o.presets.clear();
+  for (double low : lows) o.presets.push_back(spec(alpha_high, low));
+  std::fprintf(stderr, "stage 2: alpha_high = %g, alpha_low in (0, 0.1]\n", alpha_high);
+  SLUICE_ASSIGN_OR_RETURN(std::vector<tools::EvalResult> second,
+                          tools::RunEval(o, *l.llama, *l.backend, l.tokens));
+  second.insert(second.begin(), first[h]);
+  lows.insert(lows.begin(), 0);
+  const double alpha_low = lows[pick(second)];
+  if (absl::GetFlag(FLAGS_json)) {
+    nlohmann::json out = {{"preset", base},         {"alpha_high", alpha_high},
+                          {"alpha_low", alpha_low}, {"max_dppl", max_dppl},
+                          {"min_top1", min_top1},   {"text", l.text_path},
+                          {"context", o.context}};
+    for (const auto* stage : {&first, &second}) {
+      nlohmann::json rows = nlohmann::json::array();
+      for (const tools::EvalResult& r : *stage) rows.push_back(ResultJson(r, o, l.text_path));
+      out[stage == &first ? "stage1" : "stage2"] = rows;
+    }
+    std::cout << out.dump() << "\n";
+    return absl::OkStatus();
+  }
+  PrintTable(second);
+  std::printf("picked: %s\n", spec(alpha_high, alpha_low).c_str());
   return absl::OkStatus();
 }
 
@@ -111,9 +222,16 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "sluice eval --text FILE [--preset P,...] [--context N] [--stride S] [--json]");
-  absl::ParseCommandLine(argc, argv);
-  if (absl::Status st = sluice::Run(); !st.ok()) {
+      "sluice eval --text FILE [--preset P,...] [--context N] [--stride S] [--json]\n"
+      "       sluice eval calibrate --text FILE [--preset LEANKV_PRESET] [--context N]");
+  const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() > 2 || (args.size() == 2 && std::string(args[1]) != "calibrate")) {
+    std::fprintf(stderr, "sluice eval: unknown command \"%s\"; the only one is calibrate\n",
+                 args.back());
+    return 2;
+  }
+  const absl::Status st = args.size() == 2 ? sluice::Calibrate() : sluice::Run();
+  if (!st.ok()) {
     std::fprintf(stderr, "sluice eval: %s\n", std::string(st.message()).c_str());
     return 1;
   }

@@ -134,4 +134,18 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
   return out;
 }
 
+int PickCalibrated(const std::vector<EvalResult>& results, double max_dppl, double min_top1) {
+  int best = -1;
+  for (int i = 0; i < static_cast<int>(results.size()); ++i) {
+    const EvalResult& r = results[i];
+    const bool ok = 100.0 * (r.ppl / r.ppl_fp16 - 1) <= max_dppl && r.top1 >= min_top1;
+    if (ok && (best < 0 || r.ratio > results[best].ratio)) best = i;
+  }
+  if (best >= 0) return best;
+  for (int i = 0; i < static_cast<int>(results.size()); ++i) {
+    if (best < 0 || results[i].kl < results[best].kl) best = i;
+  }
+  return best;
+}
+
 }  // namespace sluice::tools

@@ -48,6 +48,11 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& options,
                                                 model::LlamaModel& llama, kernels::Backend& backend,
                                                 const std::vector<int32_t>& tokens);
 
+// `sluice eval calibrate`'s choice among settings: the index of the result with the largest
+// ratio among those at most `max_dppl` percent above fp16's perplexity and at least `min_top1`
+// in top-1 agreement; if none is, the one with the smallest KL; -1 for no results.
+int PickCalibrated(const std::vector<EvalResult>& results, double max_dppl, double min_top1);
+
 }  // namespace sluice::tools
 
 #endif  // SLUICE_TOOLS_EVAL_LIB_H_

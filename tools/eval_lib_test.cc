@@ -82,5 +82,19 @@ TEST(Eval, Fp16MatchesItselfAndCompressedPresetsDivergeALittle) {
               ::testing::HasSubstr("unknown KV preset"));
 }
 
+TEST(EvalLib, CalibrationPicksTheSmallestKvWithinTheBar) {
+  auto result = [](double dppl, double top1, double kl, double ratio) {
+    return EvalResult{
+        .ppl = 10 * (1 + dppl / 100), .ppl_fp16 = 10, .kl = kl, .top1 = top1, .ratio = ratio};
+  };
+  // Within the bar (+1%, 97%): the first and third; the third holds less.
+  std::vector<EvalResult> rs = {result(0.2, 0.99, 0.01, 2.0), result(3.0, 0.99, 0.05, 6.0),
+                                result(0.9, 0.975, 0.02, 3.0), result(0.1, 0.95, 0.03, 9.0)};
+  EXPECT_EQ(PickCalibrated(rs, 1.0, 0.97), 2);
+  // None within the bar: the smallest KL.
+  EXPECT_EQ(PickCalibrated(rs, 0.05, 0.97), 0);
+  EXPECT_EQ(PickCalibrated({}, 1.0, 0.97), -1);
+}
+
 }  // namespace
 }  // namespace sluice::tools
