@@ -140,7 +140,7 @@ absl::StatusOr<KvPreset> FindKvPreset(std::string_view spec, int32_t head_dim, i
     // low tier costs more top-1 agreement than the 97% bar allows, so the calibrated
     // alpha_high is 0: every kept token is K8V4, and each step evicts the least significant
     // token below alpha_low / N.
-    p.policy = {.kind = KvPolicyKind::kLeanKv, .alpha_high = 0.f, .alpha_low = 0.02f};
+    p.policy = {.kind = KvPolicyKind::kLeanKv, .alpha_high = 0.f, .alpha_low = 0.075f};
     p.high.k = PerToken(8);
     p.high.v = PerToken(4, 32);
     p.low = p.high;
