@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -66,6 +67,38 @@ double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
+// Feeds a prompt of `prompt` tokens, then `steps` tokens one at a time, to sequence `seq`, and
+// checks each step's attention against ref attention over all the fp32 rows within `tol`.
+void ExpectTracksFullPrecision(PagedKvCache& cache, int64_t seq, int64_t prompt, int64_t steps,
+                               double tol, std::mt19937_64& rng) {
+  std::vector<float> all_k, all_v;  // layer 0 rows so far
+  int64_t len = 0;
+  for (int64_t n : {prompt, int64_t{1}}) {
+    for (int64_t step = 0; step < (n == 1 ? steps : 1); ++step) {
+      const std::vector<float> k = Random(rng, kLayers * n * kRow);
+      const std::vector<float> v = Random(rng, kLayers * n * kRow);
+      const std::vector<float> q = Random(rng, n * kHeads * kDim);
+      const std::vector<float> got = Step(cache, seq, k, v, q, n);
+      all_k.insert(all_k.end(), k.begin(), k.begin() + n * kRow);
+      all_v.insert(all_v.end(), v.begin(), v.begin() + n * kRow);
+      std::vector<float> want(got.size());
+      kernels::ref::Attention({.q = q.data(),
+                               .k = all_k.data(),
+                               .v = all_v.data(),
+                               .out = want.data(),
+                               .q_tokens = n,
+                               .kv_tokens = len + n,
+                               .q_start = len,
+                               .heads = kHeads,
+                               .kv_heads = kKvHeads,
+                               .head_dim = kDim,
+                               .scale = 1.f / std::sqrt(float(kDim))});
+      len += n;
+      ASSERT_LT(MaxAbsDiff(got, want), tol) << "after " << len << " tokens";
+    }
+  }
+}
+
 // Feeds 300 tokens (a prompt of 200, then 100 one at a time) and checks each step's attention
 // against ref attention over the fp32 rows, within each preset's precision.
 TEST(PagedKvCache, AttentionOverPagesTracksFullPrecision) {
@@ -80,32 +113,8 @@ TEST(PagedKvCache, AttentionOverPagesTracksFullPrecision) {
     SCOPED_TRACE(preset);
     auto cache = MakeCache(**cpu, preset, residual);
     ASSERT_TRUE(cache->AddSequence(7, 300).ok());
-    std::vector<float> all_k, all_v;  // layer 0 rows so far
-    int64_t len = 0;
-    for (int64_t n : {int64_t{200}, int64_t{1}}) {
-      for (int64_t step = 0; step < (n == 1 ? 100 : 1); ++step) {
-        const std::vector<float> k = Random(rng, kLayers * n * kRow);
-        const std::vector<float> v = Random(rng, kLayers * n * kRow);
-        const std::vector<float> q = Random(rng, n * kHeads * kDim);
-        const std::vector<float> got = Step(*cache, 7, k, v, q, n);
-        all_k.insert(all_k.end(), k.begin(), k.begin() + n * kRow);
-        all_v.insert(all_v.end(), v.begin(), v.begin() + n * kRow);
-        std::vector<float> want(got.size());
-        kernels::ref::Attention({.q = q.data(),
-                                 .k = all_k.data(),
-                                 .v = all_v.data(),
-                                 .out = want.data(),
-                                 .q_tokens = n,
-                                 .kv_tokens = len + n,
-                                 .q_start = len,
-                                 .heads = kHeads,
-                                 .kv_heads = kKvHeads,
-                                 .head_dim = kDim,
-                                 .scale = 1.f / std::sqrt(float(kDim))});
-        len += n;
-        ASSERT_LT(MaxAbsDiff(got, want), tol) << "after " << len << " tokens";
-      }
-    }
+    ExpectTracksFullPrecision(*cache, 7, 200, 100, tol, rng);
+    if (HasFatalFailure()) return;
     EXPECT_EQ(*cache->Length(7), 300);
     const KvCacheStats st = cache->Stats();
     EXPECT_GT(st.pages.pages(), 0);
@@ -554,25 +563,6 @@ TEST(PagedKvCache, CodedFlushThatRunsOutOfPagesRollsBack) {
   EXPECT_EQ(cache->pool().used_pages(), 0);
 }
 
-// A leankv preset with its thresholds (in units of 1/N) and full-precision window set.
-std::unique_ptr<PagedKvCache> MakeLeanKv(kernels::Backend& backend, std::string_view preset,
-                                         float alpha_high, float alpha_low, int32_t residual) {
-  auto p = FindKvPreset(preset, kDim, 4096);
-  EXPECT_TRUE(p.ok()) << p.status();
-  p->policy.alpha_high = alpha_high;
-  p->policy.alpha_low = alpha_low;
-  p->residual = residual;
-  auto c = PagedKvCache::Create({.layers = kLayers,
-                                 .heads = kHeads,
-                                 .kv_heads = kKvHeads,
-                                 .head_dim = kDim,
-                                 .preset = *p,
-                                 .pages = 256},
-                                backend);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return std::move(*c);
-}
-
 // At the extremes of its thresholds leankv keeps every token, in one tier: all high
 // (alpha_high = 0) or all low (alpha_low = 0 and an unreachable alpha_high). Attention then
 // tracks full precision within that tier's precision.
@@ -584,34 +574,12 @@ TEST(PagedKvCache, LeanKvAtExtremeThresholdsKeepsEveryTokenInOneTier) {
   ASSERT_TRUE(cpu.ok());
   for (auto [alpha_high, tier, tol] : {std::tuple{0.f, 0, 0.3}, std::tuple{1e9f, 1, 0.6}}) {
     SCOPED_TRACE(tier);
-    auto cache = MakeLeanKv(**cpu, "leankv-k8v4", alpha_high, 0.f, 8);
+    auto cache =
+        MakeCache(**cpu, absl::StrCat("leankv-k8v4:alpha_high=", alpha_high, ":alpha_low=0"), 8);
     ASSERT_TRUE(cache->AddSequence(3, 200).ok());
-    std::vector<float> all_k, all_v;
-    int64_t len = 0;
-    for (int64_t n : {int64_t{120}, int64_t{1}}) {
-      for (int64_t step = 0; step < (n == 1 ? 60 : 1); ++step) {
-        const std::vector<float> k = Random(rng, kLayers * n * kRow);
-        const std::vector<float> v = Random(rng, kLayers * n * kRow);
-        const std::vector<float> q = Random(rng, n * kHeads * kDim);
-        const std::vector<float> got = Step(*cache, 3, k, v, q, n);
-        all_k.insert(all_k.end(), k.begin(), k.begin() + n * kRow);
-        all_v.insert(all_v.end(), v.begin(), v.begin() + n * kRow);
-        std::vector<float> want(got.size());
-        kernels::ref::Attention({.q = q.data(),
-                                 .k = all_k.data(),
-                                 .v = all_v.data(),
-                                 .out = want.data(),
-                                 .q_tokens = n,
-                                 .kv_tokens = len + n,
-                                 .q_start = len,
-                                 .heads = kHeads,
-                                 .kv_heads = kKvHeads,
-                                 .head_dim = kDim,
-                                 .scale = 1.f / std::sqrt(float(kDim))});
-        len += n;
-        ASSERT_LT(MaxAbsDiff(got, want), tol) << "after " << len << " tokens";
-      }
-    }
+    ExpectTracksFullPrecision(*cache, 3, 120, 60, tol, rng);
+    if (HasFatalFailure()) return;
+    const int64_t len = 180;
     const KvCacheStats st = cache->Stats();
     EXPECT_EQ(st.pages.live_slots, kLayers * kKvHeads * (len - 8));
     EXPECT_EQ(tier == 0 ? st.pages.pages_low : st.pages.pages_high, 0);
@@ -639,7 +607,8 @@ TEST(PagedKvCache, LeanKvKeepsTheHeavyHitterAndEvictsTheRest) {
   // significant token goes (Algorithm 1, line 10), so the count stays where the prompt left it.
   for (const float alpha_high : {1.f, 0.f}) {
     SCOPED_TRACE(alpha_high);
-    auto cache = MakeLeanKv(**cpu, "leankv-k8v4", alpha_high, 0.1f, window);
+    auto cache = MakeCache(
+        **cpu, absl::StrCat("leankv-k8v4:alpha_high=", alpha_high, ":alpha_low=0.1"), window);
     const int64_t prompt = 200, steps = 60, heavy = 0;
     ASSERT_TRUE(cache->AddSequence(1, prompt + steps).ok());
     std::vector<float> u(kDim, 0.f);
@@ -718,7 +687,7 @@ TEST(PagedKvCache, LeanKvTiersStayConsistentThroughGeneration) {
   auto cpu = kernels::CpuBackend::Create();
   ASSERT_TRUE(cpu.ok());
   const int32_t window = 8;
-  auto cache = MakeLeanKv(**cpu, "leankv-k4v2", 1.5f, 0.6f, window);
+  auto cache = MakeCache(**cpu, "leankv-k4v2:alpha_high=1.5:alpha_low=0.6", window);
   const int64_t prompt = 150, steps = 150;
   ASSERT_TRUE(cache->AddSequence(1, prompt + steps).ok());
   auto attend_all = [&](int64_t seq, int64_t n) {
