@@ -67,6 +67,34 @@ double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
+// A prompt whose every query attends to one token: keys small (x0.1) except the heavy
+// hitter's, 30 u in every kv-head and layer; queries 3 u (u: a unit vector); values random.
+struct HeavyHitterPrompt {
+  std::vector<float> k, v;  // [layers][prompt, kv_heads, dim]
+  std::vector<float> q;     // [prompt, heads, dim]
+};
+
+std::vector<float> Scaled(std::vector<float> x, float a) {
+  for (float& e : x) e *= a;
+  return x;
+}
+
+HeavyHitterPrompt MakeHeavyHitterPrompt(std::mt19937_64& rng, int64_t prompt, int64_t heavy) {
+  std::vector<float> u(kDim, 0.f);
+  u[5] = 1.f;
+  HeavyHitterPrompt p{.k = Scaled(Random(rng, kLayers * prompt * kRow), 0.1f),
+                      .v = Random(rng, kLayers * prompt * kRow)};
+  for (int l = 0; l < kLayers; ++l) {
+    for (int64_t h = 0; h < kKvHeads; ++h) {
+      for (int c = 0; c < kDim; ++c) p.k[(l * prompt + heavy) * kRow + h * kDim + c] = 30.f * u[c];
+    }
+  }
+  for (int64_t t = 0; t < prompt * kHeads; ++t) {
+    for (int c = 0; c < kDim; ++c) p.q.push_back(3.f * u[c]);
+  }
+  return p;
+}
+
 // Feeds a prompt of `prompt` tokens, then `steps` tokens one at a time, to sequence `seq`, and
 // checks each step's attention against ref attention over all the fp32 rows within `tol`.
 void ExpectTracksFullPrecision(PagedKvCache& cache, int64_t seq, int64_t prompt, int64_t steps,
@@ -488,31 +516,13 @@ TEST(PagedKvCache, H2oKeepsTheHeavyHitter) {
   // its score.
   const int64_t prompt = 200, steps = 60, heavy = 150;
   ASSERT_TRUE(cache->AddSequence(1, prompt + steps + 1).ok());
-  std::vector<float> u(kDim, 0.f);
-  u[5] = 1.f;
-  auto scaled = [](std::vector<float> x, float a) {
-    for (float& e : x) e *= a;
-    return x;
-  };
-  // Keys small except the heavy hitter's, which points along u in every kv-head; queries
-  // point along u.
-  std::vector<float> k = scaled(Random(rng, kLayers * prompt * kRow), 0.1f);
-  const std::vector<float> v = Random(rng, kLayers * prompt * kRow);
-  for (int l = 0; l < kLayers; ++l) {
-    for (int64_t h = 0; h < kKvHeads; ++h) {
-      for (int c = 0; c < kDim; ++c) k[(l * prompt + heavy) * kRow + h * kDim + c] = 30.f * u[c];
-    }
-  }
-  std::vector<float> q;
-  for (int64_t t = 0; t < prompt; ++t) {
-    for (int h = 0; h < kHeads; ++h) q.insert(q.end(), u.begin(), u.end());
-  }
-  Step(*cache, 1, k, v, scaled(q, 3.f), prompt);
-  const std::vector<float> q1 =
-      scaled(std::vector<float>(q.begin(), q.begin() + kHeads * kDim), 3.f);
+  const HeavyHitterPrompt hh = MakeHeavyHitterPrompt(rng, prompt, heavy);
+  const std::vector<float>& v = hh.v;
+  Step(*cache, 1, hh.k, hh.v, hh.q, prompt);
+  const std::vector<float> q1(hh.q.begin(), hh.q.begin() + kHeads * kDim);
   std::vector<float> out;
   for (int64_t i = 0; i < steps; ++i) {
-    out = Step(*cache, 1, scaled(Random(rng, kLayers * kRow), 0.1f), Random(rng, kLayers * kRow),
+    out = Step(*cache, 1, Scaled(Random(rng, kLayers * kRow), 0.1f), Random(rng, kLayers * kRow),
                q1, 1);
   }
   // Attention is on the heavy hitter: each query head's output is its kv-head's value row.
@@ -611,39 +621,23 @@ TEST(PagedKvCache, LeanKvKeepsTheHeavyHitterAndEvictsTheRest) {
         **cpu, absl::StrCat("leankv-k8v4:alpha_high=", alpha_high, ":alpha_low=0.1"), window);
     const int64_t prompt = 200, steps = 60, heavy = 0;
     ASSERT_TRUE(cache->AddSequence(1, prompt + steps).ok());
-    std::vector<float> u(kDim, 0.f);
-    u[5] = 1.f;
-    auto scaled = [](std::vector<float> x, float a) {
-      for (float& e : x) e *= a;
-      return x;
-    };
-    std::vector<float> k = scaled(Random(rng, kLayers * prompt * kRow), 0.1f);
-    const std::vector<float> v = Random(rng, kLayers * prompt * kRow);
-    for (int l = 0; l < kLayers; ++l) {
-      for (int64_t h = 0; h < kKvHeads; ++h) {
-        for (int c = 0; c < kDim; ++c) k[(l * prompt + heavy) * kRow + h * kDim + c] = 30.f * u[c];
-      }
-    }
-    std::vector<float> q;
-    for (int64_t t = 0; t < prompt; ++t) {
-      for (int h = 0; h < kHeads; ++h) q.insert(q.end(), u.begin(), u.end());
-    }
+    const HeavyHitterPrompt hh = MakeHeavyHitterPrompt(rng, prompt, heavy);
+    const std::vector<float>&k = hh.k, &v = hh.v;
     // Every layer attends, as the model does: each scores its own tokens.
-    std::vector<float> pout(q.size());
+    std::vector<float> pout(hh.q.size());
     for (int l = 0; l < kLayers; ++l) {
       ASSERT_TRUE(
           cache->Write(1, l, k.data() + l * prompt * kRow, v.data() + l * prompt * kRow, prompt)
               .ok());
     }
-    const std::vector<float> q3 = scaled(q, 3.f);
+
     for (int l = 0; l < kLayers; ++l)
-      ASSERT_TRUE(cache->Attend(1, l, q3.data(), prompt, pout.data()).ok());
+      ASSERT_TRUE(cache->Attend(1, l, hh.q.data(), prompt, pout.data()).ok());
     ASSERT_TRUE(cache->Commit(1, prompt).ok());
-    const std::vector<float> q1 =
-        scaled(std::vector<float>(q.begin(), q.begin() + kHeads * kDim), 3.f);
+    const std::vector<float> q1(hh.q.begin(), hh.q.begin() + kHeads * kDim);
     std::vector<float> out(kHeads * kDim);
     for (int64_t i = 0; i < steps; ++i) {
-      const std::vector<float> k1 = scaled(Random(rng, kLayers * kRow), 0.1f);
+      const std::vector<float> k1 = Scaled(Random(rng, kLayers * kRow), 0.1f);
       const std::vector<float> v1 = Random(rng, kLayers * kRow);
       for (int l = 0; l < kLayers; ++l) {
         ASSERT_TRUE(cache->Write(1, l, k1.data() + l * kRow, v1.data() + l * kRow, 1).ok());
