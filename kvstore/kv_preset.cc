@@ -44,8 +44,8 @@ float PyramidBudget(const KvPolicy& policy, int layer, int layers) {
 }
 
 std::vector<std::string> KvPresetNames() {
-  return {"fp16",   "int8",    "kivi4", "kivi2",  "kvcomp",      "sinks",
-          "snapkv", "pyramid", "h2o",   "minikv", "leankv-k8v4", "leankv-k4v2"};
+  return {"fp16",    "int8", "kivi4",  "kivi2",       "kvcomp",      "sinks", "snapkv",
+          "pyramid", "h2o",  "minikv", "leankv-k8v4", "leankv-k4v2", "sluice"};
 }
 
 namespace {

@@ -13,6 +13,7 @@ namespace {
 using ::testing::HasSubstr;
 
 TEST(KvPreset, EveryNameResolves) {
+  EXPECT_THAT(KvPresetNames(), ::testing::Contains("sluice"));
   for (const std::string& name : KvPresetNames()) {
     SCOPED_TRACE(name);
     auto p = FindKvPreset(name, 64);
