@@ -33,6 +33,8 @@ constexpr int kKvcompKeyTokens = 32;
 constexpr int kKvcompKeyLevels = 5;
 constexpr int kKvcompValueLevels = 7;
 constexpr float kKvcompBitsHint = 2.4f;
+// sluice: Huffman codes of 16 levels take about 3.7 bits on SmolLM2's KV (kv_quant_real_test).
+constexpr float kSluiceBitsHint = 3.8f;
 
 }  // namespace
 
@@ -135,18 +137,16 @@ absl::StatusOr<KvPreset> FindKvPreset(std::string_view spec, int32_t head_dim, i
     p.high.v = PerToken(2, 32);
     p.residual = 128;
   } else if (name == "sluice") {
-    // LeanKV's tiers (K8V4, K4V2) with a 32-token window and thresholds from `sluice eval
-    // calibrate` on the calibration text (bench/eval_texts.sh). On SmolLM2 any use of a
-    // low tier costs more top-1 agreement than the 97% bar allows, so the calibrated
-    // alpha_high is 0: every kept token is K8V4, and each step evicts the least significant
-    // token below alpha_low / N.
-    p.policy = {.kind = KvPolicyKind::kLeanKv, .alpha_high = 0.f, .alpha_low = 0.075f};
-    p.high.k = PerToken(8);
-    p.high.v = PerToken(4, 32);
-    p.low = p.high;
-    p.low->k = PerToken(4, 32);
-    p.low->v = PerToken(2, 32);
-    p.residual = 32;
+    // KIVI-4's grid (K per channel in 32-token groups, V per token in groups of 32 channels, 16
+    // levels, the last 128 tokens in full precision), Huffman-coded with per-layer codebooks:
+    // the same values as kivi4 in fewer bits. On SmolLM2 nothing coarser than 4-bit keys stays
+    // within +1% perplexity, and no eviction policy does (bench/results/eval-texts-cpu.json).
+    p.high.k = PerChannel(8, 32);
+    p.high.k.levels = 16;
+    p.high.v = PerToken(8, 32);
+    p.high.v.levels = 16;
+    p.high.huffman_bits = kSluiceBitsHint;
+    p.residual = 128;
   } else if (name == "leankv-k8v4" || name == "leankv-k4v2") {
     // LeanKV: significant tokens in the high tier, less significant ones in the low tier, the
     // rest evicted; the most recent 64 in full precision. K8V4 pairs with K4V2 (LeanKV's

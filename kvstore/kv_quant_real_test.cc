@@ -165,80 +165,121 @@ TEST(KvQuantRealKv, SmolLM2KeysAndValuesStayWithinBounds) {
     }
   }
 
-  // kvcomp: per (layer, kv-head), codebooks from the first half of the tokens (the "prefill"),
-  // then every token into Huffman-coded pages by the cpu backend. The table-driven decoder must
-  // give what the bit-at-a-time reference gives, every value must stay within half a step, and
-  // the codes must take fewer bits than the fixed width their levels need (3 bits for 5 and 7).
-  auto kvcomp = FindKvPreset("kvcomp", d);
-  ASSERT_TRUE(kvcomp.ok());
-  const KvTierFormat& f = kvcomp->high;
-  auto layout = kernels::ComputePageLayout(f);
-  ASSERT_TRUE(layout.ok());
-  uint64_t k_bits = 0, v_bits = 0, values = 0;
-  for (int layer = 0; layer < c.layers; ++layer) {
-    for (int64_t h = 0; h < c.kv_heads; ++h) {
-      const int64_t stride = c.kv_heads * d;
-      std::vector<float> xk(kTokens * d), xv(kTokens * d);
-      for (int64_t t = 0; t < kTokens; ++t) {
-        for (int j = 0; j < d; ++j) {
-          xk[t * d + j] = rec.k(layer)[t * stride + h * d + j];
-          xv[t * d + j] = rec.v(layer)[t * stride + h * d + j];
+  // The Huffman-coded presets: per (layer, kv-head), codebooks from the first half of the tokens
+  // (the "prefill"), then every token into Huffman-coded pages by the cpu backend. The
+  // table-driven decoder must give what the bit-at-a-time reference gives, every value must stay
+  // within half a step, and the codes must take fewer bits than the fixed width their levels
+  // need. `same_as`: a fixed-width preset the values must equal exactly (the same grid).
+  auto coded = [&](const char* name, double max_k_bits, double max_v_bits, const char* same_as) {
+    SCOPED_TRACE(name);
+    auto preset = FindKvPreset(name, d);
+    ASSERT_TRUE(preset.ok());
+    const KvTierFormat& f = preset->high;
+    auto layout = kernels::ComputePageLayout(f);
+    ASSERT_TRUE(layout.ok());
+    uint64_t k_bits = 0, v_bits = 0, values = 0;
+    for (int layer = 0; layer < c.layers; ++layer) {
+      for (int64_t h = 0; h < c.kv_heads; ++h) {
+        const int64_t stride = c.kv_heads * d;
+        std::vector<float> xk(kTokens * d), xv(kTokens * d);
+        for (int64_t t = 0; t < kTokens; ++t) {
+          for (int j = 0; j < d; ++j) {
+            xk[t * d + j] = rec.k(layer)[t * stride + h * d + j];
+            xv[t * d + j] = rec.v(layer)[t * stride + h * d + j];
+          }
         }
-      }
-      auto books = kernels::testing::CodebooksFromRows(f, xk.data(), xv.data(), kTokens / 2);
-      ASSERT_TRUE(books.ok()) << books.status();
-      const kernels::KvCodebooks view = (*books)->view();
-      for (int64_t t0 = 0; t0 < kTokens;) {
-        std::vector<uint8_t> page(f.page_bytes, 0);
-        int64_t n = 0;
-        ASSERT_TRUE((*cpu)
-                        ->KvQuantize({.k = xk.data() + t0 * d,
-                                      .v = xv.data() + t0 * d,
-                                      .stride = d,
-                                      .tokens = std::min<int64_t>(layout->tokens, kTokens - t0),
-                                      .format = f,
-                                      .layout = *layout,
-                                      .page = page.data(),
-                                      .codebooks = view,
-                                      .tokens_written = &n})
-                        .ok());
-        ASSERT_GT(n, 0);
-        std::vector<float> rk(n * d), rv(n * d), wk(n * d), wv(n * d);
-        kernels::KvDequantizeParams dq{.page = page.data(),
-                                       .format = f,
-                                       .layout = *layout,
-                                       .tokens = n,
-                                       .k = rk.data(),
-                                       .v = rv.data(),
-                                       .codebooks = view};
-        ASSERT_TRUE((*cpu)->KvDequantize(dq).ok());
-        dq.k = wk.data();
-        dq.v = wv.data();
-        ASSERT_TRUE(kernels::ref::KvDequantizeAny(dq).ok());
-        ASSERT_EQ(rk, wk) << "layer " << layer << " head " << h;
-        ASSERT_EQ(rv, wv) << "layer " << layer << " head " << h;
-        ASSERT_TRUE(
-            kernels::testing::RoundTripWithinBound(f.k, d, xk.data() + t0 * d, rk.data(), n))
-            << "k of layer " << layer << " head " << h;
-        ASSERT_TRUE(
-            kernels::testing::RoundTripWithinBound(f.v, d, xv.data() + t0 * d, rv.data(), n))
-            << "v of layer " << layer << " head " << h;
-        // Bits of each unit's K streams (0..3) and V streams (4..7), from the stream offsets.
-        const uint32_t* streams = reinterpret_cast<const uint32_t*>(page.data() + layout->streams);
-        for (int64_t u = 0; u < n / layout->unit_tokens; ++u) {
-          k_bits += streams[u * 8 + 4] - streams[u * 8];
-          v_bits += streams[u * 8 + 8] - streams[u * 8 + 4];
+        auto books = kernels::testing::CodebooksFromRows(f, xk.data(), xv.data(), kTokens / 2);
+        ASSERT_TRUE(books.ok()) << books.status();
+        const kernels::KvCodebooks view = (*books)->view();
+        for (int64_t t0 = 0; t0 < kTokens;) {
+          std::vector<uint8_t> page(f.page_bytes, 0);
+          int64_t n = 0;
+          ASSERT_TRUE((*cpu)
+                          ->KvQuantize({.k = xk.data() + t0 * d,
+                                        .v = xv.data() + t0 * d,
+                                        .stride = d,
+                                        .tokens = std::min<int64_t>(layout->tokens, kTokens - t0),
+                                        .format = f,
+                                        .layout = *layout,
+                                        .page = page.data(),
+                                        .codebooks = view,
+                                        .tokens_written = &n})
+                          .ok());
+          ASSERT_GT(n, 0);
+          std::vector<float> rk(n * d), rv(n * d), wk(n * d), wv(n * d);
+          kernels::KvDequantizeParams dq{.page = page.data(),
+                                         .format = f,
+                                         .layout = *layout,
+                                         .tokens = n,
+                                         .k = rk.data(),
+                                         .v = rv.data(),
+                                         .codebooks = view};
+          ASSERT_TRUE((*cpu)->KvDequantize(dq).ok());
+          dq.k = wk.data();
+          dq.v = wv.data();
+          ASSERT_TRUE(kernels::ref::KvDequantizeAny(dq).ok());
+          ASSERT_EQ(rk, wk) << "layer " << layer << " head " << h;
+          ASSERT_EQ(rv, wv) << "layer " << layer << " head " << h;
+          if (same_as != nullptr) {
+            // The fixed-width preset's page of the same rows (n is a multiple of its groups).
+            auto fixed = FindKvPreset(same_as, d);
+            ASSERT_TRUE(fixed.ok());
+            auto fl = kernels::ComputePageLayout(fixed->high);
+            ASSERT_TRUE(fl.ok());
+            std::vector<uint8_t> fp(fixed->high.page_bytes, 0);
+            std::vector<float> fk(n * d), fv(n * d);
+            for (int64_t done = 0; done < n; done += fl->tokens) {
+              const int64_t m = std::min<int64_t>(fl->tokens, n - done);
+              ASSERT_TRUE((*cpu)
+                              ->KvQuantize({.k = xk.data() + (t0 + done) * d,
+                                            .v = xv.data() + (t0 + done) * d,
+                                            .stride = d,
+                                            .tokens = m,
+                                            .format = fixed->high,
+                                            .layout = *fl,
+                                            .page = fp.data()})
+                              .ok());
+              ASSERT_TRUE((*cpu)
+                              ->KvDequantize({.page = fp.data(),
+                                              .format = fixed->high,
+                                              .layout = *fl,
+                                              .tokens = m,
+                                              .k = fk.data() + done * d,
+                                              .v = fv.data() + done * d})
+                              .ok());
+            }
+            ASSERT_EQ(rk, fk) << same_as << " keys, layer " << layer << " head " << h;
+            ASSERT_EQ(rv, fv) << same_as << " values, layer " << layer << " head " << h;
+          }
+          ASSERT_TRUE(
+              kernels::testing::RoundTripWithinBound(f.k, d, xk.data() + t0 * d, rk.data(), n))
+              << "k of layer " << layer << " head " << h;
+          ASSERT_TRUE(
+              kernels::testing::RoundTripWithinBound(f.v, d, xv.data() + t0 * d, rv.data(), n))
+              << "v of layer " << layer << " head " << h;
+          // Bits of each unit's K streams (0..3) and V streams (4..7), from the stream offsets.
+          const uint32_t* streams =
+              reinterpret_cast<const uint32_t*>(page.data() + layout->streams);
+          for (int64_t u = 0; u < n / layout->unit_tokens; ++u) {
+            k_bits += streams[u * 8 + 4] - streams[u * 8];
+            v_bits += streams[u * 8 + 8] - streams[u * 8 + 4];
+          }
+          values += n * d;
+          t0 += n;
         }
-        values += n * d;
-        t0 += n;
       }
     }
-  }
-  const double kb = static_cast<double>(k_bits) / values, vb = static_cast<double>(v_bits) / values;
-  RecordProperty("kvcomp k_bits_per_value", std::to_string(kb));
-  RecordProperty("kvcomp v_bits_per_value", std::to_string(vb));
-  EXPECT_LT(kb, 2.6);  // log2(5) = 2.32 is the entropy of uniform codes; 3 is the fixed width
-  EXPECT_LT(vb, 2.9);  // log2(7) = 2.81
+    const double kb = static_cast<double>(k_bits) / values,
+                 vb = static_cast<double>(v_bits) / values;
+    RecordProperty(std::string(name) + " k_bits_per_value", std::to_string(kb));
+    RecordProperty(std::string(name) + " v_bits_per_value", std::to_string(vb));
+    EXPECT_LT(kb, max_k_bits);
+    EXPECT_LT(vb, max_v_bits);
+  };
+  // kvcomp: log2(5) = 2.32 and log2(7) = 2.81 are the entropies of uniform codes; 3 bits the
+  // fixed width. sluice: KIVI-4's grid (16 levels), 4 bits fixed width.
+  coded("kvcomp", 2.6, 2.9, nullptr);
+  coded("sluice", 4.0, 4.0, "kivi4");
 }
 
 }  // namespace

@@ -33,7 +33,7 @@ ABSL_FLAG(std::string, text, "", "UTF-8 text file to evaluate on (required).");
 ABSL_FLAG(std::string, preset, "",
           "Presets to compare with fp16, comma-separated, each a name with optional "
           "\":key=value\" settings (kvstore/kv_preset.h); default: every compressed preset. "
-          "calibrate: the leankv preset whose thresholds to pick (default: sluice).");
+          "calibrate: the leankv preset whose thresholds to pick (default: leankv-k8v4).");
 ABSL_FLAG(double, max_dppl, 1.0,
           "calibrate: largest perplexity increase over fp16 allowed, percent.");
 ABSL_FLAG(double, min_top1, 0.97, "calibrate: smallest top-1 agreement with fp16 allowed.");
@@ -159,7 +159,7 @@ absl::Status Run() {
 absl::Status Calibrate() {
   SLUICE_ASSIGN_OR_RETURN(Loaded l, Load());
   const std::string base =
-      absl::GetFlag(FLAGS_preset).empty() ? "sluice" : absl::GetFlag(FLAGS_preset);
+      absl::GetFlag(FLAGS_preset).empty() ? "leankv-k8v4" : absl::GetFlag(FLAGS_preset);
   SLUICE_ASSIGN_OR_RETURN(kvstore::KvPreset preset, kvstore::FindKvPreset(base, 64));
   if (preset.policy.kind != kvstore::KvPolicyKind::kLeanKv) {
     return absl::InvalidArgumentError(
