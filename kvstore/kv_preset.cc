@@ -33,8 +33,8 @@ constexpr int kKvcompKeyTokens = 32;
 constexpr int kKvcompKeyLevels = 5;
 constexpr int kKvcompValueLevels = 7;
 constexpr float kKvcompBitsHint = 2.4f;
-// sluice: Huffman codes of 16 levels take about 3.7 bits on SmolLM2's KV (kv_quant_real_test).
-constexpr float kSluiceBitsHint = 3.8f;
+// sluice: the full-precision window (KIVI's is 128).
+constexpr int32_t kSluiceResidual = 32;
 
 }  // namespace
 
@@ -137,16 +137,12 @@ absl::StatusOr<KvPreset> FindKvPreset(std::string_view spec, int32_t head_dim, i
     p.high.v = PerToken(2, 32);
     p.residual = 128;
   } else if (name == "sluice") {
-    // KIVI-4's grid (K per channel in 32-token groups, V per token in groups of 32 channels, 16
-    // levels, the last 128 tokens in full precision), Huffman-coded with per-layer codebooks:
-    // the same values as kivi4 in fewer bits. On SmolLM2 nothing coarser than 4-bit keys stays
-    // within +1% perplexity, and no eviction policy does (bench/results/eval-texts-cpu.json).
-    p.high.k = PerChannel(8, 32);
-    p.high.k.levels = 16;
-    p.high.v = PerToken(8, 32);
-    p.high.v.levels = 16;
-    p.high.huffman_bits = kSluiceBitsHint;
-    p.residual = 128;
+    // KIVI-4 with a shorter full-precision window: SmolLM2 keeps fp16's quality only with
+    // 4-bit keys per channel or finer, and every eviction policy (leankv's calibrated
+    // thresholds included) costs more than +1% perplexity (README, Measured).
+    p.high.k = PerChannel(4, 32);
+    p.high.v = PerToken(4, 32);
+    p.residual = kSluiceResidual;
   } else if (name == "leankv-k8v4" || name == "leankv-k4v2") {
     // LeanKV: significant tokens in the high tier, less significant ones in the low tier, the
     // rest evicted; the most recent 64 in full precision. K8V4 pairs with K4V2 (LeanKV's

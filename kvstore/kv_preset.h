@@ -33,10 +33,11 @@
 //          the prompt and for each token leaving the 64-token full-precision window, where
 //          Algorithm 1 then demotes or evicts the tier's least significant token. Both tiers
 //          per token (K in groups of 32 channels below 8 bits, V in groups of 32).
-//   sluice KIVI-4's grid (K per channel in 32-token groups, V per token in groups of 32
-//          channels, 16 levels, residual 128) Huffman-coded with per-layer codebooks: kivi4's
-//          values in fewer bits. The best this model allowed within +1% perplexity: every
-//          eviction policy and every coarser key code cost more (README, Measured)
+//   sluice KIVI-4 with a 32-token full-precision window instead of 128: the best this model
+//          allowed within +1% perplexity (README, Measured). Every eviction policy, leankv's
+//          calibrated thresholds included, and every key code coarser than 4 bits per channel
+//          cost more; Huffman coding of KIVI-4's codes saves under 2% of the bits, which page
+//          and unit overheads take back
 #ifndef SLUICE_KVSTORE_KV_PRESET_H_
 #define SLUICE_KVSTORE_KV_PRESET_H_
 

@@ -170,11 +170,9 @@ TEST(KvQuantRealKv, SmolLM2KeysAndValuesStayWithinBounds) {
   // table-driven decoder must give what the bit-at-a-time reference gives, every value must stay
   // within half a step, and the codes must take fewer bits than the fixed width their levels
   // need. `same_as`: a fixed-width preset the values must equal exactly (the same grid).
-  auto coded = [&](const char* name, double max_k_bits, double max_v_bits, const char* same_as) {
+  auto coded = [&](const std::string& name, const KvTierFormat& f, double max_k_bits,
+                   double max_v_bits, const char* same_as) {
     SCOPED_TRACE(name);
-    auto preset = FindKvPreset(name, d);
-    ASSERT_TRUE(preset.ok());
-    const KvTierFormat& f = preset->high;
     auto layout = kernels::ComputePageLayout(f);
     ASSERT_TRUE(layout.ok());
     uint64_t k_bits = 0, v_bits = 0, values = 0;
@@ -277,9 +275,16 @@ TEST(KvQuantRealKv, SmolLM2KeysAndValuesStayWithinBounds) {
     EXPECT_LT(vb, max_v_bits);
   };
   // kvcomp: log2(5) = 2.32 and log2(7) = 2.81 are the entropies of uniform codes; 3 bits the
-  // fixed width. sluice: KIVI-4's grid (16 levels), 4 bits fixed width.
-  coded("kvcomp", 2.6, 2.9, nullptr);
-  coded("sluice", 4.0, 4.0, "kivi4");
+  // fixed width. KIVI-4's grid Huffman-coded: 4 bits fixed width.
+  auto kvcomp = FindKvPreset("kvcomp", d);
+  auto kivi4 = FindKvPreset("kivi4", d);
+  ASSERT_TRUE(kvcomp.ok() && kivi4.ok());
+  coded("kvcomp", kvcomp->high, 2.6, 2.9, nullptr);
+  KvTierFormat kivi4_coded = kivi4->high;  // 8-bit codes with 16 levels, Huffman-coded
+  kivi4_coded.k.bits = kivi4_coded.v.bits = 8;
+  kivi4_coded.k.levels = kivi4_coded.v.levels = 16;
+  kivi4_coded.huffman_bits = 3.8f;
+  coded("kivi4_huffman", kivi4_coded, 4.0, 4.0, "kivi4");
 }
 
 }  // namespace
