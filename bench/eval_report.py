@@ -57,6 +57,12 @@ def pareto(points):
     return sorted(keep, key=lambda i: points[i][0])
 
 
+def short_name(preset):
+    """A short name for a plot: the preset and its settings' values."""
+    name, *settings = preset.split(":")
+    return name + ("(" + ",".join(x.split("=")[-1] for x in settings) + ")" if settings else "")
+
+
 def plot(summary, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -78,7 +84,7 @@ def plot(summary, path):
                 on = i in front
                 ax.scatter(pts[i][0], pts[i][1], s=50 if on else 30,
                            color="tab:red" if on else "tab:blue", zorder=3)
-                ax.annotate(m["preset"], pts[i], textcoords="offset points", xytext=(5, 4),
+                ax.annotate(short_name(m["preset"]), pts[i], textcoords="offset points", xytext=(5, 4),
                             fontsize=8)
             ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], color="tab:red",
                     linewidth=1, label="Pareto frontier")
