@@ -34,7 +34,7 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
   const int64_t stride = o.stride == 0 ? o.context : o.stride;
   if (stride < 1 || o.batch < 1 || o.max_windows < 0) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("--stride %d, batch %d and --max-windows %d must be positive (0 = default)",
+        absl::StrFormat("--stride %d, batch %d and --max_windows %d must be positive (0 = default)",
                         o.stride, o.batch, o.max_windows));
   }
   if (o.presets.empty()) return absl::InvalidArgumentError("no preset to evaluate");
