@@ -807,6 +807,19 @@ absl::Status PagedKvCache::ApplyH2o(int64_t seq, Seq& s) {
   return absl::OkStatus();
 }
 
+template <typename Fn>
+void PagedKvCache::ForEachLive(const HeadPages& hp, int t, Fn fn) const {
+  const TierPages& tp = hp.tier[t];
+  int64_t index = 0;
+  for (int32_t p = 0; p < hp.count(t); ++p) {
+    const uint64_t* valid =
+        reinterpret_cast<const uint64_t*>(pool_->data(hp.page(t, p)) + layouts_[t].valid);
+    for (int32_t j = 0; j < tp.slots[p]; ++j, ++index) {
+      if ((valid[j / 64] >> (j % 64)) & 1) fn(tp.positions[index], p, j);
+    }
+  }
+}
+
 float PagedKvCache::LeanKvScore(const HeadPages& hp, int64_t position, int64_t length) const {
   const int64_t group = options_.heads / options_.kv_heads;
   if (static_cast<int64_t>(hp.score.size()) < (position + 1) * group) return 0.f;  // not attended
@@ -843,32 +856,22 @@ absl::Status PagedKvCache::LeanKvVictims(Seq& s, const TierChoice& choice) {
     for (int8_t t : choice[i]) {
       if (t < 0) continue;  // the candidate itself went
       // The least significant live token of the tier the candidate joined.
-      const TierPages& tp = hp.tier[t];
       int64_t victim = -1;
+      int32_t page = 0, slot = 0;
       float least = 0.f;
-      int64_t index = 0;
-      for (int32_t p = 0; p < hp.count(t); ++p) {
-        const uint64_t* valid =
-            reinterpret_cast<const uint64_t*>(pool_->data(hp.page(t, p)) + layouts_[t].valid);
-        for (int32_t j = 0; j < tp.slots[p]; ++j, ++index) {
-          if (!((valid[j / 64] >> (j % 64)) & 1)) continue;
-          const int64_t pos = tp.positions[index];
-          const float score = LeanKvScore(hp, pos, s.length);
-          if (victim < 0 || score < least) {
-            victim = pos;
-            least = score;
-          }
+      ForEachLive(hp, t, [&](int64_t pos, int32_t p, int32_t j) {
+        const float score = LeanKvScore(hp, pos, s.length);
+        if (victim < 0 || score < least) {
+          victim = pos;
+          least = score;
+          page = p;
+          slot = j;
         }
-      }
+      });
       // Lines 8-11 for the high tier: demoted within [low, high), evicted below low (even when
       // low > high: then there is no low tier); lines 16-17 for the low tier: evicted below low.
       if (victim < 0 || (least >= low && (t == 1 || least >= high))) continue;
       if (least >= low) {  // re-quantized to the low tier
-        int tier;
-        int32_t page, slot;
-        if (!Locate(hp, victim, &tier, &page, &slot)) {
-          return absl::InternalError(absl::StrFormat("token %d is not in its tier", victim));
-        }
         SLUICE_RETURN_IF_ERROR(backend_.KvDequantize({.page = pool_->data(hp.page(0, page)),
                                                       .format = formats_[0],
                                                       .layout = layouts_[0],
@@ -970,14 +973,7 @@ absl::StatusOr<std::vector<PagedKvCache::TokenPlace>> PagedKvCache::LiveTokens(
   const HeadPages& hp = it->second.heads[layer * options_.kv_heads + kv_head];
   std::vector<TokenPlace> out;
   for (int t = 0; t < tiers_; ++t) {
-    int64_t index = 0;
-    for (int32_t i = 0; i < hp.count(t); ++i) {
-      const uint64_t* valid =
-          reinterpret_cast<const uint64_t*>(pool_->data(hp.page(t, i)) + layouts_[t].valid);
-      for (int32_t j = 0; j < hp.tier[t].slots[i]; ++j, ++index) {
-        if ((valid[j / 64] >> (j % 64)) & 1) out.push_back({hp.tier[t].positions[index], t});
-      }
-    }
+    ForEachLive(hp, t, [&](int64_t pos, int32_t, int32_t) { out.push_back({pos, t}); });
   }
   return out;
 }

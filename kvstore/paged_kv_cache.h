@@ -172,6 +172,9 @@ class PagedKvCache final : public model::KvCache {
                          int64_t n, const std::vector<PageId>& fresh, int64_t* next);
   // Clears the valid bits of paged `positions` (sorted) and frees pages left with none.
   absl::Status EvictPaged(HeadPages& hp, const std::vector<int64_t>& positions);
+  // Calls fn(position, page index, slot) for each live token of tier t, in slot order.
+  template <typename Fn>
+  void ForEachLive(const HeadPages& hp, int t, Fn fn) const;
   // Where the live token at `position` sits: tier, page index and slot; false if none.
   bool Locate(const HeadPages& hp, int64_t position, int* tier, int32_t* page, int32_t* slot) const;
   // LeanKV: the significance of `position` after `length` tokens: its mean attention per
