@@ -17,6 +17,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -94,6 +96,30 @@ class PagedKvCache final : public model::KvCache {
   // unknown layer or kv-head; ResourceExhausted if a shared page cannot be copied.
   absl::Status Evict(int64_t seq, int layer, int64_t kv_head, absl::Span<const int64_t> positions);
 
+  // Disaggregation: a sequence's committed KV leaves one cache (a prefill worker's) and goes
+  // on in another (a decode worker's). `state` is a serialized KvSequenceState (lengths, the
+  // full-precision window, each list's page metadata and policy scores, Huffman codebooks, each
+  // page's CRC32C); `pages` are the sequence's pages in the order ImportSequence takes them.
+  // The pages stay the sequence's: copy their bytes (pool().data(id)) before removing it.
+  struct SequenceExport {
+    std::string state;
+    std::vector<PageId> pages;
+  };
+  // NotFound for an unknown sequence; FailedPrecondition if it has written tokens it has not
+  // committed.
+  absl::StatusOr<SequenceExport> ExportSequence(int64_t seq) const;
+  // Starts `seq` (room for `max_tokens`) from an exported `state` whose pages' bytes already sit
+  // in this cache's pool at pages[0, n), n being the pages the state lists (allocated by the
+  // caller with refcount 1, in export order). On success the sequence owns those n pages and n
+  // is returned; the caller frees the pages after them. On error nothing changes and every page
+  // stays the caller's. InvalidArgument naming the field for a state that does not parse or
+  // does not fit this cache (another preset or shape, counts that do not add up, positions out
+  // of range, fewer pages than it lists); DataLoss for a page whose bytes fail their checksum;
+  // FailedPrecondition for a Huffman codebook other than the one this cache already uses for
+  // that layer; AlreadyExists for a live `seq`.
+  absl::StatusOr<int64_t> ImportSequence(int64_t seq, int64_t max_tokens, std::string_view state,
+                                         absl::Span<const PageId> pages);
+
   KvCacheStats Stats() const;
   // The live paged tokens of one (sequence, layer, kv-head): position and tier (0 high, 1 low),
   // tier by tier in slot order. NotFound / InvalidArgument for an unknown sequence or list.
@@ -108,6 +134,8 @@ class PagedKvCache final : public model::KvCache {
   const KvPreset& preset() const { return options_.preset; }
   const kernels::KvPageLayout& layout() const { return layout_; }  // the high tier's
   const PagePool& pool() const { return *pool_; }
+  // For page reservations of a decode worker (pages a peer writes before ImportSequence).
+  PagePool& mutable_pool() { return *pool_; }
 
  private:
   // The pages of one tier of one (sequence, layer, kv-head).

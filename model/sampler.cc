@@ -92,6 +92,12 @@ int32_t Sampler::Sample(absl::Span<const float> logits, absl::Span<const int32_t
   return candidates_.back().second;
 }
 
+void Sampler::Skip(int samples) {
+  // Greedy draws nothing; sampling draws one number a token (uniform_real_distribution<double>
+  // over a 64-bit engine takes one engine value).
+  if (params_.temperature != 0.f && samples > 0) rng_.discard(samples);
+}
+
 StopChecker::Reason StopChecker::Check(int32_t token, int generated, const std::string& text,
                                        size_t* text_end) const {
   *text_end = text.size();

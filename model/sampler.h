@@ -37,6 +37,11 @@ class Sampler {
   // the repetition penalty).
   int32_t Sample(absl::Span<const float> logits, absl::Span<const int32_t> history);
 
+  // Moves the random stream past `samples` tokens sampled elsewhere with the same parameters
+  // (a decode worker going on from the token a prefill worker sampled), so a seeded request
+  // draws the same numbers whichever workers serve it.
+  void Skip(int samples);
+
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;

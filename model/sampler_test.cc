@@ -45,6 +45,20 @@ TEST(Sampler, SameSeedSameTokens) {
   for (int i = 0; i < 50; ++i) EXPECT_EQ(a.Sample(logits, {}), b.Sample(logits, {}));
 }
 
+TEST(Sampler, SkipGoesOnWhereAnotherSamplerStopped) {
+  SamplingParams p;
+  p.seed = 7;
+  p.top_k = 3;
+  const std::vector<float> logits = LogProbs({0.2, 0.2, 0.2, 0.2, 0.2});
+  Sampler whole(p), first(p), rest(p);
+  std::vector<int32_t> want, got;
+  for (int i = 0; i < 40; ++i) want.push_back(whole.Sample(logits, {}));
+  for (int i = 0; i < 5; ++i) got.push_back(first.Sample(logits, {}));
+  rest.Skip(5);
+  for (int i = 5; i < 40; ++i) got.push_back(rest.Sample(logits, {}));
+  EXPECT_EQ(got, want);
+}
+
 TEST(Sampler, FiltersKeepOnlyWhatTheyShould) {
   const std::vector<float> logits = LogProbs({0.4, 0.3, 0.2, 0.1});
   auto support = [&](SamplingParams p) {
