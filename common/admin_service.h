@@ -1,0 +1,51 @@
+// The Admin gRPC service every worker serves: health, stats and drain, answered by callbacks
+// into the worker.
+#ifndef SLUICE_COMMON_ADMIN_SERVICE_H_
+#define SLUICE_COMMON_ADMIN_SERVICE_H_
+
+#include <functional>
+#include <string>
+#include <utility>
+
+#include "proto/sluice.grpc.pb.h"
+
+namespace sluice {
+
+class AdminService final : public rpc::Admin::Service {
+ public:
+  AdminService(std::string name, std::string role, std::string model,
+               std::function<rpc::StatsResponse()> stats, std::function<void()> drain)
+      : name_(std::move(name)),
+        role_(std::move(role)),
+        model_(std::move(model)),
+        stats_(std::move(stats)),
+        drain_(std::move(drain)) {}
+
+  grpc::Status Health(grpc::ServerContext*, const rpc::HealthRequest*,
+                      rpc::HealthResponse* out) override {
+    const rpc::StatsResponse s = stats_();
+    out->set_name(name_);
+    out->set_role(role_);
+    out->set_state(s.state());
+    out->set_model(model_);
+    return grpc::Status::OK;
+  }
+  grpc::Status Stats(grpc::ServerContext*, const rpc::StatsRequest*,
+                     rpc::StatsResponse* out) override {
+    *out = stats_();
+    return grpc::Status::OK;
+  }
+  grpc::Status Drain(grpc::ServerContext*, const rpc::DrainRequest*, rpc::DrainResponse*) override {
+    drain_();
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::string name_, role_, model_;
+  std::function<rpc::StatsResponse()> stats_;
+  std::function<void()> drain_;
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_COMMON_ADMIN_SERVICE_H_

@@ -1,0 +1,41 @@
+#include "common/process.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+namespace sluice {
+namespace {
+
+sigset_t ShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+
+}  // namespace
+
+void BlockShutdownSignals() {
+  const sigset_t set = ShutdownSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+int WaitForShutdownSignal() {
+  const sigset_t set = ShutdownSignals();
+  int sig = 0;
+  while (sigwait(&set, &sig) != 0) {
+  }
+  return sig;
+}
+
+std::string ServedModelName(const std::string& path) {
+  std::string name = path.substr(path.find_last_of('/') + 1);
+  const std::string ext = ".gguf";
+  if (name.size() > ext.size() && name.compare(name.size() - ext.size(), ext.size(), ext) == 0) {
+    name.resize(name.size() - ext.size());
+  }
+  return name;
+}
+
+}  // namespace sluice

@@ -1,0 +1,93 @@
+#include "common/worker_runtime.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kvstore/kv_preset.h"
+#include "model/tokenizer.h"
+
+namespace sluice {
+
+absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
+    const WorkerRuntimeOptions& options, transport::Transport* transport) {
+  if (options.kv_pages <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("kv_pages=%d must be > 0", options.kv_pages));
+  }
+  std::unique_ptr<WorkerRuntime> rt(new WorkerRuntime(options, transport));
+  SLUICE_ASSIGN_OR_RETURN(rt->gguf_, model::GgufFile::Open(options.model_path));
+  SLUICE_ASSIGN_OR_RETURN(rt->backend_, kernels::CpuBackend::Create({.threads = options.threads}));
+  SLUICE_ASSIGN_OR_RETURN(rt->model_, model::LlamaModel::Load(*rt->gguf_, *rt->backend_));
+  SLUICE_ASSIGN_OR_RETURN(model::VocabSpec vocab, model::VocabFromGguf(*rt->gguf_));
+  SLUICE_ASSIGN_OR_RETURN(auto tokenizer, model::Tokenizer::Create(std::move(vocab)));
+  rt->stop_tokens_ = {tokenizer->eos_id()};
+  if (tokenizer->unk_id() >= 0 && tokenizer->IsSpecial(tokenizer->unk_id()) &&
+      tokenizer->unk_id() != tokenizer->eos_id()) {
+    rt->stop_tokens_.push_back(tokenizer->unk_id());  // <|endoftext|> ends documents
+  }
+  // The default preset must work before the first request asks for it.
+  SLUICE_RETURN_IF_ERROR(rt->CacheFor("").status());
+  return rt;
+}
+
+absl::StatusOr<WorkerRuntime::Cache*> WorkerRuntime::CacheFor(const std::string& spec) {
+  const std::string name = PresetName(spec);
+  if (auto it = caches_.find(name); it != caches_.end()) return &it->second;
+  if (static_cast<int>(caches_.size()) >= options_.max_presets) {
+    std::vector<std::string> live;
+    for (const auto& [n, c] : caches_) live.push_back(n);
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("this worker already keeps %d KV presets (%s); preset '%s' is one too many",
+                        caches_.size(), absl::StrJoin(live, ", "), name));
+  }
+  const model::LlamaConfig& c = model_->config();
+  SLUICE_ASSIGN_OR_RETURN(kvstore::KvPreset preset,
+                          kvstore::FindKvPreset(name, static_cast<int32_t>(c.head_dim)));
+  Cache cache;
+  SLUICE_ASSIGN_OR_RETURN(cache.cache, kvstore::PagedKvCache::Create({.layers = c.layers,
+                                                                      .heads = c.heads,
+                                                                      .kv_heads = c.kv_heads,
+                                                                      .head_dim = c.head_dim,
+                                                                      .preset = preset,
+                                                                      .pages = options_.kv_pages},
+                                                                     *backend_));
+  if (transport_ != nullptr) {
+    kvstore::PagePool& pool = cache.cache->mutable_pool();
+    const size_t bytes = static_cast<size_t>(pool.num_pages() * pool.page_bytes());
+    if (pool.num_pages() > 0) {
+      SLUICE_ASSIGN_OR_RETURN(cache.region, transport_->Expose(pool.data(0), bytes));
+      SLUICE_RETURN_IF_ERROR(transport_->RegisterSource(pool.data(0), bytes));
+    }
+  }
+  return &caches_.emplace(name, std::move(cache)).first->second;
+}
+
+rpc::GeneratedToken TokenWithLogprobs(absl::Span<const float> logits, int32_t token, int top) {
+  rpc::GeneratedToken out;
+  out.set_token(token);
+  const float max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l - max));
+  const double log_z = max + std::log(sum);
+  out.set_logprob(static_cast<float>(logits[token] - log_z));
+  if (top > 0) {
+    std::vector<int32_t> ids(logits.size());
+    std::iota(ids.begin(), ids.end(), 0);
+    const size_t n = std::min<size_t>(top, ids.size());
+    std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (size_t i = 0; i < n; ++i) {
+      rpc::TopLogprob* t = out.add_top();
+      t->set_token(ids[i]);
+      t->set_logprob(static_cast<float>(logits[ids[i]] - log_z));
+    }
+  }
+  return out;
+}
+
+}  // namespace sluice

@@ -1,0 +1,80 @@
+// What a prefill or decode worker process holds: the model on the CPU backend, its tokenizer's
+// stop tokens, and one compressed KV cache per preset it has been asked for, each with its own
+// page pool exposed to the transport.
+//
+// Not thread-safe: the worker's scheduler thread owns it (model, caches and pools alike).
+#ifndef SLUICE_COMMON_WORKER_RUNTIME_H_
+#define SLUICE_COMMON_WORKER_RUNTIME_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/backend.h"
+#include "kvstore/paged_kv_cache.h"
+#include "model/gguf.h"
+#include "model/llama.h"
+#include "proto/sluice.pb.h"
+#include "transport/transport.h"
+
+namespace sluice {
+
+struct WorkerRuntimeOptions {
+  std::string model_path;      // GGUF
+  int threads = 0;             // CPU threads; 0 = one per core
+  int64_t kv_pages = 0;        // pages of each preset's pool
+  std::string default_preset;  // for requests that name none
+  int max_presets = 4;         // caches alive at once
+};
+
+class WorkerRuntime {
+ public:
+  // Loads the model; InvalidArgument / NotFound naming the file when it cannot.
+  static absl::StatusOr<std::unique_ptr<WorkerRuntime>> Create(const WorkerRuntimeOptions& options,
+                                                               transport::Transport* transport);
+
+  model::LlamaModel& model() { return *model_; }
+  const model::LlamaConfig& config() const { return model_->config(); }
+  const std::string& model_name() const { return model_name_; }
+  const std::vector<int32_t>& stop_tokens() const { return stop_tokens_; }
+
+  struct Cache {
+    std::unique_ptr<kvstore::PagedKvCache> cache;
+    std::unique_ptr<transport::ExposedRegion> region;  // the pool, for peers to write into
+  };
+  // The cache of `spec` (the default preset when empty), made on first use: NotFound /
+  // InvalidArgument for a bad spec, ResourceExhausted beyond max_presets caches.
+  absl::StatusOr<Cache*> CacheFor(const std::string& spec);
+  // Every cache made so far, by preset name.
+  const std::map<std::string, Cache>& caches() const { return caches_; }
+  std::map<std::string, Cache>& caches() { return caches_; }
+  // The preset name `spec` resolves to (the default preset for an empty one).
+  std::string PresetName(const std::string& spec) const {
+    return spec.empty() ? options_.default_preset : spec;
+  }
+
+ private:
+  WorkerRuntime(WorkerRuntimeOptions options, transport::Transport* transport)
+      : options_(std::move(options)), transport_(transport) {}
+
+  WorkerRuntimeOptions options_;
+  transport::Transport* transport_;
+  std::unique_ptr<model::GgufFile> gguf_;
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<model::LlamaModel> model_;
+  std::string model_name_;
+  std::vector<int32_t> stop_tokens_;
+  std::map<std::string, Cache> caches_;
+};
+
+// The logprob of `token` under logits [vocab] (log-softmax of the raw logits) and, when
+// `top` > 0, the `top` most likely tokens with theirs.
+rpc::GeneratedToken TokenWithLogprobs(absl::Span<const float> logits, int32_t token, int top);
+
+}  // namespace sluice
+
+#endif  // SLUICE_COMMON_WORKER_RUNTIME_H_

@@ -1,0 +1,50 @@
+#include "decode/decode_service.h"
+
+#include <string>
+#include <vector>
+
+#include "common/grpc_status.h"
+
+namespace sluice::decode {
+
+grpc::Status DecodeService::Reserve(grpc::ServerContext*, const rpc::ReserveRequest* request,
+                                    rpc::ReserveResponse* response) {
+  auto r = worker_.Reserve(*request);
+  if (!r.ok()) return ToGrpc(r.status());
+  *response = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status DecodeService::Release(grpc::ServerContext*, const rpc::ReleaseRequest* request,
+                                    rpc::ReleaseResponse*) {
+  return ToGrpc(worker_.Release(request->reservation_id()));
+}
+
+grpc::Status DecodeService::Generate(grpc::ServerContext* context,
+                                     const rpc::GenerateRequest* request,
+                                     grpc::ServerWriter<rpc::GenerateResponse>* writer) {
+  auto stream = worker_.Generate(*request);
+  if (!stream.ok()) return ToGrpc(stream.status());
+  for (;;) {
+    std::vector<rpc::GeneratedToken> tokens;
+    std::string reason;
+    absl::Status error;
+    const bool done = (*stream)->Take(&tokens, &reason, &error, absl::Milliseconds(20));
+    if (context->IsCancelled()) {
+      worker_.Cancel(*stream);
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the generation");
+    }
+    if (tokens.empty() && !done) continue;
+    if (done && !error.ok() && tokens.empty()) return ToGrpc(error);
+    rpc::GenerateResponse out;
+    for (rpc::GeneratedToken& t : tokens) *out.add_tokens() = std::move(t);
+    if (done && error.ok()) out.set_finish_reason(reason);
+    if (!writer->Write(out)) {
+      worker_.Cancel(*stream);
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+    }
+    if (done) return ToGrpc(error);
+  }
+}
+
+}  // namespace sluice::decode

@@ -1,0 +1,152 @@
+// The decode worker: takes a sequence's compressed KV from a prefill worker (pages written
+// straight into pages it reserved in its pool, plus the sequence's state), runs every live
+// sequence in one continuous batch (sequences join and leave at every step), applies the
+// preset's generation-phase policy inside the cache, and streams tokens back.
+//
+// One scheduler thread owns the model, the caches and their pools; gRPC threads hand it work
+// through a task queue and wait on futures or token streams.
+//
+//   Reserve   pages for a prompt's KV, freed if Generate does not come within the expiry
+//   Generate  imports the KV (checking every page's checksum) and joins the batch
+//   Cancel    (the client went away) removes the sequence at the next step: its pages go back
+//             to the pool at once
+#ifndef SLUICE_DECODE_DECODE_WORKER_H_
+#define SLUICE_DECODE_DECODE_WORKER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/worker_runtime.h"
+#include "model/sampler.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "proto/sluice.pb.h"
+
+namespace sluice::decode {
+
+// Tokens of one generation, from the scheduler thread to the gRPC thread streaming them.
+class TokenStream {
+ public:
+  void Push(rpc::GeneratedToken token);
+  // The last call: `reason` is "stop", "length" or "abort"; `error` not OK on failure.
+  void Finish(std::string reason, absl::Status error = absl::OkStatus());
+  // Waits up to `wait` for tokens or the end; moves what arrived into *tokens. True once the
+  // stream has ended and everything was taken (then *reason / *error are set).
+  bool Take(std::vector<rpc::GeneratedToken>* tokens, std::string* reason, absl::Status* error,
+            absl::Duration wait);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<rpc::GeneratedToken> tokens_;
+  bool done_ = false;
+  std::string reason_;
+  absl::Status error_;
+};
+
+struct DecodeWorkerOptions {
+  std::string name = "decode-0";
+  int max_batch = 64;                                  // sequences in one forward step
+  absl::Duration reservation_ttl = absl::Seconds(30);  // unused reservations are freed after
+};
+
+class DecodeWorker {
+ public:
+  // `runtime` and `registry` must outlive the worker. Starts the scheduler thread.
+  DecodeWorker(WorkerRuntime& runtime, prometheus::Registry& registry, DecodeWorkerOptions options);
+  ~DecodeWorker();  // stops the thread; live sequences end with "abort"
+
+  absl::StatusOr<rpc::ReserveResponse> Reserve(const rpc::ReserveRequest& request);
+  absl::Status Release(uint64_t reservation_id);
+  // Imports the request's KV into its reservation and adds the sequence to the batch.
+  absl::StatusOr<std::shared_ptr<TokenStream>> Generate(const rpc::GenerateRequest& request);
+  // Ends the generation feeding `stream` and frees its pages.
+  void Cancel(const std::shared_ptr<TokenStream>& stream);
+  rpc::StatsResponse Stats();
+  void Drain() { draining_ = true; }
+  bool draining() const { return draining_; }
+
+ private:
+  struct Reservation {
+    std::string preset;
+    std::vector<kvstore::PageId> pages;
+    absl::Time expires;
+  };
+  struct Running {
+    uint64_t request_id = 0;
+    int64_t seq = 0;
+    WorkerRuntime::Cache* cache = nullptr;
+    model::SamplingParams params;
+    std::unique_ptr<model::Sampler> sampler;
+    std::vector<int32_t> history;  // prompt and generated tokens
+    int32_t last = 0;              // the token the next step feeds
+    int generated = 0;
+    int64_t room = 0;  // prompt + max_tokens
+    bool logprobs = false;
+    int top_logprobs = 0;
+    std::shared_ptr<TokenStream> stream;
+    absl::Time last_token_time;
+  };
+
+  // Runs `fn` on the scheduler thread and waits for its result.
+  template <typename T>
+  T OnScheduler(std::function<T()> fn);
+  void Loop();
+  void Step();
+  void StepGroup(WorkerRuntime::Cache* cache, std::vector<Running*>& group);
+  // Removes `r` from the batch and its cache, ending its stream.
+  void Finish(uint64_t seq, const std::string& reason, absl::Status error = absl::OkStatus());
+  void ExpireReservations();
+  void FreeReservation(std::map<uint64_t, Reservation>::iterator it);
+  void UpdateGauges();
+  // Pages that the running sequences may still need to reach their room.
+  int64_t GrowthPages(const WorkerRuntime::Cache* cache) const;
+
+  WorkerRuntime& rt_;
+  const DecodeWorkerOptions options_;
+  std::atomic<bool> draining_{false};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::function<void()>> tasks_;
+  bool stop_ = false;
+
+  // Scheduler thread only.
+  std::map<uint64_t, Reservation> reservations_;
+  std::map<uint64_t, Running> running_;  // by sequence id
+  uint64_t next_id_ = 1;
+  rpc::StatsResponse stats_;  // refreshed every loop, read under mu_
+
+  // Metrics.
+  prometheus::Family<prometheus::Gauge>& pages_used_;
+  prometheus::Family<prometheus::Gauge>& pages_free_;
+  prometheus::Family<prometheus::Gauge>& compression_;
+  prometheus::Family<prometheus::Gauge>& fragmentation_;
+  prometheus::Gauge& pages_reserved_;
+  prometheus::Gauge& running_gauge_;
+  prometheus::Counter& generation_tokens_;
+  prometheus::Counter& reservations_expired_;
+  prometheus::Counter& import_failures_;
+  prometheus::Histogram& step_seconds_;
+  prometheus::Histogram& batch_size_;
+
+  std::thread thread_;
+};
+
+}  // namespace sluice::decode
+
+#endif  // SLUICE_DECODE_DECODE_WORKER_H_

@@ -1,0 +1,97 @@
+// sluice-decode: the decode worker process. Serves the Decode and Admin gRPC services on
+// --port, receives KV pages over UCX into its page pools, and exports Prometheus metrics on
+// --metrics_port.
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "common/admin_service.h"
+#include "common/process.h"
+#include "common/worker_runtime.h"
+#include "decode/decode_service.h"
+#include "decode/decode_worker.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "model/model_path.h"
+#include "prometheus/exposer.h"
+#include "transport/transport.h"
+
+ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else the cache).");
+ABSL_FLAG(std::string, name, "decode-0", "Worker name in metrics and status.");
+ABSL_FLAG(int, port, 50200, "gRPC port (Decode, Admin).");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address the gRPC and metrics servers bind.");
+ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port; 0 = none.");
+ABSL_FLAG(std::string, preset, "sluice", "KV compression preset for requests that name none.");
+ABSL_FLAG(int64_t, kv_pages, 32768, "Pages of each preset's KV pool (16 KiB each).");
+ABSL_FLAG(int, max_batch, 64, "Sequences in one decode step.");
+ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
+ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (UCX_TLS), e.g. \"shm,tcp\"; empty: UCX's.");
+ABSL_FLAG(double, reservation_ttl, 30, "Seconds a reservation waits for its pages.");
+
+namespace sluice {
+namespace {
+
+absl::Status Run() {
+  const std::string path =
+      absl::GetFlag(FLAGS_model).empty() ? model::DefaultModelPath() : absl::GetFlag(FLAGS_model);
+  auto transport = transport::CreateUcxTransport({.transports = absl::GetFlag(FLAGS_ucx_tls)});
+  if (!transport.ok()) return transport.status();
+  auto runtime = WorkerRuntime::Create({.model_path = path,
+                                        .threads = absl::GetFlag(FLAGS_threads),
+                                        .kv_pages = absl::GetFlag(FLAGS_kv_pages),
+                                        .default_preset = absl::GetFlag(FLAGS_preset)},
+                                       transport->get());
+  if (!runtime.ok()) return runtime.status();
+  auto registry = std::make_shared<prometheus::Registry>();
+  decode::DecodeWorker worker(
+      **runtime, *registry,
+      {.name = absl::GetFlag(FLAGS_name),
+       .max_batch = absl::GetFlag(FLAGS_max_batch),
+       .reservation_ttl = absl::Seconds(absl::GetFlag(FLAGS_reservation_ttl))});
+  decode::DecodeService decode_service(worker);
+  AdminService admin(
+      absl::GetFlag(FLAGS_name), "decode", ServedModelName(path), [&] { return worker.Stats(); },
+      [&] { worker.Drain(); });
+
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (absl::GetFlag(FLAGS_metrics_port) > 0) {
+    exposer = std::make_unique<prometheus::Exposer>(
+        absl::StrFormat("%s:%d", absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port)));
+    exposer->RegisterCollectable(registry);
+  }
+  const std::string address =
+      absl::StrFormat("%s:%d", absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_port));
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials());
+  builder.SetMaxReceiveMessageSize(256 << 20);
+  builder.SetMaxSendMessageSize(256 << 20);
+  builder.RegisterService(&decode_service);
+  builder.RegisterService(&admin);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server) return absl::UnavailableError("cannot serve gRPC on " + address);
+  std::cerr << absl::StrFormat("%s: decode worker serving %s on %s (UCX %s)\n",
+                               absl::GetFlag(FLAGS_name), ServedModelName(path), address,
+                               (*transport)->name());
+  const int sig = WaitForShutdownSignal();
+  std::cerr << absl::StrFormat("%s: signal %d, stopping\n", absl::GetFlag(FLAGS_name), sig);
+  worker.Drain();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace sluice
+
+int main(int argc, char** argv) {
+  sluice::BlockShutdownSignals();
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status st = sluice::Run();
+  if (!st.ok()) {
+    std::cerr << "sluice-decode: " << st << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,110 @@
+// sluice-prefill: the prefill worker process. Serves the Prefill and Admin gRPC services on
+// --port, writes KV pages over UCX into decode workers' pools, and exports Prometheus metrics
+// on --metrics_port.
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "common/admin_service.h"
+#include "common/grpc_status.h"
+#include "common/process.h"
+#include "common/worker_runtime.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "model/model_path.h"
+#include "prefill/prefill_worker.h"
+#include "prometheus/exposer.h"
+#include "proto/sluice.grpc.pb.h"
+#include "transport/transport.h"
+
+ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else the cache).");
+ABSL_FLAG(std::string, name, "prefill-0", "Worker name in metrics and status.");
+ABSL_FLAG(int, port, 50100, "gRPC port (Prefill, Admin).");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address the gRPC and metrics servers bind.");
+ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port; 0 = none.");
+ABSL_FLAG(std::string, preset, "sluice", "KV compression preset for requests that name none.");
+ABSL_FLAG(int64_t, kv_pages, 16384, "Pages of each preset's KV pool (16 KiB each).");
+ABSL_FLAG(int64_t, chunk_tokens, 512, "Prompt tokens per forward step (chunked prefill).");
+ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
+ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (UCX_TLS), e.g. \"shm,tcp\"; empty: UCX's.");
+
+namespace sluice {
+namespace {
+
+class PrefillService final : public rpc::Prefill::Service {
+ public:
+  explicit PrefillService(prefill::PrefillWorker& worker) : worker_(worker) {}
+  grpc::Status Prefill(grpc::ServerContext*, const rpc::PrefillRequest* request,
+                       rpc::PrefillResponse* response) override {
+    auto r = worker_.Prefill(*request);
+    if (!r.ok()) return ToGrpc(r.status());
+    *response = *std::move(r);
+    return grpc::Status::OK;
+  }
+
+ private:
+  prefill::PrefillWorker& worker_;
+};
+
+absl::Status Run() {
+  const std::string path =
+      absl::GetFlag(FLAGS_model).empty() ? model::DefaultModelPath() : absl::GetFlag(FLAGS_model);
+  auto transport = transport::CreateUcxTransport({.transports = absl::GetFlag(FLAGS_ucx_tls)});
+  if (!transport.ok()) return transport.status();
+  auto runtime = WorkerRuntime::Create({.model_path = path,
+                                        .threads = absl::GetFlag(FLAGS_threads),
+                                        .kv_pages = absl::GetFlag(FLAGS_kv_pages),
+                                        .default_preset = absl::GetFlag(FLAGS_preset)},
+                                       transport->get());
+  if (!runtime.ok()) return runtime.status();
+  auto registry = std::make_shared<prometheus::Registry>();
+  prefill::PrefillWorker worker(
+      **runtime, **transport, *registry,
+      {.name = absl::GetFlag(FLAGS_name), .chunk_tokens = absl::GetFlag(FLAGS_chunk_tokens)});
+  PrefillService service(worker);
+  AdminService admin(
+      absl::GetFlag(FLAGS_name), "prefill", ServedModelName(path), [&] { return worker.Stats(); },
+      [&] { worker.Drain(); });
+
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (absl::GetFlag(FLAGS_metrics_port) > 0) {
+    exposer = std::make_unique<prometheus::Exposer>(
+        absl::StrFormat("%s:%d", absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port)));
+    exposer->RegisterCollectable(registry);
+  }
+  const std::string address =
+      absl::StrFormat("%s:%d", absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_port));
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials());
+  builder.SetMaxReceiveMessageSize(256 << 20);
+  builder.SetMaxSendMessageSize(256 << 20);
+  builder.RegisterService(&service);
+  builder.RegisterService(&admin);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server) return absl::UnavailableError("cannot serve gRPC on " + address);
+  std::cerr << absl::StrFormat("%s: prefill worker serving %s on %s (UCX %s)\n",
+                               absl::GetFlag(FLAGS_name), ServedModelName(path), address,
+                               (*transport)->name());
+  const int sig = WaitForShutdownSignal();
+  std::cerr << absl::StrFormat("%s: signal %d, stopping\n", absl::GetFlag(FLAGS_name), sig);
+  worker.Drain();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace sluice
+
+int main(int argc, char** argv) {
+  sluice::BlockShutdownSignals();
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status st = sluice::Run();
+  if (!st.ok()) {
+    std::cerr << "sluice-prefill: " << st << "\n";
+    return 1;
+  }
+  return 0;
+}

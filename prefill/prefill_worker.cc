@@ -1,0 +1,397 @@
+#include "prefill/prefill_worker.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "kvstore/kv_preset.h"
+#include "model/sampler.h"
+
+namespace sluice::prefill {
+namespace {
+
+const std::vector<double> kSecondsBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                             0.25,  0.5,    1.0,   2.5,  5.0,   10.0, 30.0};
+
+model::SamplingParams ToSampling(const rpc::SamplingParams& sp) {
+  model::SamplingParams p;
+  p.temperature = sp.temperature();
+  p.top_k = sp.top_k();
+  p.top_p = sp.top_p();
+  p.min_p = sp.min_p();
+  p.repetition_penalty = sp.repetition_penalty();
+  p.seed = sp.seed();
+  p.max_tokens = sp.max_tokens();
+  p.stop_tokens.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
+  return p;
+}
+
+// Presets that choose the prompt's tokens from the whole prompt's attention at once.
+bool NeedsWholePrompt(const kvstore::KvPreset& preset) {
+  const kvstore::KvPolicyKind k = preset.policy.kind;
+  return k == kvstore::KvPolicyKind::kSnapKv || k == kvstore::KvPolicyKind::kPyramid ||
+         k == kvstore::KvPolicyKind::kMiniKv;
+}
+
+}  // namespace
+
+PrefillWorker::PrefillWorker(WorkerRuntime& runtime, transport::Transport& transport,
+                             prometheus::Registry& registry, PrefillWorkerOptions options)
+    : rt_(runtime),
+      transport_(transport),
+      options_(std::move(options)),
+      prompt_tokens_(prometheus::BuildCounter()
+                         .Name("sluice_prompt_tokens_total")
+                         .Help("Prompt tokens prefilled.")
+                         .Register(registry)
+                         .Add({})),
+      transfer_bytes_(prometheus::BuildCounter()
+                          .Name("sluice_kv_transfer_bytes_total")
+                          .Help("KV page bytes put into decode workers' pools.")
+                          .Register(registry)
+                          .Add({})),
+      transfer_failures_(prometheus::BuildCounter()
+                             .Name("sluice_kv_transfer_failures_total")
+                             .Help("KV transfers that failed (peer gone, timeout, bad target).")
+                             .Register(registry)
+                             .Add({})),
+      transfer_seconds_(prometheus::BuildHistogram()
+                            .Name("sluice_kv_transfer_seconds")
+                            .Help("Time to put one sequence's pages and flush them.")
+                            .Register(registry)
+                            .Add({}, kSecondsBuckets)),
+      prefill_seconds_(prometheus::BuildHistogram()
+                           .Name("sluice_prefill_seconds")
+                           .Help("Forward time of one prompt, summed over its chunks.")
+                           .Register(registry)
+                           .Add({}, kSecondsBuckets)),
+      running_gauge_(prometheus::BuildGauge()
+                         .Name("sluice_requests_running")
+                         .Help("Prompts being prefilled or sent.")
+                         .Register(registry)
+                         .Add({{"role", "prefill"}})),
+      waiting_gauge_(prometheus::BuildGauge()
+                         .Name("sluice_requests_waiting")
+                         .Help("Prompts waiting for their first chunk.")
+                         .Register(registry)
+                         .Add({{"role", "prefill"}})),
+      queued_tokens_(prometheus::BuildGauge()
+                         .Name("sluice_prefill_queued_tokens")
+                         .Help("Prompt tokens not yet run.")
+                         .Register(registry)
+                         .Add({})) {
+  stats_.set_name(options_.name);
+  stats_.set_role("prefill");
+  stats_.set_state("serving");
+  thread_ = std::thread([this] { Loop(); });
+  sender_ = std::thread([this] { SendLoop(); });
+}
+
+PrefillWorker::~PrefillWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void PrefillWorker::Post(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_all();
+}
+
+absl::StatusOr<rpc::PrefillResponse> PrefillWorker::Prefill(const rpc::PrefillRequest& request) {
+  if (draining_) return absl::UnavailableError(options_.name + " is draining");
+  const model::LlamaConfig& c = rt_.config();
+  if (request.prompt().empty()) return absl::InvalidArgumentError("the prompt is empty");
+  if (request.prompt_size() > c.context_length) {
+    return absl::OutOfRangeError(absl::StrFormat("the prompt's %d tokens exceed the context of %d",
+                                                 request.prompt_size(), c.context_length));
+  }
+  for (int32_t t : request.prompt()) {
+    if (t < 0 || t >= c.vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("prompt token %d is outside the vocabulary [0, %d)", t, c.vocab));
+    }
+  }
+  if (request.page_ids().empty()) {
+    return absl::InvalidArgumentError("the request reserves no pages for the KV");
+  }
+  SLUICE_RETURN_IF_ERROR(ToSampling(request.sampling()).Validate());
+  auto job = std::make_unique<Job>();
+  job->request = request;
+  job->start = absl::Now();
+  std::future<absl::StatusOr<rpc::PrefillResponse>> result = job->done.get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return absl::UnavailableError(options_.name + " is shutting down");
+    waiting_.push_back(std::move(job));
+  }
+  cv_.notify_all();
+  return result.get();
+}
+
+void PrefillWorker::Loop() {
+  for (;;) {
+    std::vector<std::function<void()>> tasks;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (tasks_.empty() && waiting_.empty() && queue_.empty() && !stop_) {
+        cv_.wait_for(lock, std::chrono::milliseconds(50));
+      }
+      tasks.swap(tasks_);
+      while (!waiting_.empty()) {
+        queue_.push_back(std::move(waiting_.front()));
+        waiting_.pop_front();
+      }
+      if (stop_) break;
+    }
+    for (auto& task : tasks) task();
+    if (!queue_.empty()) Step();
+    UpdateGauges();
+  }
+  while (!queue_.empty()) {
+    std::unique_ptr<Job> job = std::move(queue_.front());
+    queue_.pop_front();
+    Fail(std::move(job), absl::UnavailableError(options_.name + " stopped"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    send_stop_ = true;
+  }
+  send_cv_.notify_all();
+  sender_.join();
+  // The sender's last hand-backs.
+  std::vector<std::function<void()>> tasks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks.swap(tasks_);
+  }
+  for (auto& task : tasks) task();
+}
+
+void PrefillWorker::Fail(std::unique_ptr<Job> job, absl::Status error) {
+  if (job->cache != nullptr) job->cache->cache->RemoveSequence(job->seq).IgnoreError();
+  job->done.set_value(std::move(error));
+}
+
+void PrefillWorker::Step() {
+  // Jobs join the step in arrival order while the chunk budget lasts; a step runs one cache
+  // (preset), the head job's.
+  WorkerRuntime::Cache* cache = nullptr;
+  std::vector<Job*> jobs;
+  std::vector<int64_t> counts;
+  std::vector<model::ForwardEntry> entries;
+  int64_t budget = options_.chunk_tokens;
+  std::deque<std::unique_ptr<Job>> keep;
+  while (!queue_.empty()) {
+    std::unique_ptr<Job> job = std::move(queue_.front());
+    queue_.pop_front();
+    if (job->cache == nullptr) {
+      auto c = rt_.CacheFor(job->request.compression().preset());
+      absl::Status st = c.status();
+      if (st.ok() && job->request.page_bytes() != (*c)->cache->pool().page_bytes()) {
+        st = absl::InvalidArgumentError(absl::StrFormat(
+            "the reservation's pages have %d bytes, preset %s's %d", job->request.page_bytes(),
+            (*c)->cache->preset().name, (*c)->cache->pool().page_bytes()));
+      }
+      if (st.ok()) {
+        job->seq = next_seq_++;
+        st = (*c)->cache->AddSequence(job->seq, job->request.prompt_size());
+      }
+      if (!st.ok()) {
+        Fail(std::move(job), st);
+        continue;
+      }
+      job->cache = *c;
+    }
+    if (cache == nullptr) cache = job->cache;
+    const int64_t left = job->request.prompt_size() - job->next;
+    if (job->cache != cache || budget <= 0 ||
+        (NeedsWholePrompt(cache->cache->preset()) && job->next == 0 && !jobs.empty())) {
+      keep.push_back(std::move(job));
+      continue;
+    }
+    const int64_t n = NeedsWholePrompt(cache->cache->preset()) ? left : std::min(budget, left);
+    budget -= n;
+    entries.push_back({job->seq, absl::MakeConstSpan(job->request.prompt().data() + job->next,
+                                                     static_cast<size_t>(n))});
+    counts.push_back(n);
+    jobs.push_back(job.get());
+    keep.push_back(std::move(job));
+  }
+  queue_.swap(keep);
+  if (entries.empty()) return;
+
+  const int64_t vocab = rt_.config().vocab;
+  std::vector<float> logits(entries.size() * vocab);
+  const absl::Time t0 = absl::Now();
+  const absl::Status st = rt_.model().Forward(entries, *cache->cache, logits.data());
+  const absl::Duration took = absl::Now() - t0;
+  // Finished (or failed) jobs leave the queue.
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    Job* job = jobs[i];
+    job->next += counts[i];
+    job->compute += took;
+    prompt_tokens_.Increment(static_cast<double>(counts[i]));
+    const bool finished = job->next == job->request.prompt_size();
+    if (!st.ok() || finished) {
+      auto it = std::find_if(queue_.begin(), queue_.end(),
+                             [&](const std::unique_ptr<Job>& j) { return j.get() == job; });
+      std::unique_ptr<Job> owned = std::move(*it);
+      queue_.erase(it);
+      if (!st.ok()) {
+        Fail(std::move(owned), st);
+      } else {
+        Complete(std::move(owned), absl::MakeConstSpan(logits.data() + i * vocab, vocab));
+      }
+    }
+  }
+}
+
+void PrefillWorker::Complete(std::unique_ptr<Job> job, absl::Span<const float> logits) {
+  const rpc::PrefillRequest& req = job->request;
+  model::Sampler sampler(ToSampling(req.sampling()));
+  const std::vector<int32_t> prompt(req.prompt().begin(), req.prompt().end());
+  const int32_t token = sampler.Sample(logits, prompt);
+  rpc::PrefillResponse& out = job->response;
+  if (req.sampling().logprobs()) {
+    *out.mutable_first() = TokenWithLogprobs(logits, token, req.sampling().top_logprobs());
+  } else {
+    out.mutable_first()->set_token(token);
+  }
+  prefill_seconds_.Observe(absl::ToDoubleSeconds(job->compute));
+  out.set_prefill_seconds(absl::ToDoubleSeconds(job->compute));
+  auto exported = job->cache->cache->ExportSequence(job->seq);
+  if (!exported.ok()) {
+    Fail(std::move(job), exported.status());
+    return;
+  }
+  if (exported->pages.size() > static_cast<size_t>(req.page_ids_size())) {
+    Fail(std::move(job), absl::ResourceExhaustedError(absl::StrFormat(
+                             "the prompt's KV takes %d pages, the decode worker reserved %d",
+                             exported->pages.size(), req.page_ids_size())));
+    return;
+  }
+  const model::LlamaConfig& c = rt_.config();
+  const int64_t page_bytes = job->cache->cache->pool().page_bytes();
+  out.set_pages(static_cast<int64_t>(exported->pages.size()));
+  out.set_kv_bytes(static_cast<int64_t>(exported->pages.size()) * page_bytes +
+                   static_cast<int64_t>(exported->state.size()));
+  out.set_kv_fp16_bytes(req.prompt_size() * c.layers * c.kv_heads * c.head_dim * 2 * 2);
+  ++sending_;
+  {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    sends_.push_back({std::move(job), *std::move(exported)});
+  }
+  send_cv_.notify_all();
+}
+
+void PrefillWorker::SendLoop() {
+  for (;;) {
+    Send send;
+    {
+      std::unique_lock<std::mutex> lock(send_mu_);
+      send_cv_.wait(lock, [&] { return send_stop_ || !sends_.empty(); });
+      if (sends_.empty()) return;
+      send = std::move(sends_.front());
+      sends_.pop_front();
+    }
+    absl::Status st = SendPages(send);
+    if (!st.ok()) transfer_failures_.Increment();
+    // The scheduler owns the cache: it frees the pages and answers.
+    auto job = std::make_shared<std::unique_ptr<Job>>(std::move(send.job));
+    auto state = std::make_shared<std::string>(std::move(send.exported.state));
+    Post([this, job, state, st]() mutable {
+      --sending_;
+      Job& j = **job;
+      j.cache->cache->RemoveSequence(j.seq).IgnoreError();
+      j.cache = nullptr;
+      if (!st.ok()) {
+        j.done.set_value(st);
+        return;
+      }
+      j.response.set_kv_state(std::move(*state));
+      j.done.set_value(std::move(j.response));
+    });
+  }
+}
+
+absl::Status PrefillWorker::SendPages(Send& send) {
+  const rpc::PrefillRequest& req = send.job->request;
+  const std::string& region = req.region();
+  auto it = senders_.find(region);
+  if (it == senders_.end()) {
+    auto sender = transport_.Connect(region);
+    if (!sender.ok()) {
+      return absl::Status(
+          sender.status().code(),
+          absl::StrFormat("connecting to %s: %s", req.decode_worker(), sender.status().message()));
+    }
+    it = senders_.emplace(region, *std::move(sender)).first;
+  }
+  transport::Sender& sender = *it->second;
+  const kvstore::PagePool& pool = send.job->cache->cache->pool();
+  const size_t page_bytes = static_cast<size_t>(pool.page_bytes());
+  const absl::Time t0 = absl::Now();
+  absl::Status st;
+  for (size_t i = 0; i < send.exported.pages.size() && st.ok(); ++i) {
+    const int32_t remote = req.page_ids(static_cast<int>(i));
+    if (remote < 0) {
+      st = absl::InvalidArgumentError(absl::StrFormat("reserved page id %d is negative", remote));
+      break;
+    }
+    st = sender.Put(pool.data(send.exported.pages[i]), page_bytes,
+                    static_cast<uint64_t>(remote) * page_bytes);
+  }
+  if (st.ok()) st = sender.Flush(options_.transfer_timeout);
+  if (!st.ok()) {
+    // A broken connection is not reused; the next request to that worker reconnects.
+    senders_.erase(it);
+    return absl::Status(st.code(), absl::StrFormat("sending KV pages to %s: %s",
+                                                   req.decode_worker(), st.message()));
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  const int64_t bytes = static_cast<int64_t>(send.exported.pages.size() * page_bytes);
+  transfer_bytes_.Increment(static_cast<double>(bytes));
+  transfer_seconds_.Observe(seconds);
+  send.job->response.set_transfer_bytes(bytes);
+  send.job->response.set_transfer_seconds(seconds);
+  return absl::OkStatus();
+}
+
+void PrefillWorker::UpdateGauges() {
+  int64_t waiting = 0, running = 0, tokens = 0, used = 0, free = 0;
+  for (const auto& job : queue_) {
+    (job->next == 0 ? waiting : running) += 1;
+    tokens += job->request.prompt_size() - job->next;
+  }
+  running += sending_;
+  for (const auto& [name, cache] : rt_.caches()) {
+    used += cache.cache->pool().used_pages();
+    free += cache.cache->pool().free_pages();
+  }
+  running_gauge_.Set(static_cast<double>(running));
+  waiting_gauge_.Set(static_cast<double>(waiting));
+  queued_tokens_.Set(static_cast<double>(tokens));
+  std::lock_guard<std::mutex> lock(mu_);
+  waiting += static_cast<int64_t>(waiting_.size());
+  stats_.set_state(draining_ ? "draining" : "serving");
+  stats_.set_running(running);
+  stats_.set_waiting(waiting);
+  stats_.set_queued_prompt_tokens(tokens);
+  stats_.set_kv_pages_used(used);
+  stats_.set_kv_pages_free(free);
+}
+
+rpc::StatsResponse PrefillWorker::Stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace sluice::prefill

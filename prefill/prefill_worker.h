@@ -1,0 +1,123 @@
+// The prefill worker: runs prompts through the model in chunks, compresses their KV into pages
+// as the preset says (prompt-phase policy, quantization, Huffman coding, all inside the cache),
+// samples the first token, and writes the pages straight into the pages a decode worker
+// reserved, over the transport.
+//
+// One scheduler thread owns the model and the caches. It takes waiting prompts first come,
+// first served, and runs up to `chunk_tokens` prompt tokens a step, from one prompt or several
+// (chunked prefill). A finished prompt's pages go to a sender thread, which puts them and
+// waits for the flush while the scheduler computes the next prompts; the sender then hands
+// the sequence back to the scheduler to free its pages.
+#ifndef SLUICE_PREFILL_PREFILL_WORKER_H_
+#define SLUICE_PREFILL_PREFILL_WORKER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/worker_runtime.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "proto/sluice.pb.h"
+#include "transport/transport.h"
+
+namespace sluice::prefill {
+
+struct PrefillWorkerOptions {
+  std::string name = "prefill-0";
+  int64_t chunk_tokens = 512;  // prompt tokens per forward step
+  absl::Duration transfer_timeout = absl::Seconds(10);
+};
+
+class PrefillWorker {
+ public:
+  // `runtime`, `transport` and `registry` must outlive the worker. Starts its threads.
+  PrefillWorker(WorkerRuntime& runtime, transport::Transport& transport,
+                prometheus::Registry& registry, PrefillWorkerOptions options);
+  ~PrefillWorker();  // waiting requests fail with Unavailable
+
+  // Queues the prompt and waits until its pages sit in the decode worker's reservation.
+  absl::StatusOr<rpc::PrefillResponse> Prefill(const rpc::PrefillRequest& request);
+  rpc::StatsResponse Stats();
+  void Drain() { draining_ = true; }
+
+ private:
+  struct Job {
+    rpc::PrefillRequest request;
+    std::promise<absl::StatusOr<rpc::PrefillResponse>> done;
+    WorkerRuntime::Cache* cache = nullptr;
+    int64_t seq = 0;
+    int64_t next = 0;  // prompt tokens already run
+    absl::Time start;
+    absl::Duration compute;
+    rpc::PrefillResponse response;
+  };
+  struct Send {
+    std::unique_ptr<Job> job;
+    kvstore::PagedKvCache::SequenceExport exported;
+  };
+
+  void Loop();
+  // Runs one chunk step over the jobs at the head of the queue.
+  void Step();
+  // A job whose prompt is done: first token, export, hand to the sender.
+  void Complete(std::unique_ptr<Job> job, absl::Span<const float> logits);
+  void Fail(std::unique_ptr<Job> job, absl::Status error);
+  void SendLoop();
+  absl::Status SendPages(Send& send);
+  void Post(std::function<void()> task);
+  void UpdateGauges();
+
+  WorkerRuntime& rt_;
+  transport::Transport& transport_;
+  const PrefillWorkerOptions options_;
+  std::atomic<bool> draining_{false};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::function<void()>> tasks_;
+  std::deque<std::unique_ptr<Job>> waiting_;  // under mu_ until the scheduler takes them
+  bool stop_ = false;
+  rpc::StatsResponse stats_;
+
+  // Scheduler thread only.
+  std::deque<std::unique_ptr<Job>> queue_;
+  int64_t next_seq_ = 1;
+  int64_t sending_ = 0;
+
+  // Sender thread.
+  std::mutex send_mu_;
+  std::condition_variable send_cv_;
+  std::deque<Send> sends_;
+  bool send_stop_ = false;
+  std::map<std::string, std::unique_ptr<transport::Sender>> senders_;  // by region descriptor
+
+  prometheus::Counter& prompt_tokens_;
+  prometheus::Counter& transfer_bytes_;
+  prometheus::Counter& transfer_failures_;
+  prometheus::Histogram& transfer_seconds_;
+  prometheus::Histogram& prefill_seconds_;
+  prometheus::Gauge& running_gauge_;
+  prometheus::Gauge& waiting_gauge_;
+  prometheus::Gauge& queued_tokens_;
+
+  std::thread thread_;
+  std::thread sender_;
+};
+
+}  // namespace sluice::prefill
+
+#endif  // SLUICE_PREFILL_PREFILL_WORKER_H_
