@@ -25,6 +25,12 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
                                      grpc::ServerWriter<rpc::GenerateResponse>* writer) {
   auto stream = worker_.Generate(*request);
   if (!stream.ok()) return ToGrpc(stream.status());
+  // An empty first message says the KV is in and the sequence runs: until it arrives the
+  // router may still place the request elsewhere.
+  if (!writer->Write(rpc::GenerateResponse())) {
+    worker_.Cancel(*stream);
+    return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+  }
   for (;;) {
     std::vector<rpc::GeneratedToken> tokens;
     std::string reason;

@@ -10,13 +10,13 @@
 #include "absl/strings/str_format.h"
 #include "common/admin_service.h"
 #include "common/grpc_status.h"
+#include "common/metrics_server.h"
 #include "common/process.h"
 #include "common/worker_runtime.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "model/model_path.h"
 #include "prefill/prefill_worker.h"
-#include "prometheus/exposer.h"
 #include "proto/sluice.grpc.pb.h"
 #include "transport/transport.h"
 
@@ -69,11 +69,12 @@ absl::Status Run() {
       absl::GetFlag(FLAGS_name), "prefill", ServedModelName(path), [&] { return worker.Stats(); },
       [&] { worker.Drain(); });
 
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<MetricsServer> metrics;
   if (absl::GetFlag(FLAGS_metrics_port) > 0) {
-    exposer = std::make_unique<prometheus::Exposer>(
-        absl::StrFormat("%s:%d", absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port)));
-    exposer->RegisterCollectable(registry);
+    auto m = MetricsServer::Start(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port),
+                                  registry);
+    if (!m.ok()) return m.status();
+    metrics = *std::move(m);
   }
   const std::string address =
       absl::StrFormat("%s:%d", absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_port));

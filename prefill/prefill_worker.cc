@@ -42,7 +42,7 @@ PrefillWorker::PrefillWorker(WorkerRuntime& runtime, transport::Transport& trans
       transport_(transport),
       options_(std::move(options)),
       prompt_tokens_(prometheus::BuildCounter()
-                         .Name("sluice_prompt_tokens_total")
+                         .Name("sluice_prefill_tokens_total")
                          .Help("Prompt tokens prefilled.")
                          .Register(registry)
                          .Add({})),

@@ -1,0 +1,79 @@
+// sluice-router: the OpenAI-compatible HTTP front of a sluice cluster.
+//
+//   sluice-router --port 8000 --prefill 127.0.0.1:50100 --decode 127.0.0.1:50200
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/process.h"
+#include "httplib.h"
+#include "model/model_path.h"
+#include "router/router.h"
+
+ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else the cache).");
+ABSL_FLAG(std::string, served_model_name, "", "Model id clients send; default: the file name.");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind.");
+ABSL_FLAG(int, port, 8000, "HTTP port.");
+ABSL_FLAG(std::string, prefill, "127.0.0.1:50100", "Prefill workers, host:port, comma-separated.");
+ABSL_FLAG(std::string, decode, "127.0.0.1:50200", "Decode workers, host:port, comma-separated.");
+ABSL_FLAG(std::string, placement, "least_loaded", "round_robin, least_loaded or prefix_affinity.");
+ABSL_FLAG(std::string, api_key, "", "Require 'Authorization: Bearer KEY'; empty: no key.");
+ABSL_FLAG(int, http_threads, 64, "HTTP worker threads (concurrent requests).");
+
+namespace sluice {
+namespace {
+
+std::vector<std::string> List(const std::string& s) {
+  std::vector<std::string> out;
+  for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipEmpty())) {
+    out.emplace_back(part);
+  }
+  return out;
+}
+
+absl::Status Run() {
+  const std::string path =
+      absl::GetFlag(FLAGS_model).empty() ? model::DefaultModelPath() : absl::GetFlag(FLAGS_model);
+  auto router = router::Router::Create({.model_path = path,
+                                        .served_model_name = absl::GetFlag(FLAGS_served_model_name),
+                                        .prefill = List(absl::GetFlag(FLAGS_prefill)),
+                                        .decode = List(absl::GetFlag(FLAGS_decode)),
+                                        .placement = absl::GetFlag(FLAGS_placement),
+                                        .api_key = absl::GetFlag(FLAGS_api_key)});
+  if (!router.ok()) return router.status();
+  httplib::Server server;
+  const int threads = absl::GetFlag(FLAGS_http_threads);
+  server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  (*router)->Install(server);
+  const std::string host = absl::GetFlag(FLAGS_host);
+  const int port = absl::GetFlag(FLAGS_port);
+  if (!server.bind_to_port(host, port)) {
+    return absl::UnavailableError(absl::StrFormat("cannot listen on %s:%d", host, port));
+  }
+  std::thread http([&] { server.listen_after_bind(); });
+  std::cerr << absl::StrFormat("router: serving the OpenAI API on http://%s:%d\n", host, port);
+  const int sig = WaitForShutdownSignal();
+  std::cerr << absl::StrFormat("router: signal %d, stopping\n", sig);
+  server.stop();
+  http.join();
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace sluice
+
+int main(int argc, char** argv) {
+  sluice::BlockShutdownSignals();
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status st = sluice::Run();
+  if (!st.ok()) {
+    std::cerr << "sluice-router: " << st << "\n";
+    return 1;
+  }
+  return 0;
+}

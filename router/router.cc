@@ -1,0 +1,671 @@
+#include "router/router.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "common/grpc_status.h"
+#include "common/process.h"
+#include "common/status_macros.h"
+#include "grpcpp/client_context.h"
+#include "model/llama.h"
+#include "model/sampler.h"
+#include "nlohmann/json.hpp"
+#include "prometheus/text_serializer.h"
+
+namespace sluice::router {
+namespace {
+
+const std::vector<double> kLatencyBuckets = {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75,
+                                             1.0,   2.5,  5.0,   7.5,  10,    20,  40,   80,  160};
+const std::vector<double> kTokenBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
+                                           0.15,  0.2,   0.3,  0.4,  0.5,  0.75, 1.0,  2.5};
+
+std::chrono::system_clock::time_point Deadline(absl::Duration d) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
+}
+
+// Whether a failed call says the worker itself is gone (so another may serve the request).
+bool WorkerGone(const grpc::Status& st) {
+  return st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+const char* FinishName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+    case FinishReason::kNone:
+      break;
+  }
+  return "none";
+}
+
+const char* EndpointName(Endpoint e) {
+  return e == Endpoint::kCompletions ? "completions" : "chat_completions";
+}
+
+}  // namespace
+
+struct Router::Prepared {
+  ApiRequest api;
+  std::vector<int32_t> prompt;
+  rpc::SamplingParams sampling;
+  model::SamplingParams stops;  // stop strings only, for the text
+  absl::Time arrived;
+};
+
+struct Router::Session {
+  std::shared_ptr<Prepared> p;
+  Worker* prefill = nullptr;
+  Worker* decode = nullptr;
+  std::unique_ptr<grpc::ClientContext> ctx;
+  std::unique_ptr<grpc::ClientReader<rpc::GenerateResponse>> reader;
+  rpc::PrefillResponse prefilled;
+  absl::Time first_token_time;
+  ~Session() {
+    if (decode != nullptr) --decode->in_flight;
+  }
+};
+
+Router::Router(RouterOptions options) : options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<Router>> Router::Create(const RouterOptions& options) {
+  if (options.prefill.empty() || options.decode.empty()) {
+    return absl::InvalidArgumentError(
+        "the router needs at least one prefill and one decode worker");
+  }
+  SLUICE_ASSIGN_OR_RETURN(Placement placement, ParsePlacement(options.placement));
+  std::unique_ptr<Router> r(new Router(options));
+  if (r->options_.served_model_name.empty()) {
+    r->options_.served_model_name = ServedModelName(options.model_path);
+  }
+  SLUICE_ASSIGN_OR_RETURN(r->gguf_, model::GgufFile::Open(options.model_path));
+  SLUICE_ASSIGN_OR_RETURN(model::VocabSpec vocab, model::VocabFromGguf(*r->gguf_));
+  SLUICE_ASSIGN_OR_RETURN(r->tokenizer_, model::Tokenizer::Create(std::move(vocab)));
+  SLUICE_ASSIGN_OR_RETURN(std::string jinja, r->gguf_->GetString("tokenizer.chat_template"));
+  SLUICE_ASSIGN_OR_RETURN(model::ChatTemplate chat, model::ChatTemplate::FromGgufTemplate(jinja));
+  r->chat_ = std::make_unique<model::ChatTemplate>(std::move(chat));
+  SLUICE_ASSIGN_OR_RETURN(model::LlamaConfig config, model::LlamaConfig::FromGguf(*r->gguf_));
+  r->context_length_ = config.context_length;
+  r->stop_tokens_ = {r->tokenizer_->eos_id()};
+  const int32_t unk = r->tokenizer_->unk_id();
+  if (unk >= 0 && r->tokenizer_->IsSpecial(unk) && unk != r->tokenizer_->eos_id()) {
+    r->stop_tokens_.push_back(unk);
+  }
+  r->created_ = absl::ToUnixSeconds(absl::Now());
+
+  auto& m = r->metrics_;
+  m = std::make_shared<prometheus::Registry>();
+  r->requests_ = &prometheus::BuildCounter()
+                      .Name("sluice_requests_total")
+                      .Help("Requests finished, by endpoint and finish reason (error: failed).")
+                      .Register(*m);
+  r->retries_ = &prometheus::BuildCounter()
+                     .Name("sluice_request_retries_total")
+                     .Help("Requests placed again after a worker failed, by the failed role.")
+                     .Register(*m);
+  r->ttft_ = &prometheus::BuildHistogram()
+                  .Name("sluice_time_to_first_token_seconds")
+                  .Help("From the request's arrival to its first token.")
+                  .Register(*m)
+                  .Add({}, kLatencyBuckets);
+  r->itl_ = &prometheus::BuildHistogram()
+                 .Name("sluice_inter_token_latency_seconds")
+                 .Help("Time between consecutive tokens of a request.")
+                 .Register(*m)
+                 .Add({}, kTokenBuckets);
+  r->e2e_ = &prometheus::BuildHistogram()
+                 .Name("sluice_e2e_request_latency_seconds")
+                 .Help("From the request's arrival to its last token.")
+                 .Register(*m)
+                 .Add({}, kLatencyBuckets);
+  r->queue_ = &prometheus::BuildHistogram()
+                   .Name("sluice_request_queue_seconds")
+                   .Help("From arrival until a decode worker reserved the request's KV pages.")
+                   .Register(*m)
+                   .Add({}, kLatencyBuckets);
+  r->prompt_tokens_ = &prometheus::BuildCounter()
+                           .Name("sluice_prompt_tokens_total")
+                           .Help("Prompt tokens of the requests served.")
+                           .Register(*m)
+                           .Add({});
+  r->generation_tokens_ = &prometheus::BuildCounter()
+                               .Name("sluice_generation_tokens_total")
+                               .Help("Tokens generated for the requests served.")
+                               .Register(*m)
+                               .Add({});
+  r->transfer_bytes_ = &prometheus::BuildCounter()
+                            .Name("sluice_request_kv_transfer_bytes_total")
+                            .Help("Compressed KV page bytes moved from prefill to decode.")
+                            .Register(*m)
+                            .Add({});
+  r->transfer_seconds_ = &prometheus::BuildCounter()
+                              .Name("sluice_request_kv_transfer_seconds_total")
+                              .Help("Time spent moving KV pages from prefill to decode.")
+                              .Register(*m)
+                              .Add({});
+  r->kv_bytes_ = &prometheus::BuildCounter()
+                      .Name("sluice_request_kv_bytes_total")
+                      .Help("Compressed KV bytes of the prompts served.")
+                      .Register(*m)
+                      .Add({});
+  r->kv_fp16_bytes_ = &prometheus::BuildCounter()
+                           .Name("sluice_request_kv_fp16_bytes_total")
+                           .Help("What the prompts' KV would take as FP16.")
+                           .Register(*m)
+                           .Add({});
+  r->running_ = &prometheus::BuildGauge()
+                     .Name("sluice_requests_running")
+                     .Help("Requests the router is serving.")
+                     .Register(*m)
+                     .Add({{"role", "router"}});
+  r->waiting_ = &prometheus::BuildGauge()
+                     .Name("sluice_requests_waiting")
+                     .Help("Requests waiting for KV pages on a decode worker.")
+                     .Register(*m)
+                     .Add({{"role", "router"}});
+  r->workers_up_ = &prometheus::BuildGauge()
+                        .Name("sluice_workers_up")
+                        .Help("Workers answering health checks, by role.")
+                        .Register(*m);
+  r->registry_ =
+      std::make_unique<WorkerRegistry>(options.prefill, options.decode, placement, options.poll);
+  return r;
+}
+
+void Router::Install(httplib::Server& server) {
+  server.set_payload_max_length(options_.max_body_bytes * 2);
+  server.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& s) {
+    HandleGenerate(Endpoint::kCompletions, q, s);
+  });
+  server.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& s) {
+    HandleGenerate(Endpoint::kChatCompletions, q, s);
+  });
+  server.Get("/v1/models",
+             [this](const httplib::Request& q, httplib::Response& s) { HandleModels(q, s); });
+  server.Get("/health",
+             [this](const httplib::Request& q, httplib::Response& s) { HandleHealth(q, s); });
+  server.Get("/metrics",
+             [this](const httplib::Request& q, httplib::Response& s) { HandleMetrics(q, s); });
+  server.Get("/v1/workers",
+             [this](const httplib::Request& q, httplib::Response& s) { HandleWorkers(q, s); });
+}
+
+void Router::SendError(httplib::Response& res, const absl::Status& status) {
+  const ApiError e = FromStatus(status);
+  res.status = e.http_status;
+  res.set_content(ErrorBody(e), "application/json");
+}
+
+bool Router::Authorized(const httplib::Request& req, httplib::Response& res) {
+  if (options_.api_key.empty()) return true;
+  if (req.get_header_value("Authorization") == "Bearer " + options_.api_key) return true;
+  res.status = 401;
+  res.set_content(ErrorBody({.http_status = 401,
+                             .type = "invalid_request_error",
+                             .message = "Incorrect or missing API key (Authorization: Bearer).",
+                             .code = "invalid_api_key"}),
+                  "application/json");
+  return false;
+}
+
+absl::StatusOr<std::shared_ptr<Router::Prepared>> Router::Prepare(Endpoint endpoint,
+                                                                  const std::string& body) {
+  auto p = std::make_shared<Prepared>();
+  p->arrived = absl::Now();
+  SLUICE_ASSIGN_OR_RETURN(p->api, ParseRequest(endpoint, body));
+  const ApiRequest& a = p->api;
+  if (a.model != options_.served_model_name) return ModelNotFoundError(a.model);
+  const char* field = endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
+  if (endpoint == Endpoint::kChatCompletions) {
+    SLUICE_ASSIGN_OR_RETURN(p->prompt, tokenizer_->Encode(chat_->Render(a.messages, true), true));
+  } else if (!a.prompt_token_ids.empty()) {
+    p->prompt = a.prompt_token_ids;
+    if (absl::Status st = tokenizer_->CheckIds(p->prompt); !st.ok()) {
+      return InvalidParamError("prompt", std::string(st.message()));
+    }
+  } else {
+    SLUICE_ASSIGN_OR_RETURN(p->prompt, tokenizer_->Encode(a.prompt, false));
+  }
+  if (p->prompt.empty()) return InvalidParamError(field, "the prompt encodes to no tokens");
+  const int64_t prompt = static_cast<int64_t>(p->prompt.size());
+  const int64_t max_tokens = a.max_tokens > 0 ? a.max_tokens : context_length_ - prompt;
+  if (prompt + std::max<int64_t>(max_tokens, 1) > context_length_) {
+    return InvalidParamError(
+        field,
+        absl::StrFormat("This model's maximum context length is %d tokens. However, you "
+                        "requested %d tokens (%d in the %s, %d in the completion).",
+                        context_length_, prompt + max_tokens, prompt, field, max_tokens),
+        "context_length_exceeded");
+  }
+  rpc::SamplingParams& s = p->sampling;
+  s.set_temperature(a.temperature);
+  s.set_top_k(a.top_k);
+  s.set_top_p(a.top_p);
+  s.set_min_p(a.min_p);
+  s.set_repetition_penalty(a.repetition_penalty);
+  s.set_seed(a.seed ? *a.seed : std::random_device{}() * uint64_t{0x9E3779B97F4A7C15});
+  s.set_max_tokens(static_cast<int32_t>(max_tokens));
+  if (!a.ignore_eos) s.mutable_stop_token_ids()->Add(stop_tokens_.begin(), stop_tokens_.end());
+  s.mutable_stop_token_ids()->Add(a.stop_token_ids.begin(), a.stop_token_ids.end());
+  s.set_logprobs(a.logprobs);
+  s.set_top_logprobs(a.top_logprobs);
+  p->stops.stop_strings = a.stop;
+  p->stops.max_tokens = 1 << 30;
+  return p;
+}
+
+absl::StatusOr<std::shared_ptr<Router::Session>> Router::Start(const std::shared_ptr<Prepared>& p) {
+  std::set<Worker*> tried_prefill, tried_decode;
+  absl::Status last = absl::UnavailableError("no decode worker is up");
+  const absl::Time give_up = absl::Now() + options_.queue_timeout;
+  const uint64_t request_id =
+      std::random_device{}() * uint64_t{0x100000001B3} ^ absl::ToUnixNanos(p->arrived);
+  bool waiting = false;
+  auto stop_waiting = [&] {
+    if (waiting) waiting_->Decrement();
+    waiting = false;
+  };
+  for (int attempt = 0; attempt < options_.max_attempts;) {
+    Worker* d = registry_->Pick("decode", p->prompt, tried_decode);
+    if (d == nullptr) break;
+    rpc::ReserveRequest reserve;
+    reserve.set_request_id(request_id);
+    reserve.mutable_compression()->set_preset(p->api.kv_compression);
+    reserve.set_prompt_tokens(static_cast<int32_t>(p->prompt.size()));
+    reserve.set_max_tokens(p->sampling.max_tokens());
+    rpc::ReserveResponse reserved;
+    grpc::ClientContext rctx;
+    rctx.set_deadline(Deadline(absl::Seconds(10)));
+    const grpc::Status rst = d->decode->Reserve(&rctx, reserve, &reserved);
+    if (rst.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && absl::Now() < give_up) {
+      // Every decode worker's pool is busy: wait for pages, as a queue would.
+      if (!waiting) waiting_->Increment();
+      waiting = true;
+      last = FromGrpc(rst);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    stop_waiting();
+    if (!rst.ok()) {
+      last = FromGrpc(rst);
+      if (!WorkerGone(rst)) return last;
+      registry_->MarkDown(d, rst.error_message());
+      tried_decode.insert(d);
+      retries_->Add({{"role", "decode"}}).Increment();
+      ++attempt;
+      continue;
+    }
+    queue_->Observe(absl::ToDoubleSeconds(absl::Now() - p->arrived));
+    auto release = [&] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(Deadline(absl::Seconds(2)));
+      rpc::ReleaseRequest rel;
+      rel.set_reservation_id(reserved.reservation_id());
+      rpc::ReleaseResponse ignored;
+      d->decode->Release(&ctx, rel, &ignored);
+    };
+
+    Worker* pf = registry_->Pick("prefill", p->prompt, tried_prefill);
+    if (pf == nullptr) {
+      release();
+      last = absl::UnavailableError("no prefill worker is up");
+      break;
+    }
+    rpc::PrefillRequest pre;
+    pre.set_request_id(request_id);
+    pre.mutable_prompt()->Add(p->prompt.begin(), p->prompt.end());
+    *pre.mutable_sampling() = p->sampling;
+    pre.mutable_compression()->set_preset(p->api.kv_compression);
+    pre.set_decode_worker(d->address);
+    pre.set_region(reserved.region());
+    *pre.mutable_page_ids() = reserved.page_ids();
+    pre.set_page_bytes(reserved.page_bytes());
+    auto session = std::make_shared<Session>();
+    session->p = p;
+    grpc::ClientContext pctx;
+    pctx.set_deadline(Deadline(absl::Minutes(5)));
+    ++pf->in_flight;
+    const grpc::Status pst = pf->prefill->Prefill(&pctx, pre, &session->prefilled);
+    --pf->in_flight;
+    if (!pst.ok()) {
+      release();
+      last = FromGrpc(pst);
+      if (pst.error_code() == grpc::StatusCode::ABORTED) {
+        // The pages did not reach the decode worker.
+        registry_->MarkDown(d, pst.error_message());
+        tried_decode.insert(d);
+        retries_->Add({{"role", "decode"}}).Increment();
+      } else if (WorkerGone(pst)) {
+        registry_->MarkDown(pf, pst.error_message());
+        tried_prefill.insert(pf);
+        retries_->Add({{"role", "prefill"}}).Increment();
+      } else {
+        return last;
+      }
+      ++attempt;
+      continue;
+    }
+    session->first_token_time = absl::Now();
+    rpc::GenerateRequest gen;
+    gen.set_request_id(request_id);
+    gen.set_reservation_id(reserved.reservation_id());
+    gen.mutable_prompt()->Add(p->prompt.begin(), p->prompt.end());
+    *gen.mutable_sampling() = p->sampling;
+    gen.mutable_compression()->set_preset(p->api.kv_compression);
+    gen.set_kv_state(session->prefilled.kv_state());
+    *gen.mutable_first() = session->prefilled.first();
+    session->ctx = std::make_unique<grpc::ClientContext>();
+    session->reader = d->decode->Generate(session->ctx.get(), gen);
+    rpc::GenerateResponse accepted;
+    if (!session->reader->Read(&accepted)) {
+      const grpc::Status gst = session->reader->Finish();
+      last = FromGrpc(gst);
+      if (!WorkerGone(gst)) return last;
+      registry_->MarkDown(d, gst.error_message());
+      tried_decode.insert(d);
+      retries_->Add({{"role", "decode"}}).Increment();
+      ++attempt;
+      continue;
+    }
+    session->prefill = pf;
+    session->decode = d;
+    ++d->in_flight;
+    transfer_bytes_->Increment(static_cast<double>(session->prefilled.transfer_bytes()));
+    transfer_seconds_->Increment(session->prefilled.transfer_seconds());
+    kv_bytes_->Increment(static_cast<double>(session->prefilled.kv_bytes()));
+    kv_fp16_bytes_->Increment(static_cast<double>(session->prefilled.kv_fp16_bytes()));
+    return session;
+  }
+  stop_waiting();
+  return last;
+}
+
+// Turns the token stream of one request into text: detokenizes, cuts at stop strings, holds
+// back what may be the start of one, and keeps logprobs.
+class TextAssembler {
+ public:
+  TextAssembler(const model::Tokenizer& tokenizer, const model::SamplingParams& stops,
+                const rpc::SamplingParams& sampling)
+      : tokenizer_(tokenizer), decoder_(tokenizer), checker_(stops), sampling_(sampling) {}
+
+  // Adds one token; true when the text must end here (a stop string or stop token).
+  bool Add(const rpc::GeneratedToken& t) {
+    ++tokens_;
+    const bool stop_token =
+        std::find(sampling_.stop_token_ids().begin(), sampling_.stop_token_ids().end(),
+                  t.token()) != sampling_.stop_token_ids().end();
+    if (stop_token) {
+      finish_ = FinishReason::kStop;
+      return true;
+    }
+    if (sampling_.logprobs()) {
+      TokenLogprob lp{.token = std::string(tokenizer_.TokenBytes(t.token())),
+                      .logprob = t.logprob()};
+      for (const rpc::TopLogprob& top : t.top()) {
+        lp.top.emplace_back(std::string(tokenizer_.TokenBytes(top.token())), top.logprob());
+      }
+      logprobs_.push_back(std::move(lp));
+    }
+    text_ += decoder_.Push(t.token());
+    size_t end = 0;
+    if (checker_.Check(t.token(), tokens_, text_, &end) ==
+        model::StopChecker::Reason::kStopString) {
+      for (const std::string& s : sampling_stop_strings()) {
+        if (text_.compare(end, s.size(), s) == 0) stop_reason_ = s;
+      }
+      text_.resize(end);
+      finish_ = FinishReason::kStop;
+      stopped_ = true;
+      return true;
+    }
+    return false;
+  }
+  void End(FinishReason reason) {
+    if (!stopped_) text_ += decoder_.Flush();
+    if (finish_ == FinishReason::kNone) finish_ = reason;
+  }
+  // Text that can go out now (all of it once ended).
+  std::string Ready(bool ended) {
+    const size_t end = ended ? text_.size() : text_.size() - checker_.HoldBack(text_);
+    std::string out = end > sent_ ? text_.substr(sent_, end - sent_) : "";
+    sent_ = std::max(sent_, end);
+    return out;
+  }
+  std::vector<TokenLogprob> TakeLogprobs() { return std::exchange(logprobs_, {}); }
+  const std::vector<std::string>& sampling_stop_strings() const { return stops_; }
+  void set_stop_strings(std::vector<std::string> s) { stops_ = std::move(s); }
+
+  const std::string& text() const { return text_; }
+  FinishReason finish() const { return finish_; }
+  const std::string& stop_reason() const { return stop_reason_; }
+  int tokens() const { return tokens_; }
+
+ private:
+  const model::Tokenizer& tokenizer_;
+  model::StreamDecoder decoder_;
+  model::StopChecker checker_;
+  const rpc::SamplingParams& sampling_;
+  std::vector<std::string> stops_;
+  std::string text_, stop_reason_;
+  size_t sent_ = 0;
+  int tokens_ = 0;
+  bool stopped_ = false;
+  FinishReason finish_ = FinishReason::kNone;
+  std::vector<TokenLogprob> logprobs_;
+};
+
+namespace {
+
+FinishReason ParseFinish(const std::string& s) {
+  if (s == "stop") return FinishReason::kStop;
+  if (s == "length") return FinishReason::kLength;
+  return FinishReason::kAbort;
+}
+
+// UTF-8 characters in s (lead bytes).
+int Characters(const std::string& s) {
+  int n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80 ? 1 : 0;
+  return n;
+}
+
+}  // namespace
+
+void Router::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
+                            httplib::Response& res) {
+  if (!Authorized(req, res)) return;
+  if (req.body.size() > options_.max_body_bytes) {
+    const ApiError e = RequestTooLargeError(req.body.size(), options_.max_body_bytes);
+    res.status = e.http_status;
+    res.set_content(ErrorBody(e), "application/json");
+    requests_->Add({{"endpoint", EndpointName(endpoint)}, {"finish_reason", "error"}}).Increment();
+    return;
+  }
+  running_->Increment();
+  auto prepared = Prepare(endpoint, req.body);
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      prepared.ok() ? Start(*prepared) : prepared.status();
+  if (!session.ok()) {
+    running_->Decrement();
+    requests_->Add({{"endpoint", EndpointName(endpoint)}, {"finish_reason", "error"}}).Increment();
+    SendError(res, session.status());
+    return;
+  }
+  std::shared_ptr<Session> s = *session;
+  const std::shared_ptr<Prepared>& p = s->p;
+  ttft_->Observe(absl::ToDoubleSeconds(s->first_token_time - p->arrived));
+  prompt_tokens_->Increment(static_cast<double>(p->prompt.size()));
+
+  auto a = std::make_shared<TextAssembler>(*tokenizer_, p->stops, p->sampling);
+  a->set_stop_strings(p->api.stop);
+  const bool chat = endpoint == Endpoint::kChatCompletions;
+  const bool logprobs = p->sampling.logprobs();
+  // Records how the request ended, once.
+  auto done = [this, s, a, endpoint](bool client_gone) {
+    running_->Decrement();
+    e2e_->Observe(absl::ToDoubleSeconds(absl::Now() - s->p->arrived));
+    const char* reason = client_gone ? "abort" : FinishName(a->finish());
+    requests_->Add({{"endpoint", EndpointName(endpoint)}, {"finish_reason", reason}}).Increment();
+  };
+
+  if (!p->api.stream) {
+    const absl::Status st = Drive(*s, *a, [] { return true; });
+    done(false);
+    if (!st.ok()) {
+      SendError(res, st);
+      return;
+    }
+    Completion c{.id = NewRequestId(endpoint),
+                 .created = absl::ToUnixSeconds(p->arrived),
+                 .model = options_.served_model_name,
+                 .text = a->Ready(true),
+                 .finish_reason = a->finish(),
+                 .stop_reason = a->stop_reason(),
+                 .usage = {.prompt_tokens = static_cast<int>(p->prompt.size()),
+                           .completion_tokens = a->tokens()}};
+    if (logprobs) c.logprobs = a->TakeLogprobs();
+    res.set_content(CompletionBody(endpoint, c), "application/json");
+    return;
+  }
+
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider("text/event-stream", [this, s, a, endpoint, chat, logprobs,
+                                                         done](size_t, httplib::DataSink& sink) {
+    const StreamInfo info{.id = NewRequestId(endpoint),
+                          .created = absl::ToUnixSeconds(s->p->arrived),
+                          .model = options_.served_model_name,
+                          .include_usage = s->p->api.include_usage_in_stream};
+    auto write = [&](const std::string& event) {
+      return sink.is_writable() && sink.write(event.data(), event.size());
+    };
+    int text_offset = 0;
+    auto chunk = [&](bool ended) {
+      Chunk c{.text = a->Ready(ended), .text_offset = text_offset};
+      if (logprobs) c.logprobs = a->TakeLogprobs();
+      text_offset += Characters(c.text);
+      if (ended) {
+        c.finish_reason = a->finish();
+        c.stop_reason = a->stop_reason();
+      } else if (c.text.empty() && (!c.logprobs || c.logprobs->empty())) {
+        return sink.is_writable();
+      }
+      return write(ChunkEvent(endpoint, info, c));
+    };
+    bool gone = chat && !write(ChunkEvent(endpoint, info, {.first = true}));
+    absl::Status st = absl::OkStatus();
+    if (!gone) {
+      st = Drive(*s, *a, [&] { return chunk(false); });
+      gone = absl::IsCancelled(st);
+    }
+    if (!gone) gone = !chunk(true);
+    if (!gone && !st.ok()) gone = !write(ErrorEvent(FromStatus(st)));
+    if (!gone && info.include_usage) {
+      gone = !write(UsageEvent(endpoint, info,
+                               {.prompt_tokens = static_cast<int>(s->p->prompt.size()),
+                                .completion_tokens = a->tokens()}));
+    }
+    if (!gone) gone = !write(DoneEvent());
+    done(gone);
+    if (gone) return false;
+    sink.done();
+    return true;
+  });
+}
+
+absl::Status Router::Drive(Session& s, TextAssembler& a, const std::function<bool()>& progress) {
+  absl::Time last = s.first_token_time;
+  generation_tokens_->Increment();
+  bool stop = a.Add(s.prefilled.first());
+  FinishReason finish = FinishReason::kNone;
+  bool gone = false;
+  if (!progress()) {
+    gone = true;
+  } else if (!stop) {
+    rpc::GenerateResponse msg;
+    while (s.reader->Read(&msg)) {
+      const absl::Time now = absl::Now();
+      const int n = msg.tokens_size();
+      for (int i = 0; i < n && !stop; ++i) {
+        itl_->Observe(absl::ToDoubleSeconds(now - last) / n);
+        generation_tokens_->Increment();
+        stop = a.Add(msg.tokens(i));
+      }
+      if (n > 0) last = now;
+      if (!msg.finish_reason().empty()) finish = ParseFinish(msg.finish_reason());
+      if (stop || finish != FinishReason::kNone) break;
+      if (!progress()) {
+        gone = true;
+        break;
+      }
+    }
+  }
+  if (gone || stop || finish == FinishReason::kNone) s.ctx->TryCancel();
+  const grpc::Status st = s.reader->Finish();
+  if (gone) {
+    a.End(FinishReason::kAbort);
+    return absl::CancelledError("the client went away");
+  }
+  if (stop || finish != FinishReason::kNone) {
+    a.End(finish == FinishReason::kNone ? FinishReason::kStop : finish);
+    return absl::OkStatus();
+  }
+  a.End(FinishReason::kAbort);
+  return absl::UnavailableError(absl::StrFormat("the decode worker %s failed mid-generation: %s",
+                                                s.decode->address, st.error_message()));
+}
+
+void Router::HandleModels(const httplib::Request& req, httplib::Response& res) {
+  if (!Authorized(req, res)) return;
+  res.set_content(ModelsBody({options_.served_model_name}, created_), "application/json");
+}
+
+void Router::HandleHealth(const httplib::Request&, httplib::Response& res) {
+  const int prefill = registry_->Healthy("prefill"), decode = registry_->Healthy("decode");
+  nlohmann::json j = {{"status", prefill > 0 && decode > 0 ? "ok" : "unavailable"},
+                      {"prefill_workers_up", prefill},
+                      {"decode_workers_up", decode}};
+  res.status = prefill > 0 && decode > 0 ? 200 : 503;
+  res.set_content(j.dump(), "application/json");
+}
+
+void Router::HandleMetrics(const httplib::Request&, httplib::Response& res) {
+  workers_up_->Add({{"role", "prefill"}}).Set(registry_->Healthy("prefill"));
+  workers_up_->Add({{"role", "decode"}}).Set(registry_->Healthy("decode"));
+  res.set_content(prometheus::TextSerializer().Serialize(metrics_->Collect()),
+                  "text/plain; version=0.0.4; charset=utf-8");
+}
+
+void Router::HandleWorkers(const httplib::Request& req, httplib::Response& res) {
+  if (!Authorized(req, res)) return;
+  nlohmann::json workers = nlohmann::json::array();
+  for (const WorkerRegistry::View& v : registry_->Snapshot()) {
+    workers.push_back({{"name", v.stats.name().empty() ? v.address : v.stats.name()},
+                       {"address", v.address},
+                       {"role", v.role},
+                       {"state", v.up ? v.stats.state() : std::string("down")},
+                       {"running", v.stats.running()},
+                       {"waiting", v.stats.waiting()},
+                       {"kv_pages_used", v.stats.kv_pages_used()},
+                       {"kv_pages_free", v.stats.kv_pages_free()},
+                       {"kv_pages_reserved", v.stats.kv_pages_reserved()},
+                       {"queued_prompt_tokens", v.stats.queued_prompt_tokens()},
+                       {"kv_compression_ratio", v.stats.kv_compression_ratio()},
+                       {"error", v.last_error}});
+  }
+  res.set_content(
+      nlohmann::json{{"model", options_.served_model_name}, {"workers", workers}}.dump(),
+      "application/json");
+}
+
+}  // namespace sluice::router

@@ -1,0 +1,89 @@
+// The router's view of its workers: one gRPC channel each, health from Admin.Stats polled every
+// `poll` period, and placement.
+//
+// Placement policies (--placement):
+//   round_robin      prefill and decode workers in turn
+//   least_loaded     prefill: fewest queued prompt tokens and requests in flight;
+//                    decode: most free KV pages, then fewest running sequences
+//   prefix_affinity  prefill: the worker a hash of the prompt's first tokens picks among the
+//                    healthy ones (the same prefix goes to the same worker, whose caches and
+//                    codebooks are warm for it); decode as least_loaded
+// A worker that fails a call or a poll is down until a poll succeeds again.
+#ifndef SLUICE_ROUTER_WORKER_REGISTRY_H_
+#define SLUICE_ROUTER_WORKER_REGISTRY_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "grpcpp/channel.h"
+#include "proto/sluice.grpc.pb.h"
+
+namespace sluice::router {
+
+enum class Placement { kRoundRobin, kLeastLoaded, kPrefixAffinity };
+absl::StatusOr<Placement> ParsePlacement(const std::string& name);
+
+struct Worker {
+  std::string address;  // host:port
+  std::string role;     // "prefill" or "decode"
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<rpc::Admin::Stub> admin;
+  std::unique_ptr<rpc::Prefill::Stub> prefill;  // prefill workers
+  std::unique_ptr<rpc::Decode::Stub> decode;    // decode workers
+  std::atomic<int64_t> in_flight{0};
+
+  // Under the registry's mutex.
+  bool up = false;
+  rpc::StatsResponse stats;
+  std::string last_error;
+};
+
+class WorkerRegistry {
+ public:
+  // Starts polling; the first poll runs before the constructor returns.
+  WorkerRegistry(const std::vector<std::string>& prefill, const std::vector<std::string>& decode,
+                 Placement placement, absl::Duration poll);
+  ~WorkerRegistry();
+
+  // A healthy worker of `role` not in `exclude`, by the placement policy; null when none.
+  Worker* Pick(const std::string& role, absl::Span<const int32_t> prompt,
+               const std::set<Worker*>& exclude);
+  // A call to `w` failed in a way that says the worker is gone.
+  void MarkDown(Worker* w, const std::string& error);
+  // Counts of healthy workers by role.
+  int Healthy(const std::string& role);
+  struct View {
+    std::string address, role;
+    bool up = false;
+    rpc::StatsResponse stats;
+    std::string last_error;
+  };
+  std::vector<View> Snapshot();
+
+ private:
+  void PollOnce();
+  void PollLoop();
+
+  const Placement placement_;
+  const absl::Duration poll_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  uint64_t round_robin_[2] = {0, 0};
+  std::thread poller_;
+};
+
+}  // namespace sluice::router
+
+#endif  // SLUICE_ROUTER_WORKER_REGISTRY_H_
