@@ -13,6 +13,7 @@
 #include "common/process.h"
 #include "common/status_macros.h"
 #include "grpcpp/client_context.h"
+#include "kvstore/kv_preset.h"
 #include "model/llama.h"
 #include "model/sampler.h"
 #include "nlohmann/json.hpp"
@@ -97,6 +98,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(const RouterOptions& opti
   r->chat_ = std::make_unique<model::ChatTemplate>(std::move(chat));
   SLUICE_ASSIGN_OR_RETURN(model::LlamaConfig config, model::LlamaConfig::FromGguf(*r->gguf_));
   r->context_length_ = config.context_length;
+  r->head_dim_ = static_cast<int32_t>(config.head_dim);
   r->stop_tokens_ = {r->tokenizer_->eos_id()};
   const int32_t unk = r->tokenizer_->unk_id();
   if (unk >= 0 && r->tokenizer_->IsSpecial(unk) && unk != r->tokenizer_->eos_id()) {
@@ -247,6 +249,11 @@ absl::StatusOr<std::shared_ptr<Router::Prepared>> Router::Prepare(Endpoint endpo
                         "requested %d tokens (%d in the %s, %d in the completion).",
                         context_length_, prompt + max_tokens, prompt, field, max_tokens),
         "context_length_exceeded");
+  }
+  if (!a.kv_compression.empty()) {
+    if (absl::Status st = kvstore::FindKvPreset(a.kv_compression, head_dim_).status(); !st.ok()) {
+      return InvalidParamError("kv_compression", std::string(st.message()));
+    }
   }
   rpc::SamplingParams& s = p->sampling;
   s.set_temperature(a.temperature);

@@ -83,6 +83,7 @@ class Router {
   std::unique_ptr<model::Tokenizer> tokenizer_;
   std::unique_ptr<model::ChatTemplate> chat_;
   int64_t context_length_ = 0;
+  int32_t head_dim_ = 0;
   std::vector<int32_t> stop_tokens_;
   int64_t created_ = 0;
   std::unique_ptr<WorkerRegistry> registry_;

@@ -9,6 +9,7 @@ PACKAGES=(
   pkg-config
   python3
   python3-pip
+  python3-venv
   clang-format
   protobuf-compiler
   protobuf-compiler-grpc

@@ -1,0 +1,366 @@
+"""End to end: a real cluster (router, prefill and decode processes talking gRPC and UCX) on
+loopback ports, serving the bundled model, driven over HTTP as clients do.
+
+Needs SLUICE_MODEL (the GGUF). The OpenAI-client checks also need SLUICE_CLIENT_PYTHON, a
+python with the `openai` package (tests/setup_client_venv.sh, which `./sluice test` runs).
+"""
+
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+MODEL = os.environ.get("SLUICE_MODEL", "")
+# Long enough (~300 tokens) that every preset puts part of it in pages, not just in the
+# full-precision window.
+LONG_PROMPT = ("Rivers carry water from the mountains to the sea, shaping valleys and feeding "
+               "cities along the way. ") * 12 + "Write a long story about one of them."
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def binary(name):
+    # Runfiles: the test runs in the workspace's runfiles directory.
+    path = os.path.join(os.getcwd(), name, name)
+    if not os.path.exists(path):
+        raise FileNotFoundError(path)
+    return path
+
+
+class Cluster:
+    """One decode, one prefill and the router, on free ports; stopped with SIGTERM."""
+
+    def __init__(self, preset="sluice", kv_pages=4096):
+        self.logs = tempfile.mkdtemp(prefix="sluice-e2e-")
+        self.http = free_port()
+        self.decode_port, self.prefill_port = free_port(), free_port()
+        self.decode_metrics, self.prefill_metrics = free_port(), free_port()
+        common = ["--model=" + MODEL, "--threads=1", "--preset=" + preset]
+        self.procs = {}
+        self.start("decode", [binary("decode"), "--port=%d" % self.decode_port,
+                              "--metrics_port=%d" % self.decode_metrics,
+                              "--kv_pages=%d" % kv_pages, "--reservation_ttl=5"] + common)
+        self.start("prefill", [binary("prefill"), "--port=%d" % self.prefill_port,
+                               "--metrics_port=%d" % self.prefill_metrics] + common)
+        self.start("router", [binary("router"), "--model=" + MODEL, "--port=%d" % self.http,
+                              "--prefill=127.0.0.1:%d" % self.prefill_port,
+                              "--decode=127.0.0.1:%d" % self.decode_port])
+        self.url = "http://127.0.0.1:%d" % self.http
+        deadline = time.time() + 60
+        while True:
+            for name, p in self.procs.items():
+                if p.poll() is not None:
+                    raise RuntimeError("%s exited with %s:\n%s" % (name, p.returncode,
+                                                                    self.log(name)))
+            try:
+                status, body = get(self.url + "/health")
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError("the cluster did not become healthy:\n" + self.log("router"))
+            time.sleep(0.2)
+        _, models = get(self.url + "/v1/models")
+        self.model = json.loads(models)["data"][0]["id"]
+
+    def start(self, name, argv):
+        out = open(os.path.join(self.logs, name + ".log"), "w")
+        self.procs[name] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+
+    def log(self, name):
+        with open(os.path.join(self.logs, name + ".log")) as f:
+            return f.read()[-4000:]
+
+    def stop(self):
+        """SIGTERM to every process; returns their exit codes."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        codes = {}
+        for name, p in self.procs.items():
+            try:
+                codes[name] = p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes[name] = "killed"
+        return codes
+
+    def metric(self, port, name):
+        """Sum of a metric's samples on a worker's /metrics."""
+        _, text = get("http://127.0.0.1:%d/metrics" % port)
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+def get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def post(url, body, timeout=120):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def sse_events(text):
+    """The data payloads of an SSE body, in order."""
+    assert text.endswith("\n\n"), text[-200:]
+    events = []
+    for block in text.split("\n\n"):
+        if block:
+            assert block.startswith("data: "), block
+            events.append(block[len("data: "):])
+    return events
+
+
+class EndToEnd(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if not MODEL:
+            raise unittest.SkipTest("SLUICE_MODEL is not set (./sluice test sets it)")
+        cls.c = Cluster()
+
+    @classmethod
+    def tearDownClass(cls):
+        codes = cls.c.stop()
+        for name, code in codes.items():
+            assert code == 0, "%s stopped with %s:\n%s" % (name, code, cls.c.log(name))
+
+    def chat(self, content, **kw):
+        body = {"model": self.c.model, "messages": [{"role": "user", "content": content}],
+                "temperature": 0, "max_tokens": 24}
+        body.update(kw)
+        return post(self.c.url + "/v1/chat/completions", body)
+
+    def test_chat_answers_and_counts_usage(self):
+        status, body = self.chat("What is the capital of France?")
+        self.assertEqual(status, 200, body)
+        r = json.loads(body)
+        self.assertEqual(r["object"], "chat.completion")
+        msg = r["choices"][0]["message"]
+        self.assertEqual(msg["role"], "assistant")
+        self.assertIn("Paris", msg["content"])
+        self.assertIn(r["choices"][0]["finish_reason"], ("stop", "length"))
+        u = r["usage"]
+        self.assertGreater(u["prompt_tokens"], 10)
+        self.assertGreater(u["completion_tokens"], 0)
+        self.assertEqual(u["total_tokens"], u["prompt_tokens"] + u["completion_tokens"])
+
+    def test_streamed_chat_matches_the_whole_answer(self):
+        status, whole = self.chat("Name three rivers in Europe.", max_tokens=30)
+        self.assertEqual(status, 200, whole)
+        status, body = self.chat("Name three rivers in Europe.", max_tokens=30, stream=True,
+                                 stream_options={"include_usage": True})
+        self.assertEqual(status, 200, body)
+        events = sse_events(body)
+        self.assertEqual(events[-1], "[DONE]")
+        chunks = [json.loads(e) for e in events[:-1]]
+        self.assertEqual(chunks[0]["choices"][0]["delta"]["role"], "assistant")
+        text = "".join(c["choices"][0]["delta"].get("content", "")
+                       for c in chunks if c["choices"])
+        self.assertEqual(text, json.loads(whole)["choices"][0]["message"]["content"])
+        finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+        self.assertTrue(all(f is None for f in finishes[:-1]))
+        self.assertIn(finishes[-1], ("stop", "length"))
+        self.assertEqual(chunks[-1]["choices"], [])
+        self.assertEqual(chunks[-1]["usage"]["completion_tokens"],
+                         json.loads(whole)["usage"]["completion_tokens"])
+
+    def test_completions_with_logprobs_stop_and_stream(self):
+        body = {"model": self.c.model, "prompt": "The three primary colors are",
+                "max_tokens": 16, "temperature": 0, "logprobs": 2}
+        status, text = post(self.c.url + "/v1/completions", body)
+        self.assertEqual(status, 200, text)
+        r = json.loads(text)
+        self.assertEqual(r["object"], "text_completion")
+        choice = r["choices"][0]
+        lp = choice["logprobs"]
+        self.assertEqual(len(lp["tokens"]), r["usage"]["completion_tokens"])
+        self.assertEqual("".join(lp["tokens"]), choice["text"])
+        self.assertTrue(all(x <= 0 for x in lp["token_logprobs"]))
+        self.assertTrue(all(len(t) == 2 for t in lp["top_logprobs"]))
+        # A stop string cuts the text before it.
+        words = choice["text"].split()
+        self.assertGreater(len(words), 2, choice["text"])
+        stop = words[2]
+        status, text = post(self.c.url + "/v1/completions", dict(body, stop=[stop]))
+        self.assertEqual(status, 200, text)
+        cut = json.loads(text)["choices"][0]
+        self.assertEqual(cut["finish_reason"], "stop")
+        self.assertEqual(cut["text"], choice["text"][:choice["text"].index(stop)])
+        self.assertEqual(cut["stop_reason"], stop)
+        status, text = post(self.c.url + "/v1/completions", dict(body, stream=True))
+        self.assertEqual(status, 200, text)
+        events = sse_events(text)
+        self.assertEqual(events[-1], "[DONE]")
+        streamed = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
+        self.assertEqual(streamed, choice["text"])
+
+    def test_sixteen_concurrent_requests(self):
+        prompts = ["Tell me a fact about the number %d." % i for i in range(16)]
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(
+                lambda p: self.chat(p, max_tokens=16, stream=p.endswith("1.")), prompts))
+        for status, body in results:
+            self.assertEqual(status, 200, body)
+        # Every sequence's pages went back.
+        self.wait_for_no_pages()
+
+    def wait_for_no_pages(self):
+        deadline = time.time() + 10
+        while True:
+            used = self.c.metric(self.c.decode_metrics, "sluice_kv_pages_used")
+            reserved = self.c.metric(self.c.decode_metrics, "sluice_kv_pages_reserved")
+            if used == 0 and reserved == 0:
+                return
+            if time.time() > deadline:
+                self.fail("decode still holds %d pages (%d reserved)" % (used, reserved))
+            time.sleep(0.1)
+
+    def test_client_that_disconnects_mid_stream_leaves_no_pages(self):
+        body = json.dumps({"model": self.c.model, "stream": True, "max_tokens": 400,
+                           "temperature": 0.8, "seed": 5, "ignore_eos": True,
+                           "messages": [{"role": "user", "content": LONG_PROMPT}]})
+        s = socket.create_connection(("127.0.0.1", self.c.http))
+        s.sendall(("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                   "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                   % (len(body), body)).encode())
+        got = b""
+        while got.count(b"data: ") < 4:
+            got += s.recv(4096)
+        # Pages are held while it streams.
+        self.assertGreater(self.c.metric(self.c.decode_metrics, "sluice_kv_pages_used"), 0)
+        s.close()
+        self.wait_for_no_pages()
+        self.assertEqual(self.c.metric(self.c.prefill_metrics, "sluice_kv_transfer_failures_total"),
+                         0)
+
+    def test_bad_requests_get_openai_errors(self):
+        url = self.c.url + "/v1/chat/completions"
+        cases = [
+            (post(url, b"{not json"), 400, None),
+            (post(url, {"model": self.c.model, "messages": []}), 400, "messages"),
+            (post(url, {"model": "no-such-model",
+                        "messages": [{"role": "user", "content": "hi"}]}), 404, "model"),
+            (self.chat("hi", temperature="hot"), 400, "temperature"),
+            (self.chat("hi", n=2), 400, "n"),
+            (self.chat("word " * 9000), 400, "messages"),
+            (self.chat("hi", kv_compression="no-such-preset"), 400, "kv_compression"),
+            (post(url, b"x" * (9 << 20)), 413, None),
+        ]
+        for (status, body), want, param in cases:
+            self.assertEqual(status, want, body[:300])
+            err = json.loads(body)["error"]
+            self.assertTrue(err["message"])
+            if param:
+                self.assertEqual(err["param"], param, body[:300])
+
+    def test_requests_name_a_preset(self):
+        status, body = self.chat("What is the capital of France?", kv_compression="int8")
+        self.assertEqual(status, 200, body)
+        self.assertIn("Paris", json.loads(body)["choices"][0]["message"]["content"])
+
+    def test_metrics_are_prometheus_text(self):
+        self.chat(LONG_PROMPT, max_tokens=4)
+        status, text = get(self.c.url + "/metrics")
+        self.assertEqual(status, 200)
+        for name in ("sluice_requests_total", "sluice_time_to_first_token_seconds_bucket",
+                     "sluice_inter_token_latency_seconds_bucket",
+                     "sluice_e2e_request_latency_seconds_count", "sluice_prompt_tokens_total",
+                     "sluice_generation_tokens_total", "sluice_requests_running"):
+            self.assertRegex(text, r"(?m)^%s[{ ]" % re.escape(name))
+        self.assertGreater(self.c.metric(self.c.prefill_metrics, "sluice_kv_transfer_bytes_total"),
+                           0)
+        self.assertGreater(self.c.metric(self.c.decode_metrics, "sluice_kv_pages_free"), 0)
+        self.assertGreater(self.c.metric(self.c.decode_metrics, "sluice_kv_compression_ratio"),
+                           -1)
+
+    def test_openai_client(self):
+        py = os.environ.get("SLUICE_CLIENT_PYTHON")
+        if not py:
+            self.skipTest("SLUICE_CLIENT_PYTHON is not set (./sluice test sets it)")
+        script = """
+import sys, openai
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="none")
+m = sys.argv[2]
+r = c.chat.completions.create(model=m, messages=[{"role": "user", "content": "Say hi."}],
+                              max_tokens=8, temperature=0)
+assert r.choices[0].message.content, r
+parts = [ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+    model=m, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, temperature=0,
+    stream=True) if ch.choices]
+assert "".join(parts) == r.choices[0].message.content, (parts, r)
+t = c.completions.create(model=m, prompt="Once upon a time", max_tokens=8, temperature=0)
+assert t.choices[0].text and t.usage.completion_tokens > 0, t
+s = "".join(x.choices[0].text for x in c.completions.create(
+    model=m, prompt="Once upon a time", max_tokens=8, temperature=0, stream=True))
+assert s == t.choices[0].text, (s, t)
+assert [x.id for x in c.models.list().data] == [m]
+print("ok")
+"""
+        out = subprocess.run([py, "-c", script, self.c.url, self.c.model], capture_output=True,
+                             text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        self.assertIn("ok", out.stdout)
+
+
+def write_junit(result, path):
+    """Each case's outcome as JUnit XML, so the test summary counts cases, not the target."""
+    import xml.etree.ElementTree as ET
+    suite = ET.Element("testsuite", name="e2e")
+    outcomes = {}
+    for test, err in result.failures + result.errors:
+        outcomes[test.id()] = ("failure", err)
+    for test, reason in result.skipped:
+        outcomes[test.id()] = ("skipped", reason)
+    for test_id in result.ran:
+        case = ET.SubElement(suite, "testcase", name=test_id)
+        kind, text = outcomes.get(test_id, (None, None))
+        if kind:
+            ET.SubElement(case, kind, message=text.splitlines()[-1] if text else "").text = text
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.ElementTree(root).write(path)
+
+
+class RecordingResult(unittest.TextTestResult):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ran = []
+
+    def startTest(self, test):
+        super().startTest(test)
+        self.ran.append(test.id())
+
+
+if __name__ == "__main__":
+    runner = unittest.TextTestRunner(verbosity=2, resultclass=RecordingResult)
+    result = runner.run(unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__]))
+    if os.environ.get("XML_OUTPUT_FILE"):
+        write_junit(result, os.environ["XML_OUTPUT_FILE"])
+    sys.exit(0 if result.wasSuccessful() else 1)
