@@ -29,6 +29,7 @@ ABSL_FLAG(std::string, preset, "sluice", "KV compression preset for requests tha
 ABSL_FLAG(int64_t, kv_pages, 16384, "Pages of each preset's KV pool (16 KiB each).");
 ABSL_FLAG(int64_t, chunk_tokens, 512, "Prompt tokens per forward step (chunked prefill).");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
+ABSL_FLAG(int, max_presets, 4, "KV presets (each with its own page pool) kept at once.");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (UCX_TLS), e.g. \"shm,tcp\"; empty: UCX's.");
 
 namespace sluice {
@@ -57,7 +58,8 @@ absl::Status Run() {
   auto runtime = WorkerRuntime::Create({.model_path = path,
                                         .threads = absl::GetFlag(FLAGS_threads),
                                         .kv_pages = absl::GetFlag(FLAGS_kv_pages),
-                                        .default_preset = absl::GetFlag(FLAGS_preset)},
+                                        .default_preset = absl::GetFlag(FLAGS_preset),
+                                        .max_presets = absl::GetFlag(FLAGS_max_presets)},
                                        transport->get());
   if (!runtime.ok()) return runtime.status();
   auto registry = std::make_shared<prometheus::Registry>();
