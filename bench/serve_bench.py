@@ -1,0 +1,377 @@
+#!/usr/bin/env python3
+"""sluice bench serve: a sluice cluster and llama.cpp's server under the same load, same model,
+same cores, in one run.
+
+Two loads, each against both servers, one server at a time:
+  poisson   open loop: requests arrive as a Poisson process (--rate per second), prompts of
+            --prompt-min..--prompt-max tokens, --max-tokens generated each, streamed;
+  streams   --streams concurrent streams, each sending --stream-requests requests of
+            --stream-prompt tokens back to back.
+For each: generated tokens/s, requests/s, TTFT and inter-token latency p50/p99, end-to-end
+latency; for sluice also the KV pages it held at peak (and their FP16 equivalent) and the bytes
+its prefill workers streamed to decode. Prints a table and writes JSON (--out).
+
+usage: serve_bench.py --up PATH_TO_tools/up --llama-python VENV_PYTHON --model GGUF [--out F]
+"""
+import argparse
+import http.client
+import json
+import os
+import platform
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+# Words that are one token each (with their leading space) in SmolLM2's vocabulary, so a prompt
+# of n words is about n tokens; the servers' own counts are reported.
+WORDS = ("the river water city north south east west old new boat bridge town stone hill "
+         "road field tree house light rain wind sun moon star sea lake land fire ice gold "
+         "iron wood king queen man woman child friend story song book letter word name day "
+         "night year time life world people work home school door window table chair bed "
+         "food bread milk fish bird horse dog cat cow sheep wolf bear fox deer forest "
+         "mountain valley island coast shore port ship trade market money price market "
+         "river bank wall tower church castle garden farm mill wheat corn apple grape wine "
+         "salt sugar oil coal steel glass paper cloth wool silk cotton leather").split()
+
+
+def make_prompt(rng, n_words):
+    return "Here is a list of words: " + " ".join(rng.choice(WORDS) for _ in range(n_words)) + \
+        ". Now write a short story that uses some of them."
+
+
+def percentile(xs, p):
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = (len(xs) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+# Both servers generate exactly max_tokens: sluice ignores the end-of-sequence tokens
+# (ignore_eos, as in vLLM); llama-cpp-python has no such field, so a logit bias bans them
+# (<|endoftext|> 0, <|im_start|> 1, <|im_end|> 2 in SmolLM2's vocabulary).
+NO_EOS = {
+    "sluice": {"ignore_eos": True},
+    "llama.cpp": {"logit_bias": {"0": -100, "1": -100, "2": -100}},
+}
+
+
+def stream_request(host, port, model, prompt, max_tokens, extra):
+    """One streamed /v1/completions request; returns its timings and token counts."""
+    body = dict({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                 "stream": True, "stream_options": {"include_usage": True}}, **extra)
+    body = json.dumps(body)
+    t0 = time.time()
+    conn = http.client.HTTPConnection(host, port, timeout=1800)
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        return {"error": "%d %s" % (resp.status, resp.read()[:300])}
+    times, buf, usage = [], b"", None
+    while True:
+        try:
+            chunk = resp.read1(65536)
+        except http.client.IncompleteRead as e:
+            # Some servers close a chunked stream without its last empty chunk.
+            buf = (buf + e.partial).replace(b"\r\n", b"\n")
+            break
+        if not chunk:
+            break
+        # SSE lines may end in CRLF (sse-starlette) or LF.
+        buf = (buf + chunk).replace(b"\r\n", b"\n")
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            data = event.decode().strip()
+            if not data.startswith("data: "):
+                continue
+            data = data[len("data: "):]
+            if data == "[DONE]":
+                continue
+            j = json.loads(data)
+            if j.get("usage"):
+                usage = j["usage"]
+            if j.get("choices") and j["choices"][0].get("text"):
+                times.append(time.time())
+    for event in buf.split(b"\n\n"):
+        data = event.decode(errors="replace").strip()
+        if data.startswith("data: ") and data != "data: [DONE]":
+            try:
+                j = json.loads(data[len("data: "):])
+            except ValueError:
+                continue
+            if j.get("usage"):
+                usage = j["usage"]
+            if j.get("choices") and j["choices"][0].get("text"):
+                times.append(time.time())
+    conn.close()
+    end = time.time()
+    out = {"start": t0, "end": end, "tokens_seen": len(times)}
+    if times:
+        out["ttft"] = times[0] - t0
+        out["itl"] = [b - a for a, b in zip(times, times[1:])]
+    if usage:
+        out["prompt_tokens"] = usage.get("prompt_tokens")
+        out["completion_tokens"] = usage.get("completion_tokens")
+    return out
+
+
+class Sampler:
+    """Polls a few Prometheus metrics while a load runs and keeps their peaks and last values."""
+
+    def __init__(self, urls, names):
+        self.urls, self.names = urls, names
+        self.peak = {n: 0.0 for n in names}
+        self.last = {n: 0.0 for n in names}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def read(self):
+        values = {n: 0.0 for n in self.names}
+        for url in self.urls:
+            try:
+                text = urllib.request.urlopen(url, timeout=5).read().decode()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                for n in self.names:
+                    if line.startswith(n + " ") or line.startswith(n + "{"):
+                        values[n] += float(line.rsplit(" ", 1)[1])
+        return values
+
+    def run(self):
+        while not self.stop.is_set():
+            v = self.read()
+            for n in self.names:
+                self.peak[n] = max(self.peak[n], v[n])
+                self.last[n] = v[n]
+            self.stop.wait(0.5)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+        v = self.read()
+        for n in self.names:
+            self.last[n] = v[n]
+
+
+def run_load(host, port, model, schedule, max_tokens, extra):
+    """schedule: [(delay_from_start_s, prompt)]; every request in its own thread."""
+    results = [None] * len(schedule)
+    t0 = time.time()
+
+    def go(i, delay, prompt):
+        time.sleep(max(0.0, t0 + delay - time.time()))
+        results[i] = stream_request(host, port, model, prompt, max_tokens, extra)
+
+    threads = [threading.Thread(target=go, args=(i, d, p)) for i, (d, p) in enumerate(schedule)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def run_streams(host, port, model, streams, per_stream, prompts, max_tokens, extra):
+    results = []
+    lock = threading.Lock()
+
+    def go(s):
+        for r in range(per_stream):
+            out = stream_request(host, port, model, prompts[s * per_stream + r], max_tokens,
+                                 extra)
+            with lock:
+                results.append(out)
+
+    threads = [threading.Thread(target=go, args=(s,)) for s in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def summarize(results):
+    ok = [r for r in results if r and "error" not in r and "ttft" in r]
+    errors = [r["error"] for r in results if r and "error" in r]
+    if not ok:
+        return {"requests": len(results), "errors": len(errors), "first_error": errors[:1]}
+    start = min(r["start"] for r in ok)
+    end = max(r["end"] for r in ok)
+    gen = sum(r.get("completion_tokens") or r["tokens_seen"] for r in ok)
+    itl = [x for r in ok for x in r.get("itl", [])]
+    ttft = [r["ttft"] for r in ok]
+    e2e = [r["end"] - r["start"] for r in ok]
+    return {
+        "requests": len(results), "errors": len(errors), "first_error": errors[:1],
+        "duration_s": end - start,
+        "generated_tokens": gen,
+        "prompt_tokens": sum(r.get("prompt_tokens") or 0 for r in ok),
+        "tokens_per_s": gen / (end - start),
+        "requests_per_s": len(ok) / (end - start),
+        "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+        "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99),
+        "e2e_p50_s": percentile(e2e, 50), "e2e_p99_s": percentile(e2e, 99),
+    }
+
+
+def wait_http(url, proc, seconds=180):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("%s exited with %s" % (proc.args[0], proc.returncode))
+        try:
+            if urllib.request.urlopen(url, timeout=2).status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("%s did not answer %s" % (proc.args[0], url))
+
+
+def stop(proc):
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--up", required=True, help="the tools/up binary")
+    ap.add_argument("--llama-python", required=True, help="python with llama-cpp-python[server]")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--preset", default="sluice")
+    ap.add_argument("--rate", type=float, default=0.08, help="Poisson arrivals per second")
+    ap.add_argument("--requests", type=int, default=16, help="Poisson requests")
+    ap.add_argument("--prompt-min", type=int, default=512)
+    ap.add_argument("--prompt-max", type=int, default=4096)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--streams", type=int, default=16)
+    ap.add_argument("--stream-requests", type=int, default=1)
+    ap.add_argument("--stream-prompt", type=int, default=2048)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--systems", default="sluice,llama.cpp")
+    ap.add_argument("--loads", default="streams,poisson")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+
+    rng = random.Random(args.seed)
+    t, poisson = 0.0, []
+    for _ in range(args.requests):
+        poisson.append((t, make_prompt(rng, rng.randint(args.prompt_min, args.prompt_max))))
+        t += rng.expovariate(args.rate)
+    stream_prompts = [make_prompt(rng, args.stream_prompt)
+                      for _ in range(args.streams * args.stream_requests)]
+
+    report = {
+        "benchmark": "serve-cpu",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "device": "CPU (no GPU)"},
+        "model": os.path.basename(args.model),
+        "threads": args.threads,
+        "settings": {k: getattr(args, k) for k in ("preset", "rate", "requests", "prompt_min",
+                                                   "prompt_max", "max_tokens", "streams",
+                                                   "stream_requests", "stream_prompt", "seed")},
+        "results": {},
+    }
+    loads = args.loads.split(",")
+    for system in args.systems.split(","):
+        port = 18000 if system == "sluice" else 18100
+        if system == "sluice":
+            cmd = [args.up, "--model=" + args.model, "--port=%d" % port,
+                   "--threads=%d" % args.threads, "--preset=" + args.preset,
+                   "--prefill_port=18200", "--decode_port=18300", "--metrics_port=18400"]
+            metrics = {"decode": ["http://127.0.0.1:18501/metrics"],
+                       "prefill": ["http://127.0.0.1:18401/metrics"]}
+        else:
+            cmd = [args.llama_python, "-m", "llama_cpp.server", "--model", args.model,
+                   "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "8192",
+                   "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads),
+                   "--n_batch", "512"]
+            metrics = None
+        print("bench serve: starting %s" % system, file=sys.stderr)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_http("http://127.0.0.1:%d/%s" % (port, "health" if system == "sluice" else
+                                                   "v1/models"), proc)
+            model = json.loads(urllib.request.urlopen(
+                "http://127.0.0.1:%d/v1/models" % port).read())["data"][0]["id"]
+            out = {}
+            for load in loads:
+                print("bench serve: %s, %s load" % (system, load), file=sys.stderr)
+                sampler = None
+                if metrics:
+                    sampler = Sampler(metrics["decode"] + metrics["prefill"],
+                                      ["sluice_kv_pages_used", "sluice_kv_transfer_bytes_total",
+                                       "sluice_kv_compression_ratio"])
+                    before = sampler.read()
+                    sampler.__enter__()
+                if load == "poisson":
+                    res = run_load("127.0.0.1", port, model, poisson, args.max_tokens,
+                                   NO_EOS[system])
+                else:
+                    res = run_streams("127.0.0.1", port, model, args.streams,
+                                      args.stream_requests, stream_prompts, args.max_tokens,
+                                      NO_EOS[system])
+                s = summarize(res)
+                if sampler:
+                    sampler.__exit__()
+                    s["kv_pages_peak"] = sampler.peak["sluice_kv_pages_used"]
+                    s["kv_bytes_peak"] = sampler.peak["sluice_kv_pages_used"] * 16384
+                    s["kv_compression_ratio_peak"] = sampler.peak["sluice_kv_compression_ratio"]
+                    s["transfer_bytes"] = (sampler.last["sluice_kv_transfer_bytes_total"] -
+                                           before["sluice_kv_transfer_bytes_total"])
+                else:
+                    # llama.cpp keeps an FP16 K and V for all n_ctx positions of its one slot.
+                    s["kv_bytes_allocated"] = 8192 * 30 * 3 * 64 * 2 * 2
+                out[load] = s
+            report["results"][system] = out
+        finally:
+            stop(proc)
+
+    print("\n%-10s %-8s %8s %9s %9s %9s %9s %9s %12s %12s" % (
+        "system", "load", "tok/s", "req/s", "ttft p50", "ttft p99", "itl p50", "itl p99",
+        "kv peak MiB", "xfer MiB"))
+    for system, loads_out in report["results"].items():
+        for load, s in loads_out.items():
+            if "tokens_per_s" not in s:
+                print("%-10s %-8s failed: %s" % (system, load, s))
+                continue
+            print("%-10s %-8s %8.1f %9.3f %9.2f %9.2f %9.3f %9.3f %12s %12s" % (
+                system, load, s["tokens_per_s"], s["requests_per_s"], s["ttft_p50_s"],
+                s["ttft_p99_s"], s["itl_p50_s"] or 0, s["itl_p99_s"] or 0,
+                "%.1f" % (s["kv_bytes_peak"] / 2**20) if "kv_bytes_peak" in s else
+                "%.1f*" % (s["kv_bytes_allocated"] / 2**20),
+                "%.1f" % (s["transfer_bytes"] / 2**20) if "transfer_bytes" in s else "-"))
+    print("* llama.cpp: its FP16 KV for the full 8192-token context, allocated at start")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+        print("wrote " + args.out, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
