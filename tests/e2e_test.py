@@ -43,21 +43,30 @@ def binary(name):
 class Cluster:
     """One decode, one prefill and the router, on free ports; stopped with SIGTERM."""
 
-    def __init__(self, preset="sluice", kv_pages=4096):
+    def __init__(self, preset="sluice", kv_pages=4096, workers=1, placement="least_loaded"):
         self.logs = tempfile.mkdtemp(prefix="sluice-e2e-")
         self.http = free_port()
-        self.decode_port, self.prefill_port = free_port(), free_port()
-        self.decode_metrics, self.prefill_metrics = free_port(), free_port()
         common = ["--model=" + MODEL, "--threads=1", "--preset=" + preset]
         self.procs = {}
-        self.start("decode", [binary("decode"), "--port=%d" % self.decode_port,
-                              "--metrics_port=%d" % self.decode_metrics,
-                              "--kv_pages=%d" % kv_pages, "--reservation_ttl=5"] + common)
-        self.start("prefill", [binary("prefill"), "--port=%d" % self.prefill_port,
-                               "--metrics_port=%d" % self.prefill_metrics] + common)
+        prefill, decode = [], []
+        for i in range(workers):
+            port, metrics = free_port(), free_port()
+            decode.append("127.0.0.1:%d" % port)
+            self.start("decode-%d" % i, [binary("decode"), "--port=%d" % port,
+                                         "--metrics_port=%d" % metrics,
+                                         "--kv_pages=%d" % kv_pages, "--reservation_ttl=5"]
+                       + common)
+            if i == 0:
+                self.decode_metrics = metrics
+            port, metrics = free_port(), free_port()
+            prefill.append("127.0.0.1:%d" % port)
+            self.start("prefill-%d" % i, [binary("prefill"), "--port=%d" % port,
+                                          "--metrics_port=%d" % metrics] + common)
+            if i == 0:
+                self.prefill_metrics = metrics
         self.start("router", [binary("router"), "--model=" + MODEL, "--port=%d" % self.http,
-                              "--prefill=127.0.0.1:%d" % self.prefill_port,
-                              "--decode=127.0.0.1:%d" % self.decode_port])
+                              "--prefill=" + ",".join(prefill), "--decode=" + ",".join(decode),
+                              "--placement=" + placement])
         self.url = "http://127.0.0.1:%d" % self.http
         deadline = time.time() + 60
         while True:
@@ -327,6 +336,38 @@ print("ok")
                              text=True, timeout=120)
         self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
         self.assertIn("ok", out.stdout)
+
+
+class Failover(unittest.TestCase):
+    """Two workers of each role; one of each dies; requests still succeed."""
+
+    def test_requests_survive_a_dead_prefill_and_a_dead_decode_worker(self):
+        if not MODEL:
+            self.skipTest("SLUICE_MODEL is not set (./sluice test sets it)")
+        c = Cluster(workers=2, placement="round_robin")
+        try:
+            body = {"model": c.model, "messages": [{"role": "user", "content": LONG_PROMPT}],
+                    "max_tokens": 8, "temperature": 0}
+            status, first = post(c.url + "/v1/chat/completions", body)
+            self.assertEqual(status, 200, first)
+            for name in ("prefill-1", "decode-1"):
+                c.procs[name].kill()
+                c.procs[name].wait()
+            # Right away, before a health check can notice: the router retries elsewhere.
+            for _ in range(6):
+                status, text = post(c.url + "/v1/chat/completions", body)
+                self.assertEqual(status, 200, text)
+                self.assertEqual(json.loads(text)["choices"][0]["message"]["content"],
+                                 json.loads(first)["choices"][0]["message"]["content"])
+            _, metrics = get(c.url + "/metrics")
+            self.assertRegex(metrics, r'sluice_request_retries_total\{role="(prefill|decode)"\} [1-9]')
+            _, workers = get(c.url + "/v1/workers")
+            down = [w["name"] for w in json.loads(workers)["workers"] if w["state"] == "down"]
+            self.assertEqual(len(down), 2, workers)
+        finally:
+            codes = c.stop()
+        for name in ("router", "prefill-0", "decode-0"):
+            self.assertEqual(codes[name], 0, c.log(name))
 
 
 def write_junit(result, path):
