@@ -98,8 +98,8 @@ absl::StatusOr<int64_t> PagedKvCache::ImportSequence(int64_t seq, int64_t max_to
     return Bad(absl::StrFormat("version %d, this cache reads %d", st.version(), kStateVersion));
   }
   if (st.preset() != options_.preset.name) {
-    return Bad(absl::StrFormat("preset '%s', this cache runs '%s'", st.preset(),
-                               options_.preset.name));
+    return Bad(
+        absl::StrFormat("preset '%s', this cache runs '%s'", st.preset(), options_.preset.name));
   }
   if (st.layers() != options_.layers || st.kv_heads() != options_.kv_heads ||
       st.head_dim() != options_.head_dim || st.page_bytes() != pool_->page_bytes()) {
@@ -114,8 +114,8 @@ absl::StatusOr<int64_t> PagedKvCache::ImportSequence(int64_t seq, int64_t max_to
                                compressed, max_tokens));
   }
   if (st.sinks_evicted_to() < -1 || st.sinks_evicted_to() > length) {
-    return Bad(absl::StrFormat("sinks_evicted_to=%d outside [-1, %d]", st.sinks_evicted_to(),
-                               length));
+    return Bad(
+        absl::StrFormat("sinks_evicted_to=%d outside [-1, %d]", st.sinks_evicted_to(), length));
   }
   const size_t resid_bytes = (length - compressed) * row_ * sizeof(float);
   if (st.residual_k_size() != options_.layers || st.residual_v_size() != options_.layers) {
@@ -139,8 +139,8 @@ absl::StatusOr<int64_t> PagedKvCache::ImportSequence(int64_t seq, int64_t max_to
     const std::string where = absl::StrFormat("list %d (layer %d, kv-head %d)", i,
                                               i / options_.kv_heads, i % options_.kv_heads);
     if (list.tiers_size() != tiers_) {
-      return Bad(absl::StrFormat("%s has %d tiers, the preset %d", where, list.tiers_size(),
-                                 tiers_));
+      return Bad(
+          absl::StrFormat("%s has %d tiers, the preset %d", where, list.tiers_size(), tiers_));
     }
     for (int t = 0; t < tiers_; ++t) {
       const KvTierState& tier = list.tiers(t);
@@ -188,15 +188,15 @@ absl::StatusOr<int64_t> PagedKvCache::ImportSequence(int64_t seq, int64_t max_to
     const uint32_t crc = Crc32c(pool_->data(pages[i]), pool_->page_bytes());
     if (crc != st.page_crc32c(i)) {
       return absl::DataLossError(absl::StrFormat(
-          "KV sequence state: page %d (id %d) has CRC32C %08x, the sender's was %08x", i,
-          pages[i], crc, st.page_crc32c(i)));
+          "KV sequence state: page %d (id %d) has CRC32C %08x, the sender's was %08x", i, pages[i],
+          crc, st.page_crc32c(i)));
     }
   }
   // Huffman codebooks: adopted by a layer that has none, or equal to the layer's.
   const bool coded = options_.preset.high.huffman_bits > 0;
   if (coded && st.codebooks_size() != options_.layers) {
-    return Bad(absl::StrFormat("%d codebook layers, expected %d", st.codebooks_size(),
-                               options_.layers));
+    return Bad(
+        absl::StrFormat("%d codebook layers, expected %d", st.codebooks_size(), options_.layers));
   }
   std::vector<std::unique_ptr<KvCodebookPair>> adopted(options_.layers);
   for (int l = 0; coded && l < options_.layers; ++l) {

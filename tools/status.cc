@@ -27,8 +27,9 @@ int main(int argc, char** argv) {
   }
   auto res = client.Get("/v1/workers", headers);
   if (!res) {
-    std::cerr << absl::StrFormat("sluice status: no router at %s:%d (%s); is `./sluice up` running?\n",
-                                 host, port, httplib::to_string(res.error()));
+    std::cerr << absl::StrFormat(
+        "sluice status: no router at %s:%d (%s); is `./sluice up` running?\n", host, port,
+        httplib::to_string(res.error()));
     return 1;
   }
   if (res->status != 200) {

@@ -93,10 +93,9 @@ std::string Exited(std::vector<Child>& children) {
     int status = 0;
     if (c.pid > 0 && waitpid(c.pid, &status, WNOHANG) == c.pid) {
       c.pid = 0;
-      return WIFEXITED(status) ? absl::StrFormat("%s exited with status %d", c.name,
-                                                 WEXITSTATUS(status))
-                               : absl::StrFormat("%s was killed by signal %d", c.name,
-                                                 WTERMSIG(status));
+      return WIFEXITED(status)
+                 ? absl::StrFormat("%s exited with status %d", c.name, WEXITSTATUS(status))
+                 : absl::StrFormat("%s was killed by signal %d", c.name, WTERMSIG(status));
     }
   }
   return "";
@@ -137,10 +136,10 @@ int Run(const char* argv0) {
     const int mport = absl::GetFlag(FLAGS_metrics_port) + 101 + j;
     decode_addrs.push_back(absl::StrFormat("%s:%d", host, port));
     metrics.push_back(absl::StrFormat("http://%s:%d/metrics", host, mport));
-    std::vector<std::string> argv = {bin + "/decode/decode", absl::StrFormat("--name=decode-%d", j),
-                                     absl::StrFormat("--port=%d", port),
-                                     absl::StrFormat("--metrics_port=%d", mport),
-                                     absl::StrFormat("--kv_pages=%d", absl::GetFlag(FLAGS_kv_pages))};
+    std::vector<std::string> argv = {
+        bin + "/decode/decode", absl::StrFormat("--name=decode-%d", j),
+        absl::StrFormat("--port=%d", port), absl::StrFormat("--metrics_port=%d", mport),
+        absl::StrFormat("--kv_pages=%d", absl::GetFlag(FLAGS_kv_pages))};
     argv.insert(argv.end(), std::begin(common_flags), std::end(common_flags));
     ok = start(absl::StrFormat("decode-%d", j), argv);
   }
@@ -149,10 +148,9 @@ int Run(const char* argv0) {
     const int mport = absl::GetFlag(FLAGS_metrics_port) + 1 + i;
     prefill_addrs.push_back(absl::StrFormat("%s:%d", host, port));
     metrics.push_back(absl::StrFormat("http://%s:%d/metrics", host, mport));
-    std::vector<std::string> argv = {bin + "/prefill/prefill",
-                                     absl::StrFormat("--name=prefill-%d", i),
-                                     absl::StrFormat("--port=%d", port),
-                                     absl::StrFormat("--metrics_port=%d", mport)};
+    std::vector<std::string> argv = {
+        bin + "/prefill/prefill", absl::StrFormat("--name=prefill-%d", i),
+        absl::StrFormat("--port=%d", port), absl::StrFormat("--metrics_port=%d", mport)};
     argv.insert(argv.end(), std::begin(common_flags), std::end(common_flags));
     ok = start(absl::StrFormat("prefill-%d", i), argv);
   }
