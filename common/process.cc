@@ -3,6 +3,10 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <iostream>
+
+#include "absl/flags/parse.h"
+
 namespace sluice {
 namespace {
 
@@ -27,6 +31,23 @@ int WaitForShutdownSignal() {
   while (sigwait(&set, &sig) != 0) {
   }
   return sig;
+}
+
+void AwaitShutdown(const std::string& name) {
+  const int sig = WaitForShutdownSignal();
+  std::cerr << name << ": signal " << sig << ", stopping\n";
+}
+
+int ServerMain(int argc, char** argv, const char* program,
+               const std::function<absl::Status()>& run) {
+  BlockShutdownSignals();
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status st = run();
+  if (!st.ok()) {
+    std::cerr << program << ": " << st << "\n";
+    return 1;
+  }
+  return 0;
 }
 
 std::string ServedModelName(const std::string& path) {

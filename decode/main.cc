@@ -1,21 +1,17 @@
 // sluice-decode: the decode worker process. Serves the Decode and Admin gRPC services on
 // --port, receives KV pages over UCX into its page pools, and exports Prometheus metrics on
 // --metrics_port.
-#include <iostream>
 #include <memory>
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "common/admin_service.h"
-#include "common/metrics_server.h"
 #include "common/process.h"
 #include "common/worker_runtime.h"
+#include "common/worker_server.h"
 #include "decode/decode_service.h"
 #include "decode/decode_worker.h"
-#include "grpcpp/server.h"
-#include "grpcpp/server_builder.h"
 #include "model/model_path.h"
 #include "transport/transport.h"
 
@@ -58,43 +54,18 @@ absl::Status Run() {
       absl::GetFlag(FLAGS_name), "decode", ServedModelName(path), [&] { return worker.Stats(); },
       [&] { worker.Drain(); });
 
-  std::unique_ptr<MetricsServer> metrics;
-  if (absl::GetFlag(FLAGS_metrics_port) > 0) {
-    auto m = MetricsServer::Start(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port),
-                                  registry);
-    if (!m.ok()) return m.status();
-    metrics = *std::move(m);
-  }
-  const std::string address =
-      absl::StrFormat("%s:%d", absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_port));
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials());
-  builder.SetMaxReceiveMessageSize(256 << 20);
-  builder.SetMaxSendMessageSize(256 << 20);
-  builder.RegisterService(&decode_service);
-  builder.RegisterService(&admin);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server) return absl::UnavailableError("cannot serve gRPC on " + address);
-  std::cerr << absl::StrFormat("%s: decode worker serving %s on %s (UCX %s)\n",
-                               absl::GetFlag(FLAGS_name), ServedModelName(path), address,
-                               (*transport)->name());
-  const int sig = WaitForShutdownSignal();
-  std::cerr << absl::StrFormat("%s: signal %d, stopping\n", absl::GetFlag(FLAGS_name), sig);
-  worker.Drain();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  return absl::OkStatus();
+  return ServeWorker({.name = absl::GetFlag(FLAGS_name),
+                      .banner = absl::StrFormat("decode worker serving %s (UCX %s)",
+                                                ServedModelName(path), (*transport)->name()),
+                      .host = absl::GetFlag(FLAGS_host),
+                      .port = absl::GetFlag(FLAGS_port),
+                      .metrics_port = absl::GetFlag(FLAGS_metrics_port)},
+                     registry, {&decode_service, &admin}, [&] { worker.Drain(); });
 }
 
 }  // namespace
 }  // namespace sluice
 
 int main(int argc, char** argv) {
-  sluice::BlockShutdownSignals();
-  absl::ParseCommandLine(argc, argv);
-  const absl::Status st = sluice::Run();
-  if (!st.ok()) {
-    std::cerr << "sluice-decode: " << st << "\n";
-    return 1;
-  }
-  return 0;
+  return sluice::ServerMain(argc, argv, "sluice-decode", sluice::Run);
 }

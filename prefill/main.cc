@@ -1,20 +1,16 @@
 // sluice-prefill: the prefill worker process. Serves the Prefill and Admin gRPC services on
 // --port, writes KV pages over UCX into decode workers' pools, and exports Prometheus metrics
 // on --metrics_port.
-#include <iostream>
 #include <memory>
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "common/admin_service.h"
 #include "common/grpc_status.h"
-#include "common/metrics_server.h"
 #include "common/process.h"
 #include "common/worker_runtime.h"
-#include "grpcpp/server.h"
-#include "grpcpp/server_builder.h"
+#include "common/worker_server.h"
 #include "model/model_path.h"
 #include "prefill/prefill_worker.h"
 #include "proto/sluice.grpc.pb.h"
@@ -71,43 +67,18 @@ absl::Status Run() {
       absl::GetFlag(FLAGS_name), "prefill", ServedModelName(path), [&] { return worker.Stats(); },
       [&] { worker.Drain(); });
 
-  std::unique_ptr<MetricsServer> metrics;
-  if (absl::GetFlag(FLAGS_metrics_port) > 0) {
-    auto m = MetricsServer::Start(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port),
-                                  registry);
-    if (!m.ok()) return m.status();
-    metrics = *std::move(m);
-  }
-  const std::string address =
-      absl::StrFormat("%s:%d", absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_port));
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials());
-  builder.SetMaxReceiveMessageSize(256 << 20);
-  builder.SetMaxSendMessageSize(256 << 20);
-  builder.RegisterService(&service);
-  builder.RegisterService(&admin);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server) return absl::UnavailableError("cannot serve gRPC on " + address);
-  std::cerr << absl::StrFormat("%s: prefill worker serving %s on %s (UCX %s)\n",
-                               absl::GetFlag(FLAGS_name), ServedModelName(path), address,
-                               (*transport)->name());
-  const int sig = WaitForShutdownSignal();
-  std::cerr << absl::StrFormat("%s: signal %d, stopping\n", absl::GetFlag(FLAGS_name), sig);
-  worker.Drain();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  return absl::OkStatus();
+  return ServeWorker({.name = absl::GetFlag(FLAGS_name),
+                      .banner = absl::StrFormat("prefill worker serving %s (UCX %s)",
+                                                ServedModelName(path), (*transport)->name()),
+                      .host = absl::GetFlag(FLAGS_host),
+                      .port = absl::GetFlag(FLAGS_port),
+                      .metrics_port = absl::GetFlag(FLAGS_metrics_port)},
+                     registry, {&service, &admin}, [&] { worker.Drain(); });
 }
 
 }  // namespace
 }  // namespace sluice
 
 int main(int argc, char** argv) {
-  sluice::BlockShutdownSignals();
-  absl::ParseCommandLine(argc, argv);
-  const absl::Status st = sluice::Run();
-  if (!st.ok()) {
-    std::cerr << "sluice-prefill: " << st << "\n";
-    return 1;
-  }
-  return 0;
+  return sluice::ServerMain(argc, argv, "sluice-prefill", sluice::Run);
 }

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/process.h"
@@ -57,8 +56,7 @@ absl::Status Run() {
   }
   std::thread http([&] { server.listen_after_bind(); });
   std::cerr << absl::StrFormat("router: serving the OpenAI API on http://%s:%d\n", host, port);
-  const int sig = WaitForShutdownSignal();
-  std::cerr << absl::StrFormat("router: signal %d, stopping\n", sig);
+  AwaitShutdown("router");
   server.stop();
   http.join();
   return absl::OkStatus();
@@ -68,12 +66,5 @@ absl::Status Run() {
 }  // namespace sluice
 
 int main(int argc, char** argv) {
-  sluice::BlockShutdownSignals();
-  absl::ParseCommandLine(argc, argv);
-  const absl::Status st = sluice::Run();
-  if (!st.ok()) {
-    std::cerr << "sluice-router: " << st << "\n";
-    return 1;
-  }
-  return 0;
+  return sluice::ServerMain(argc, argv, "sluice-router", sluice::Run);
 }

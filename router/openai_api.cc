@@ -490,17 +490,8 @@ double WireFloat(float v) {
 }
 
 OJson FinishReasonJson(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kAbort:
-      return "abort";
-    case FinishReason::kNone:
-      break;
-  }
-  return nullptr;
+  if (reason == FinishReason::kNone) return nullptr;
+  return std::string(FinishReasonName(reason));
 }
 
 OJson NullIfEmpty(const std::string& s) { return s.empty() ? OJson(nullptr) : OJson(s); }
@@ -763,6 +754,20 @@ std::string NewRequestId(Endpoint endpoint) {
   thread_local absl::BitGen gen;
   return absl::StrFormat("%s%016x%016x", endpoint == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-",
                          absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
+}
+
+std::string_view FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+    case FinishReason::kNone:
+      break;
+  }
+  return "";
 }
 
 }  // namespace sluice::router

@@ -136,6 +136,9 @@ enum class FinishReason {
   kAbort,   // "abort" (vLLM): cancelled or failed on the server
 };
 
+// "stop", "length", "abort"; "" for kNone.
+std::string_view FinishReasonName(FinishReason reason);
+
 // One generated token's log probability, with its most likely alternatives.
 struct TokenLogprob {
   // The token's bytes; may be part of a UTF-8 character. Chat logprobs carry them exactly

@@ -37,20 +37,6 @@ bool WorkerGone(const grpc::Status& st) {
          st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
-const char* FinishName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kAbort:
-      return "abort";
-    case FinishReason::kNone:
-      break;
-  }
-  return "none";
-}
-
 const char* EndpointName(Endpoint e) {
   return e == Endpoint::kCompletions ? "completions" : "chat_completions";
 }
@@ -522,7 +508,7 @@ void Router::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
   auto done = [this, s, a, endpoint](bool client_gone) {
     running_->Decrement();
     e2e_->Observe(absl::ToDoubleSeconds(absl::Now() - s->p->arrived));
-    const char* reason = client_gone ? "abort" : FinishName(a->finish());
+    const std::string reason = client_gone ? "abort" : std::string(FinishReasonName(a->finish()));
     requests_->Add({{"endpoint", EndpointName(endpoint)}, {"finish_reason", reason}}).Increment();
   };
 

@@ -1,0 +1,41 @@
+#include "common/worker_server.h"
+
+#include <chrono>
+#include <iostream>
+
+#include "absl/strings/str_format.h"
+#include "common/metrics_server.h"
+#include "common/process.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+
+namespace sluice {
+
+absl::Status ServeWorker(const WorkerServeOptions& options,
+                         std::shared_ptr<prometheus::Registry> registry,
+                         const std::vector<grpc::Service*>& services,
+                         const std::function<void()>& drain) {
+  std::unique_ptr<MetricsServer> metrics;
+  if (options.metrics_port > 0) {
+    auto m = MetricsServer::Start(options.host, options.metrics_port, std::move(registry));
+    if (!m.ok()) return m.status();
+    metrics = *std::move(m);
+  }
+  const std::string address = absl::StrFormat("%s:%d", options.host, options.port);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials());
+  // A sequence's KV state (its full-precision window included) travels in one message.
+  builder.SetMaxReceiveMessageSize(256 << 20);
+  builder.SetMaxSendMessageSize(256 << 20);
+  for (grpc::Service* s : services) builder.RegisterService(s);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server) return absl::UnavailableError("cannot serve gRPC on " + address);
+  std::cerr << absl::StrFormat("%s: %s on %s\n", options.name, options.banner, address);
+  AwaitShutdown(options.name);
+  drain();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return absl::OkStatus();
+}
+
+}  // namespace sluice
