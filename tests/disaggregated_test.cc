@@ -50,7 +50,7 @@ class Disaggregated : public testing::Test {
                                                         prefill::PrefillWorkerOptions{});
     decode_ = std::make_unique<decode::DecodeWorker>(
         *decode_rt_, registry_,
-        decode::DecodeWorkerOptions{.reservation_ttl = absl::Milliseconds(800)});
+        decode::DecodeWorkerOptions{.reservation_ttl = absl::Seconds(60)});
     auto gguf = model::GgufFile::Open(path_);
     ASSERT_TRUE(gguf.ok());
     auto vocab = model::VocabFromGguf(**gguf);
@@ -195,13 +195,17 @@ TEST_F(Disaggregated, SplitGenerationGivesTheSameTokensAsOneProcess) {
 }
 
 TEST_F(Disaggregated, ReservationsExpireAndTheirPagesReturn) {
+  decode_.reset();
+  decode_ = std::make_unique<decode::DecodeWorker>(
+      *decode_rt_, registry_,
+      decode::DecodeWorkerOptions{.name = "decode-1", .reservation_ttl = absl::Milliseconds(300)});
   rpc::ReserveRequest reserve;
   reserve.set_prompt_tokens(500);
   reserve.set_max_tokens(10);
   auto r = decode_->Reserve(reserve);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_GT(r->page_ids_size(), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
   ExpectNothingHeld();
   rpc::GenerateRequest gen;
   gen.set_reservation_id(r->reservation_id());
