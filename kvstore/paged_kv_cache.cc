@@ -268,7 +268,9 @@ absl::Status PagedKvCache::Commit(int64_t seq, int64_t n) {
   SLUICE_ASSIGN_OR_RETURN(Seq * s, Find(seq));
   const int64_t resid = s->length - s->compressed;
   for (int l = 0; l < options_.layers; ++l) {
-    if (static_cast<int64_t>(s->k[l].size()) / row_ < resid + n) {
+    // Rows a streamed layer already moved to pages are written too.
+    const int64_t early = s->early.empty() ? 0 : std::max<int64_t>(0, s->early[l]);
+    if (static_cast<int64_t>(s->k[l].size()) / row_ + early < resid + n) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "sequence %d: committing %d tokens that layer %d did not write", seq, n, l));
     }
@@ -278,10 +280,66 @@ absl::Status PagedKvCache::Commit(int64_t seq, int64_t n) {
   return ApplyPolicy(seq, *s);
 }
 
-absl::Status PagedKvCache::Flush(Seq& s, int64_t committed) {
+int64_t PagedKvCache::FlushCount(const Seq& s, int64_t length) const {
   const int64_t group = layout_.token_group;
-  const int64_t movable = s.length - s.compressed - options_.preset.residual;
-  const int64_t flush = movable / group * group;
+  const int64_t movable = length - s.compressed - options_.preset.residual;
+  return movable > 0 ? movable / group * group : 0;
+}
+
+absl::Status PagedKvCache::StreamLayers(int64_t seq, LayerListener listener) {
+  SLUICE_ASSIGN_OR_RETURN(Seq * s, Find(seq));
+  if (options_.preset.policy.kind != KvPolicyKind::kNone || tiers_ != 1 ||
+      options_.preset.high.huffman_bits > 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "preset %s changes or codes its pages after a commit; its KV cannot stream by layer",
+        options_.preset.name));
+  }
+  s->listener = std::move(listener);
+  s->early.assign(options_.layers, -1);
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::LayerDone(int64_t seq, int layer, int64_t n) {
+  SLUICE_ASSIGN_OR_RETURN(Seq * s, Find(seq));
+  if (s->early.empty()) return absl::OkStatus();
+  if (layer < 0 || layer >= options_.layers || s->early[layer] >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sequence %d: layer %d is not a layer left to stream", seq, layer));
+  }
+  const int64_t flush = FlushCount(*s, s->length + n);
+  if (flush > 0) {
+    SLUICE_RETURN_IF_ERROR(FlushFixed(*s, flush, nullptr, layer));
+    s->k[layer].erase(s->k[layer].begin(), s->k[layer].begin() + flush * row_);
+    s->v[layer].erase(s->v[layer].begin(), s->v[layer].begin() + flush * row_);
+  }
+  s->early[layer] = flush;
+  if (s->listener) {
+    std::vector<PageId> pages;
+    for (int64_t h = 0; h < options_.kv_heads; ++h) {
+      const HeadPages& hp = s->heads[layer * options_.kv_heads + h];
+      for (int32_t i = 0; i < hp.count(0); ++i) pages.push_back(hp.page(0, i));
+    }
+    s->listener(layer, std::move(pages));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::Flush(Seq& s, int64_t committed) {
+  const int64_t flush = FlushCount(s, s.length);
+  if (!s.early.empty()) {
+    // Streamed: every layer moved its tokens to pages when it was done.
+    std::vector<int64_t> early = std::move(s.early);
+    s.early.clear();
+    s.listener = nullptr;
+    for (int l = 0; l < options_.layers; ++l) {
+      if (early[l] != flush) {
+        return absl::InternalError(absl::StrFormat(
+            "layer %d streamed %d tokens to pages, the commit moves %d", l, early[l], flush));
+      }
+    }
+    s.compressed += flush;
+    return absl::OkStatus();
+  }
   if (flush <= 0) return absl::OkStatus();
   TierChoice choice;
   if (options_.preset.high.huffman_bits > 0) {
@@ -308,15 +366,18 @@ absl::Status PagedKvCache::Flush(Seq& s, int64_t committed) {
   return absl::OkStatus();
 }
 
-absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush, const TierChoice* choice) {
+absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush, const TierChoice* choice,
+                                      int only_layer) {
   const int64_t d = options_.head_dim, group = layout_.token_group;
   const int64_t lists = static_cast<int64_t>(s.heads.size());
+  const int64_t first = only_layer >= 0 ? only_layer * options_.kv_heads : 0;
+  const int64_t last = only_layer >= 0 ? first + options_.kv_heads : lists;
   // The rows each (layer, head) writes to each tier. Tokens evicted while still in the
   // full-precision window (a prompt-phase policy) are dropped here and never take a slot; with
   // K grouped over several tokens, the last group is padded with copies of its last row in
   // dead slots.
   std::vector<std::vector<int64_t>> rows(lists * 2);
-  for (int64_t i = 0; i < lists; ++i) {
+  for (int64_t i = first; i < last; ++i) {
     const std::vector<int64_t>& pending = s.heads[i].pending;
     auto next_evicted = std::lower_bound(pending.begin(), pending.end(), s.compressed);
     for (int64_t t = 0; t < flush; ++t) {

@@ -16,6 +16,7 @@
 #define SLUICE_KVSTORE_PAGED_KV_CACHE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -120,6 +121,16 @@ class PagedKvCache final : public model::KvCache {
   absl::StatusOr<int64_t> ImportSequence(int64_t seq, int64_t max_tokens, std::string_view state,
                                          absl::Span<const PageId> pages);
 
+  // Streaming a prompt's KV layer by layer (a prefill worker's last chunk): during the next
+  // forward pass of `seq`, each layer's tokens go into pages as soon as the layer is done
+  // (LayerDone) instead of at the commit, and `listener` gets that layer's pages, in the order
+  // ExportSequence lists them, while the next layer computes. The pass's Commit ends it. Only
+  // for presets whose pages never change after a commit (no eviction policy, one tier,
+  // fixed-width codes): FailedPrecondition for the others, which export after the commit.
+  using LayerListener = std::function<void(int layer, std::vector<PageId> pages)>;
+  absl::Status StreamLayers(int64_t seq, LayerListener listener);
+  absl::Status LayerDone(int64_t seq, int layer, int64_t n) override;
+
   KvCacheStats Stats() const;
   // The live paged tokens of one (sequence, layer, kv-head): position and tier (0 high, 1 low),
   // tier by tier in slot order. NotFound / InvalidArgument for an unknown sequence or list.
@@ -178,6 +189,10 @@ class PagedKvCache final : public model::KvCache {
     std::vector<std::vector<float>> k, v;
     std::vector<HeadPages> heads;   // [layers * kv_heads]
     int64_t sinks_evicted_to = -1;  // sinks policy: positions before this are evicted (or sinks)
+    // StreamLayers: the listener, and per layer the tokens it compressed ahead of the commit
+    // (-1: not yet).
+    LayerListener listener;
+    std::vector<int64_t> early;
   };
 
   PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLayout high,
@@ -193,7 +208,10 @@ class PagedKvCache final : public model::KvCache {
   using TierChoice = std::vector<std::vector<int8_t>>;
   // Fixed-width formats: quantizes the first `flush` window tokens of every list into the
   // tier `choice` gives them (high without one), dropping those evicted while in the window.
-  absl::Status FlushFixed(Seq& s, int64_t flush, const TierChoice* choice);
+  // `only_layer` >= 0: that layer's lists only (StreamLayers).
+  absl::Status FlushFixed(Seq& s, int64_t flush, const TierChoice* choice, int only_layer = -1);
+  // The window tokens the next Flush moves to pages when the sequence has `length` tokens.
+  int64_t FlushCount(const Seq& s, int64_t length) const;
   // Quantizes n rows (row r at k + r * stride) into tier t of `hp` after its written slots,
   // taking fresh pages from `fresh` (advancing *next) when the last one is full.
   absl::Status WriteRows(HeadPages& hp, int t, const float* k, const float* v, int64_t stride,

@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kvstore/kv_sequence_state.pb.h"
 #include "kvstore/paged_kv_cache.h"
 
 namespace sluice::kvstore {
@@ -38,8 +39,8 @@ std::unique_ptr<PagedKvCache> MakeCache(kernels::Backend& backend, std::string_v
   return std::move(*c);
 }
 
-// n tokens of random K/V into every layer, attention in every layer, commit; returns the
-// attention outputs of all layers.
+// n tokens of random K/V into every layer, attention in every layer, commit, as the model's
+// forward pass does; returns the attention outputs of all layers.
 std::vector<float> Step(PagedKvCache& cache, int64_t seq, int64_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<float> outs;
@@ -50,6 +51,7 @@ std::vector<float> Step(PagedKvCache& cache, int64_t seq, int64_t n, uint64_t se
     EXPECT_TRUE(cache.Write(seq, l, k.data(), v.data(), n).ok());
     const absl::Status st = cache.Attend(seq, l, q.data(), n, out.data());
     EXPECT_TRUE(st.ok()) << st;
+    EXPECT_TRUE(cache.LayerDone(seq, l, n).ok());  // as LlamaModel::Forward says
     outs.insert(outs.end(), out.begin(), out.end());
   }
   const absl::Status st = cache.Commit(seq, n);
@@ -141,6 +143,62 @@ INSTANTIATE_TEST_SUITE_P(Presets, TransferTest,
                            }
                            return name;
                          });
+
+class StreamTest : public testing::TestWithParam<std::string> {};
+
+TEST_P(StreamTest, LayerByLayerGivesTheSameStateAndPagesAsTheCommit) {
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  kernels::Backend& backend = **cpu;
+  auto a = MakeCache(backend, GetParam());
+  auto b = MakeCache(backend, GetParam());
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  for (PagedKvCache* c : {a.get(), b.get()}) {
+    ASSERT_TRUE(c->AddSequence(1, 400).ok());
+    Step(*c, 1, 200, seed);  // an earlier chunk, committed as usual
+  }
+  std::vector<std::pair<int, std::vector<PageId>>> streamed;
+  ASSERT_TRUE(b->StreamLayers(1, [&](int layer, std::vector<PageId> pages) {
+                 streamed.emplace_back(layer, std::move(pages));
+               }).ok());
+  EXPECT_EQ(Step(*b, 1, 100, seed + 1), Step(*a, 1, 100, seed + 1));  // the last chunk
+  ASSERT_EQ(streamed.size(), static_cast<size_t>(kLayers));
+  std::vector<PageId> in_order;
+  for (int l = 0; l < kLayers; ++l) {
+    EXPECT_EQ(streamed[l].first, l);
+    in_order.insert(in_order.end(), streamed[l].second.begin(), streamed[l].second.end());
+  }
+  auto ea = a->ExportSequence(1);
+  auto eb = b->ExportSequence(1);
+  ASSERT_TRUE(ea.ok() && eb.ok());
+  EXPECT_EQ(eb->pages, in_order);
+  // The same state but for the page checksums: bytes past a page's written slots are whatever
+  // its last use left there.
+  KvSequenceState sa, sb;
+  ASSERT_TRUE(sa.ParseFromString(ea->state) && sb.ParseFromString(eb->state));
+  EXPECT_EQ(sa.page_crc32c_size(), sb.page_crc32c_size());
+  sa.clear_page_crc32c();
+  sb.clear_page_crc32c();
+  EXPECT_TRUE(sa.SerializeAsString() == sb.SerializeAsString());
+  for (int t = 0; t < 10; ++t)
+    EXPECT_EQ(Step(*a, 1, 1, seed + 2 + t), Step(*b, 1, 1, seed + 2 + t));
+  // The next pass commits as usual.
+  EXPECT_EQ(a->Stats().pages.bytes(), b->Stats().pages.bytes());
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, StreamTest,
+                         testing::Values("fp16", "int8", "kivi4", "kivi2", "sluice"));
+
+TEST(Stream, PresetsThatChangePagesAfterACommitDoNotStream) {
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  for (const char* preset : {"h2o", "snapkv", "kvcomp", "leankv-k8v4", "sinks"}) {
+    auto c = MakeCache(**cpu, preset);
+    ASSERT_TRUE(c->AddSequence(1, 10).ok());
+    EXPECT_EQ(c->StreamLayers(1, nullptr).code(), absl::StatusCode::kFailedPrecondition) << preset;
+  }
+}
 
 struct Exported {
   std::unique_ptr<PagedKvCache> a, b;

@@ -32,6 +32,10 @@ class KvCache {
   virtual absl::Status Attend(int64_t seq, int layer, const float* q, int64_t n, float* out) = 0;
   // Makes `n` written tokens part of the sequence.
   virtual absl::Status Commit(int64_t seq, int64_t n) = 0;
+  // Says that every sequence of the pass has attended in `layer`: its `n` new tokens' K and V
+  // in that layer are final. Caches that stream a prompt's KV layer by layer act on it; the
+  // default does nothing.
+  virtual absl::Status LayerDone(int64_t seq, int layer, int64_t n) { return absl::OkStatus(); }
 };
 
 }  // namespace sluice::model

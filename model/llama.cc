@@ -202,6 +202,9 @@ absl::Status LlamaModel::Forward(absl::Span<const ForwardEntry> batch, KvCache& 
       SLUICE_RETURN_IF_ERROR(
           cache.Attend(batch[e].seq, li, q.data() + row * q_dim, n, attn.data() + row * q_dim));
     }
+    for (const ForwardEntry& e : batch) {
+      SLUICE_RETURN_IF_ERROR(cache.LayerDone(e.seq, li, static_cast<int64_t>(e.tokens.size())));
+    }
     SLUICE_RETURN_IF_ERROR(Matmul(attn.data(), l.o, proj.data(), m, c.hidden, q_dim));
     add(proj);
     SLUICE_RETURN_IF_ERROR(backend_.RmsNorm({.x = x.data(),

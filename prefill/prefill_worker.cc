@@ -56,6 +56,11 @@ PrefillWorker::PrefillWorker(WorkerRuntime& runtime, transport::Transport& trans
                              .Help("KV transfers that failed (peer gone, timeout, bad target).")
                              .Register(registry)
                              .Add({})),
+      streamed_pages_(prometheus::BuildCounter()
+                          .Name("sluice_kv_transfer_streamed_pages_total")
+                          .Help("KV pages sent while the prompt's later layers still computed.")
+                          .Register(registry)
+                          .Add({})),
       transfer_seconds_(prometheus::BuildHistogram()
                             .Name("sluice_kv_transfer_seconds")
                             .Help("Time to put one sequence's pages and flush them.")
@@ -123,7 +128,7 @@ absl::StatusOr<rpc::PrefillResponse> PrefillWorker::Prefill(const rpc::PrefillRe
     return absl::InvalidArgumentError("the request reserves no pages for the KV");
   }
   SLUICE_RETURN_IF_ERROR(ToSampling(request.sampling()).Validate());
-  auto job = std::make_unique<Job>();
+  auto job = std::make_shared<Job>();
   job->request = request;
   job->start = absl::Now();
   std::future<absl::StatusOr<rpc::PrefillResponse>> result = job->done.get_future();
@@ -156,10 +161,11 @@ void PrefillWorker::Loop() {
     UpdateGauges();
   }
   while (!queue_.empty()) {
-    std::unique_ptr<Job> job = std::move(queue_.front());
+    JobPtr job = std::move(queue_.front());
     queue_.pop_front();
     Fail(std::move(job), absl::UnavailableError(options_.name + " stopped"));
   }
+  // Failures handed to the sender come back as tasks.
   {
     std::lock_guard<std::mutex> lock(send_mu_);
     send_stop_ = true;
@@ -175,22 +181,36 @@ void PrefillWorker::Loop() {
   for (auto& task : tasks) task();
 }
 
-void PrefillWorker::Fail(std::unique_ptr<Job> job, absl::Status error) {
+void PrefillWorker::Fail(JobPtr job, absl::Status error) {
+  if (job->streamed > 0) {
+    // The sender may still be reading the job's pages: it hands the job back when it is done.
+    Enqueue({.job = std::move(job), .last = true, .error = std::move(error)});
+    return;
+  }
   if (job->cache != nullptr) job->cache->cache->RemoveSequence(job->seq).IgnoreError();
   job->done.set_value(std::move(error));
+}
+
+void PrefillWorker::Enqueue(Send send) {
+  if (send.last) ++sending_;
+  {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    sends_.push_back(std::move(send));
+  }
+  send_cv_.notify_all();
 }
 
 void PrefillWorker::Step() {
   // Jobs join the step in arrival order while the chunk budget lasts; a step runs one cache
   // (preset), the head job's.
   WorkerRuntime::Cache* cache = nullptr;
-  std::vector<Job*> jobs;
+  std::vector<JobPtr> jobs;
   std::vector<int64_t> counts;
   std::vector<model::ForwardEntry> entries;
   int64_t budget = options_.chunk_tokens;
-  std::deque<std::unique_ptr<Job>> keep;
+  std::deque<JobPtr> keep;
   while (!queue_.empty()) {
-    std::unique_ptr<Job> job = std::move(queue_.front());
+    JobPtr job = std::move(queue_.front());
     queue_.pop_front();
     if (job->cache == nullptr) {
       auto c = rt_.CacheFor(job->request.compression().preset());
@@ -222,7 +242,23 @@ void PrefillWorker::Step() {
     entries.push_back({job->seq, absl::MakeConstSpan(job->request.prompt().data() + job->next,
                                                      static_cast<size_t>(n))});
     counts.push_back(n);
-    jobs.push_back(job.get());
+    if (job->next + n == job->request.prompt_size()) {
+      // The last chunk: each layer's pages leave as soon as the layer is done, where the
+      // preset allows it.
+      Job* raw = job.get();
+      const absl::Status streaming = cache->cache->StreamLayers(
+          job->seq,
+          [this, raw, weak = std::weak_ptr<Job>(job)](int, std::vector<kvstore::PageId> pages) {
+            if (pages.size() <= static_cast<size_t>(raw->streamed)) return;
+            Send send{.job = weak.lock(), .first = raw->streamed};
+            send.pages.assign(pages.begin() + raw->streamed, pages.end());
+            raw->streamed += static_cast<int64_t>(send.pages.size());
+            streamed_pages_.Increment(static_cast<double>(send.pages.size()));
+            Enqueue(std::move(send));
+          });
+      (void)streaming;  // FailedPrecondition: this preset sends once the prompt is done
+    }
+    jobs.push_back(job);
     keep.push_back(std::move(job));
   }
   queue_.swap(keep);
@@ -235,26 +271,23 @@ void PrefillWorker::Step() {
   const absl::Duration took = absl::Now() - t0;
   // Finished (or failed) jobs leave the queue.
   for (size_t i = 0; i < jobs.size(); ++i) {
-    Job* job = jobs[i];
+    const JobPtr& job = jobs[i];
     job->next += counts[i];
     job->compute += took;
     prompt_tokens_.Increment(static_cast<double>(counts[i]));
     const bool finished = job->next == job->request.prompt_size();
     if (!st.ok() || finished) {
-      auto it = std::find_if(queue_.begin(), queue_.end(),
-                             [&](const std::unique_ptr<Job>& j) { return j.get() == job; });
-      std::unique_ptr<Job> owned = std::move(*it);
-      queue_.erase(it);
+      queue_.erase(std::find(queue_.begin(), queue_.end(), job));
       if (!st.ok()) {
-        Fail(std::move(owned), st);
+        Fail(job, st);
       } else {
-        Complete(std::move(owned), absl::MakeConstSpan(logits.data() + i * vocab, vocab));
+        Complete(job, absl::MakeConstSpan(logits.data() + i * vocab, vocab));
       }
     }
   }
 }
 
-void PrefillWorker::Complete(std::unique_ptr<Job> job, absl::Span<const float> logits) {
+void PrefillWorker::Complete(JobPtr job, absl::Span<const float> logits) {
   const rpc::PrefillRequest& req = job->request;
   model::Sampler sampler(ToSampling(req.sampling()));
   const std::vector<int32_t> prompt(req.prompt().begin(), req.prompt().end());
@@ -284,12 +317,10 @@ void PrefillWorker::Complete(std::unique_ptr<Job> job, absl::Span<const float> l
   out.set_kv_bytes(static_cast<int64_t>(exported->pages.size()) * page_bytes +
                    static_cast<int64_t>(exported->state.size()));
   out.set_kv_fp16_bytes(req.prompt_size() * c.layers * c.kv_heads * c.head_dim * 2 * 2);
-  ++sending_;
-  {
-    std::lock_guard<std::mutex> lock(send_mu_);
-    sends_.push_back({std::move(job), *std::move(exported)});
-  }
-  send_cv_.notify_all();
+  // What the layers did not stream yet, then the flush.
+  Send send{.job = job, .first = job->streamed, .last = true, .state = std::move(exported->state)};
+  send.pages.assign(exported->pages.begin() + job->streamed, exported->pages.end());
+  Enqueue(std::move(send));
 }
 
 void PrefillWorker::SendLoop() {
@@ -302,66 +333,74 @@ void PrefillWorker::SendLoop() {
       send = std::move(sends_.front());
       sends_.pop_front();
     }
-    absl::Status st = SendPages(send);
-    if (!st.ok()) transfer_failures_.Increment();
+    if (send.job == nullptr) continue;  // a layer of a job that is gone
+    Job& job = *send.job;
+    if (!send.error.ok() && job.send_error.ok()) job.send_error = send.error;
+    if (job.send_error.ok()) {
+      job.send_error = SendPages(send);
+      if (!job.send_error.ok() && send.error.ok()) transfer_failures_.Increment();
+    }
+    if (!send.last) continue;
     // The scheduler owns the cache: it frees the pages and answers.
-    auto job = std::make_shared<std::unique_ptr<Job>>(std::move(send.job));
-    auto state = std::make_shared<std::string>(std::move(send.exported.state));
-    Post([this, job, state, st]() mutable {
+    Post([this, send = std::move(send)]() mutable {
       --sending_;
-      Job& j = **job;
+      Job& j = *send.job;
       j.cache->cache->RemoveSequence(j.seq).IgnoreError();
       j.cache = nullptr;
-      if (!st.ok()) {
-        j.done.set_value(st);
+      if (!j.send_error.ok()) {
+        j.done.set_value(j.send_error);
         return;
       }
-      j.response.set_kv_state(std::move(*state));
+      j.response.set_kv_state(std::move(send.state));
       j.done.set_value(std::move(j.response));
     });
   }
 }
 
 absl::Status PrefillWorker::SendPages(Send& send) {
-  const rpc::PrefillRequest& req = send.job->request;
+  Job& job = *send.job;
+  const rpc::PrefillRequest& req = job.request;
   const std::string& region = req.region();
   auto it = senders_.find(region);
   if (it == senders_.end()) {
     auto sender = transport_.Connect(region);
     if (!sender.ok()) {
-      return absl::Status(
-          sender.status().code(),
+      return absl::AbortedError(
           absl::StrFormat("connecting to %s: %s", req.decode_worker(), sender.status().message()));
     }
     it = senders_.emplace(region, *std::move(sender)).first;
   }
   transport::Sender& sender = *it->second;
-  const kvstore::PagePool& pool = send.job->cache->cache->pool();
+  const kvstore::PagePool& pool = job.cache->cache->pool();
   const size_t page_bytes = static_cast<size_t>(pool.page_bytes());
-  const absl::Time t0 = absl::Now();
+  if (job.send_start == absl::InfinitePast()) job.send_start = absl::Now();
   absl::Status st;
-  for (size_t i = 0; i < send.exported.pages.size() && st.ok(); ++i) {
-    const int32_t remote = req.page_ids(static_cast<int>(i));
-    if (remote < 0) {
-      st = absl::InvalidArgumentError(absl::StrFormat("reserved page id %d is negative", remote));
+  for (size_t i = 0; i < send.pages.size() && st.ok(); ++i) {
+    const int64_t index = send.first + static_cast<int64_t>(i);
+    if (index >= req.page_ids_size() || req.page_ids(static_cast<int>(index)) < 0) {
+      st = absl::InvalidArgumentError(
+          absl::StrFormat("page %d has no reserved page id to go to", index));
       break;
     }
-    st = sender.Put(pool.data(send.exported.pages[i]), page_bytes,
-                    static_cast<uint64_t>(remote) * page_bytes);
+    st = sender.Put(pool.data(send.pages[i]), page_bytes,
+                    static_cast<uint64_t>(req.page_ids(static_cast<int>(index))) * page_bytes);
+    job.sent_bytes += static_cast<int64_t>(page_bytes);
   }
-  if (st.ok()) st = sender.Flush(options_.transfer_timeout);
+  if (st.ok() && send.last) st = sender.Flush(options_.transfer_timeout);
   if (!st.ok()) {
-    // A broken connection is not reused; the next request to that worker reconnects.
+    // A broken connection is not reused; the next request to that worker reconnects. The
+    // router tells Aborted (the pages did not reach the decode worker) from other failures.
     senders_.erase(it);
-    return absl::Status(st.code(), absl::StrFormat("sending KV pages to %s: %s",
-                                                   req.decode_worker(), st.message()));
+    return absl::AbortedError(
+        absl::StrFormat("sending KV pages to %s: %s", req.decode_worker(), st.message()));
   }
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-  const int64_t bytes = static_cast<int64_t>(send.exported.pages.size() * page_bytes);
-  transfer_bytes_.Increment(static_cast<double>(bytes));
-  transfer_seconds_.Observe(seconds);
-  send.job->response.set_transfer_bytes(bytes);
-  send.job->response.set_transfer_seconds(seconds);
+  if (send.last) {
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - job.send_start);
+    transfer_bytes_.Increment(static_cast<double>(job.sent_bytes));
+    transfer_seconds_.Observe(seconds);
+    job.response.set_transfer_bytes(job.sent_bytes);
+    job.response.set_transfer_seconds(seconds);
+  }
   return absl::OkStatus();
 }
 

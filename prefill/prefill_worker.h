@@ -5,9 +5,11 @@
 //
 // One scheduler thread owns the model and the caches. It takes waiting prompts first come,
 // first served, and runs up to `chunk_tokens` prompt tokens a step, from one prompt or several
-// (chunked prefill). A finished prompt's pages go to a sender thread, which puts them and
-// waits for the flush while the scheduler computes the next prompts; the sender then hands
-// the sequence back to the scheduler to free its pages.
+// (chunked prefill). In a prompt's last chunk each layer's pages go to a sender thread as soon
+// as the layer is done (PagedKvCache::StreamLayers), so they travel while the next layers
+// compute; presets whose pages change after a commit send everything once the prompt is done.
+// The sender flushes while the scheduler computes the next prompts, then hands the sequence
+// back to the scheduler to free its pages.
 #ifndef SLUICE_PREFILL_PREFILL_WORKER_H_
 #define SLUICE_PREFILL_PREFILL_WORKER_H_
 
@@ -64,19 +66,35 @@ class PrefillWorker {
     absl::Time start;
     absl::Duration compute;
     rpc::PrefillResponse response;
+    int64_t streamed = 0;  // pages handed to the sender by layer, in export order
+    // Sender thread only: the transfer so far.
+    absl::Status send_error;
+    absl::Time send_start = absl::InfinitePast();
+    int64_t sent_bytes = 0;
   };
+  using JobPtr = std::shared_ptr<Job>;
+  // Work for the sender thread, in order: a layer's pages (`last` false), or the rest of a
+  // job's pages with its state, then the flush and the answer (`last` true). `error`: the job
+  // failed; send nothing more and hand it back.
   struct Send {
-    std::unique_ptr<Job> job;
-    kvstore::PagedKvCache::SequenceExport exported;
+    JobPtr job;
+    std::vector<kvstore::PageId> pages;
+    int64_t first = 0;  // index of pages[0] in export order (and in the reserved ids)
+    bool last = false;
+    std::string state;
+    absl::Status error;
   };
 
   void Loop();
   // Runs one chunk step over the jobs at the head of the queue.
   void Step();
   // A job whose prompt is done: first token, export, hand to the sender.
-  void Complete(std::unique_ptr<Job> job, absl::Span<const float> logits);
-  void Fail(std::unique_ptr<Job> job, absl::Status error);
+  void Complete(JobPtr job, absl::Span<const float> logits);
+  // Answers with `error` and frees the job's pages (after the sender is done with them).
+  void Fail(JobPtr job, absl::Status error);
+  void Enqueue(Send send);
   void SendLoop();
+  // Puts a send's pages into the reservation; the last one also flushes.
   absl::Status SendPages(Send& send);
   void Post(std::function<void()> task);
   void UpdateGauges();
@@ -89,12 +107,12 @@ class PrefillWorker {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::function<void()>> tasks_;
-  std::deque<std::unique_ptr<Job>> waiting_;  // under mu_ until the scheduler takes them
+  std::deque<JobPtr> waiting_;  // under mu_ until the scheduler takes them
   bool stop_ = false;
   rpc::StatsResponse stats_;
 
   // Scheduler thread only.
-  std::deque<std::unique_ptr<Job>> queue_;
+  std::deque<JobPtr> queue_;
   int64_t next_seq_ = 1;
   int64_t sending_ = 0;
 
@@ -108,6 +126,7 @@ class PrefillWorker {
   prometheus::Counter& prompt_tokens_;
   prometheus::Counter& transfer_bytes_;
   prometheus::Counter& transfer_failures_;
+  prometheus::Counter& streamed_pages_;
   prometheus::Histogram& transfer_seconds_;
   prometheus::Histogram& prefill_seconds_;
   prometheus::Gauge& running_gauge_;

@@ -49,8 +49,7 @@ class Disaggregated : public testing::Test {
     prefill_ = std::make_unique<prefill::PrefillWorker>(*prefill_rt_, *transport_, registry_,
                                                         prefill::PrefillWorkerOptions{});
     decode_ = std::make_unique<decode::DecodeWorker>(
-        *decode_rt_, registry_,
-        decode::DecodeWorkerOptions{.reservation_ttl = absl::Seconds(60)});
+        *decode_rt_, registry_, decode::DecodeWorkerOptions{.reservation_ttl = absl::Seconds(60)});
     auto gguf = model::GgufFile::Open(path_);
     ASSERT_TRUE(gguf.ok());
     auto vocab = model::VocabFromGguf(**gguf);
@@ -155,6 +154,15 @@ class Disaggregated : public testing::Test {
     return out;
   }
 
+  double Counter(const std::string& name) {
+    double total = 0;
+    for (const auto& family : registry_.Collect()) {
+      if (family.name != name) continue;
+      for (const auto& m : family.metric) total += m.counter.value;
+    }
+    return total;
+  }
+
   void ExpectNothingHeld() {
     // The decode worker's gauges refresh every scheduler loop.
     for (int i = 0; i < 100 && decode_->Stats().kv_pages_used() != 0; ++i) {
@@ -189,6 +197,10 @@ TEST_F(Disaggregated, SplitGenerationGivesTheSameTokensAsOneProcess) {
     std::vector<int32_t> got = {gen->first().token()};
     for (int32_t t : Drain(**stream, &reason)) got.push_back(t);
     EXPECT_EQ(got, Local(preset, 12));
+    // Presets without eviction send each layer's pages while the next layers compute.
+    const std::string p = preset;
+    if (p == "fp16" || p == "sluice")
+      EXPECT_GT(Counter("sluice_kv_transfer_streamed_pages_total"), 0);
     EXPECT_TRUE(reason == "length" || reason == "stop") << reason;
     ExpectNothingHeld();
   }
