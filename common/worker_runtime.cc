@@ -48,20 +48,22 @@ absl::StatusOr<WorkerRuntime::Cache*> WorkerRuntime::CacheFor(const std::string&
   SLUICE_ASSIGN_OR_RETURN(kvstore::KvPreset preset,
                           kvstore::FindKvPreset(name, static_cast<int32_t>(c.head_dim)));
   Cache cache;
-  SLUICE_ASSIGN_OR_RETURN(cache.cache, kvstore::PagedKvCache::Create({.layers = c.layers,
-                                                                      .heads = c.heads,
-                                                                      .kv_heads = c.kv_heads,
-                                                                      .head_dim = c.head_dim,
-                                                                      .preset = preset,
-                                                                      .pages = options_.kv_pages},
-                                                                     *backend_));
-  if (transport_ != nullptr) {
+  kvstore::PagedKvCacheOptions options{.layers = c.layers,
+                                       .heads = c.heads,
+                                       .kv_heads = c.kv_heads,
+                                       .head_dim = c.head_dim,
+                                       .preset = preset,
+                                       .pages = options_.kv_pages};
+  const size_t bytes = static_cast<size_t>(options_.kv_pages * preset.high.page_bytes);
+  if (transport_ != nullptr && options_.expose_pools) {
+    SLUICE_ASSIGN_OR_RETURN(cache.region, transport_->AllocateAndExpose(bytes));
+    options.arena = static_cast<uint8_t*>(cache.region->base());
+    options.arena_bytes = cache.region->size();
+  }
+  SLUICE_ASSIGN_OR_RETURN(cache.cache, kvstore::PagedKvCache::Create(options, *backend_));
+  if (transport_ != nullptr && !options_.expose_pools) {
     kvstore::PagePool& pool = cache.cache->mutable_pool();
-    const size_t bytes = static_cast<size_t>(pool.num_pages() * pool.page_bytes());
-    if (pool.num_pages() > 0) {
-      SLUICE_ASSIGN_OR_RETURN(cache.region, transport_->Expose(pool.data(0), bytes));
-      SLUICE_RETURN_IF_ERROR(transport_->RegisterSource(pool.data(0), bytes));
-    }
+    SLUICE_RETURN_IF_ERROR(transport_->RegisterSource(pool.data(0), bytes));
   }
   return &caches_.emplace(name, std::move(cache)).first->second;
 }

@@ -29,6 +29,9 @@ struct WorkerRuntimeOptions {
   int64_t kv_pages = 0;        // pages of each preset's pool
   std::string default_preset;  // for requests that name none
   int max_presets = 4;         // caches alive at once
+  // Decode workers: each pool's memory comes from the transport, exposed, so that prefill
+  // workers write pages straight into it. Otherwise the pools are registered as put sources.
+  bool expose_pools = false;
 };
 
 class WorkerRuntime {
@@ -43,8 +46,9 @@ class WorkerRuntime {
   const std::vector<int32_t>& stop_tokens() const { return stop_tokens_; }
 
   struct Cache {
+    // The pool's memory, exposed for peers to write into (expose_pools); outlives the cache.
+    std::unique_ptr<transport::ExposedRegion> region;
     std::unique_ptr<kvstore::PagedKvCache> cache;
-    std::unique_ptr<transport::ExposedRegion> region;  // the pool, for peers to write into
   };
   // The cache of `spec` (the default preset when empty), made on first use: NotFound /
   // InvalidArgument for a bad spec, ResourceExhausted beyond max_presets caches.

@@ -61,7 +61,7 @@ class TokenStream {
 struct DecodeWorkerOptions {
   std::string name = "decode-0";
   int max_batch = 64;                                  // sequences in one forward step
-  absl::Duration reservation_ttl = absl::Seconds(30);  // unused reservations are freed after
+  absl::Duration reservation_ttl = absl::Seconds(60);  // unused reservations are freed after
 };
 
 class DecodeWorker {

@@ -26,7 +26,8 @@ ABSL_FLAG(int, max_batch, 64, "Sequences in one decode step.");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
 ABSL_FLAG(int, max_presets, 4, "KV presets (each with its own page pool) kept at once.");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (UCX_TLS), e.g. \"shm,tcp\"; empty: UCX's.");
-ABSL_FLAG(double, reservation_ttl, 30, "Seconds a reservation waits for its pages.");
+ABSL_FLAG(double, reservation_ttl, 60,
+          "Seconds a reservation waits for its pages (the prompt's prefill queue included).");
 
 namespace sluice {
 namespace {
@@ -40,7 +41,8 @@ absl::Status Run() {
                                         .threads = absl::GetFlag(FLAGS_threads),
                                         .kv_pages = absl::GetFlag(FLAGS_kv_pages),
                                         .default_preset = absl::GetFlag(FLAGS_preset),
-                                        .max_presets = absl::GetFlag(FLAGS_max_presets)},
+                                        .max_presets = absl::GetFlag(FLAGS_max_presets),
+                                        .expose_pools = true},
                                        transport->get());
   if (!runtime.ok()) return runtime.status();
   auto registry = std::make_shared<prometheus::Registry>();

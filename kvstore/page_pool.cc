@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -91,7 +92,9 @@ int64_t ExclusiveScan(absl::Span<const int32_t> counts, int64_t* out) {
 
 void PagePool::ArenaFree::operator()(uint8_t* p) const { std::free(p); }
 
-absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(int64_t num_pages, int64_t page_bytes) {
+namespace {
+
+absl::Status CheckPoolShape(int64_t num_pages, int64_t page_bytes) {
   if (num_pages < 1 || num_pages > kMaxPages) {
     return absl::InvalidArgumentError(
         absl::StrFormat("a page pool holds between 1 and %d pages, not %d", kMaxPages, num_pages));
@@ -104,6 +107,13 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(int64_t num_pages, in
     return absl::InvalidArgumentError(absl::StrFormat(
         "%d pages of %d bytes overflow a 64-bit arena size", num_pages, page_bytes));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(int64_t num_pages, int64_t page_bytes) {
+  SLUICE_RETURN_IF_ERROR(CheckPoolShape(num_pages, page_bytes));
   const int64_t arena_bytes = num_pages * page_bytes;
   // arena_bytes is a multiple of the alignment, as aligned_alloc requires.
   void* arena = std::aligned_alloc(kPageAlignment, static_cast<size_t>(arena_bytes));
@@ -115,6 +125,21 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(int64_t num_pages, in
   }
   return std::unique_ptr<PagePool>(
       new PagePool(static_cast<uint8_t*>(arena), num_pages, page_bytes));
+}
+
+absl::StatusOr<std::unique_ptr<PagePool>> PagePool::CreateOver(uint8_t* arena, size_t arena_bytes,
+                                                               int64_t num_pages,
+                                                               int64_t page_bytes) {
+  SLUICE_RETURN_IF_ERROR(CheckPoolShape(num_pages, page_bytes));
+  if (arena == nullptr || reinterpret_cast<uintptr_t>(arena) % kPageAlignment != 0 ||
+      arena_bytes < static_cast<size_t>(num_pages * page_bytes)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "an arena for %d pages of %d bytes needs %d bytes at a %d-byte aligned address", num_pages,
+        page_bytes, num_pages * page_bytes, kPageAlignment));
+  }
+  std::unique_ptr<PagePool> pool(new PagePool(arena, num_pages, page_bytes));
+  pool->arena_owner_.release();  // the caller's memory
+  return pool;
 }
 
 PagePool::PagePool(uint8_t* arena, int64_t num_pages, int64_t page_bytes)

@@ -46,6 +46,12 @@ class PagePool {
   static absl::StatusOr<std::unique_ptr<PagePool>> Create(int64_t num_pages,
                                                           int64_t page_bytes = kDefaultPageBytes);
 
+  // The same over memory the caller owns (a transport's exposed region): at least
+  // num_pages * page_bytes bytes, 64-byte aligned, outliving the pool.
+  static absl::StatusOr<std::unique_ptr<PagePool>> CreateOver(
+      uint8_t* arena, size_t arena_bytes, int64_t num_pages,
+      int64_t page_bytes = kDefaultPageBytes);
+
   PagePool(const PagePool&) = delete;
   PagePool& operator=(const PagePool&) = delete;
   ~PagePool();

@@ -91,7 +91,9 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const PagedKv
     }
   }
   SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool,
-                          PagePool::Create(o.pages, o.preset.high.page_bytes));
+                          o.arena != nullptr ? PagePool::CreateOver(o.arena, o.arena_bytes, o.pages,
+                                                                    o.preset.high.page_bytes)
+                                             : PagePool::Create(o.pages, o.preset.high.page_bytes));
   return std::unique_ptr<PagedKvCache>(
       new PagedKvCache(o, layout, low_layout, std::move(pool), backend));
 }

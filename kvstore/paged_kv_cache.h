@@ -46,6 +46,11 @@ struct PagedKvCacheOptions {
   KvPreset preset;
   int64_t pages = 0;            // pool size
   float attention_scale = 0.f;  // 0: 1 / sqrt(head_dim)
+  // The pool's memory when the caller provides it (a transport's exposed region, so that peers
+  // write pages straight into it): pages * the preset's page_bytes bytes, 64-byte aligned,
+  // outliving the cache. Null: the pool allocates its own.
+  uint8_t* arena = nullptr;
+  size_t arena_bytes = 0;
 };
 
 // What a cache holds right now.

@@ -364,6 +364,12 @@ absl::StatusOr<std::shared_ptr<Router::Session>> Router::Start(const std::shared
     if (!session->reader->Read(&accepted)) {
       const grpc::Status gst = session->reader->Finish();
       last = FromGrpc(gst);
+      if (gst.error_code() == grpc::StatusCode::NOT_FOUND) {
+        // The reservation expired while the prompt waited for prefill: start over.
+        retries_->Add({{"role", "decode"}}).Increment();
+        ++attempt;
+        continue;
+      }
       if (!WorkerGone(gst)) return last;
       registry_->MarkDown(d, gst.error_message());
       tried_decode.insert(d);

@@ -41,7 +41,8 @@ class Disaggregated : public testing::Test {
                                     .threads = 1,
                                     .kv_pages = 4096,
                                     .default_preset = "sluice",
-                                    .max_presets = 8},
+                                    .max_presets = 8,
+                                    .expose_pools = true},
                                    transport_.get());
     ASSERT_TRUE(d.ok()) << d.status();
     prefill_rt_ = *std::move(p);

@@ -54,7 +54,7 @@ class Cluster:
             decode.append("127.0.0.1:%d" % port)
             self.start("decode-%d" % i, [binary("decode"), "--port=%d" % port,
                                          "--metrics_port=%d" % metrics,
-                                         "--kv_pages=%d" % kv_pages, "--reservation_ttl=5"]
+                                         "--kv_pages=%d" % kv_pages]
                        + common)
             if i == 0:
                 self.decode_metrics = metrics
