@@ -241,14 +241,18 @@ class EndToEnd(unittest.TestCase):
         self.wait_for_no_pages()
 
     def wait_for_no_pages(self):
+        """Neither worker holds a page: decode's gauges, and both as the router last polled."""
         deadline = time.time() + 10
         while True:
             used = self.c.metric(self.c.decode_metrics, "sluice_kv_pages_used")
             reserved = self.c.metric(self.c.decode_metrics, "sluice_kv_pages_reserved")
-            if used == 0 and reserved == 0:
+            _, body = get(self.c.url + "/v1/workers")
+            held = {w["name"]: w["kv_pages_used"] for w in json.loads(body)["workers"]}
+            if used == 0 and reserved == 0 and not any(held.values()):
                 return
             if time.time() > deadline:
-                self.fail("decode still holds %d pages (%d reserved)" % (used, reserved))
+                self.fail("pages still held: decode %d (%d reserved), workers %s"
+                          % (used, reserved, held))
             time.sleep(0.1)
 
     def test_client_that_disconnects_mid_stream_leaves_no_pages(self):
