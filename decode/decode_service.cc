@@ -15,6 +15,14 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext*, const rpc::ReserveRequ
   return grpc::Status::OK;
 }
 
+grpc::Status DecodeService::Renew(grpc::ServerContext*, const rpc::RenewRequest* request,
+                                  rpc::RenewResponse* response) {
+  auto r = worker_.Renew(request->reservation_id());
+  if (!r.ok()) return ToGrpc(r.status());
+  *response = *std::move(r);
+  return grpc::Status::OK;
+}
+
 grpc::Status DecodeService::Release(grpc::ServerContext*, const rpc::ReleaseRequest* request,
                                     rpc::ReleaseResponse*) {
   return ToGrpc(worker_.Release(request->reservation_id()));

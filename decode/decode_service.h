@@ -13,6 +13,8 @@ class DecodeService final : public rpc::Decode::Service {
 
   grpc::Status Reserve(grpc::ServerContext* context, const rpc::ReserveRequest* request,
                        rpc::ReserveResponse* response) override;
+  grpc::Status Renew(grpc::ServerContext* context, const rpc::RenewRequest* request,
+                     rpc::RenewResponse* response) override;
   grpc::Status Release(grpc::ServerContext* context, const rpc::ReleaseRequest* request,
                        rpc::ReleaseResponse* response) override;
   // Streams tokens as the batch makes them; a client that goes away cancels the sequence.

@@ -233,6 +233,21 @@ void DecodeWorker::FreeReservation(std::map<uint64_t, Reservation>::iterator it)
   reservations_.erase(it);
 }
 
+absl::StatusOr<rpc::RenewResponse> DecodeWorker::Renew(uint64_t reservation_id) {
+  return OnScheduler<absl::StatusOr<rpc::RenewResponse>>(
+      [&]() -> absl::StatusOr<rpc::RenewResponse> {
+        auto it = reservations_.find(reservation_id);
+        if (it == reservations_.end()) {
+          return absl::NotFoundError(
+              absl::StrFormat("reservation %d is unknown or has expired", reservation_id));
+        }
+        it->second.expires = absl::Now() + options_.reservation_ttl;
+        rpc::RenewResponse out;
+        out.set_expires_in_seconds(absl::ToDoubleSeconds(options_.reservation_ttl));
+        return out;
+      });
+}
+
 absl::Status DecodeWorker::Release(uint64_t reservation_id) {
   return OnScheduler<absl::Status>([&]() -> absl::Status {
     auto it = reservations_.find(reservation_id);

@@ -71,6 +71,8 @@ class DecodeWorker {
   ~DecodeWorker();  // stops the thread; live sequences end with "abort"
 
   absl::StatusOr<rpc::ReserveResponse> Reserve(const rpc::ReserveRequest& request);
+  // Restarts the expiry of a reservation; NotFound once it has expired or been used.
+  absl::StatusOr<rpc::RenewResponse> Renew(uint64_t reservation_id);
   absl::Status Release(uint64_t reservation_id);
   // Imports the request's KV into its reservation and adds the sequence to the batch.
   absl::StatusOr<std::shared_ptr<TokenStream>> Generate(const rpc::GenerateRequest& request);

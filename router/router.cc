@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -329,7 +331,33 @@ absl::StatusOr<std::shared_ptr<Router::Session>> Router::Start(const std::shared
     grpc::ClientContext pctx;
     pctx.set_deadline(Deadline(absl::Minutes(5)));
     ++pf->in_flight;
+    // The prompt may wait in the prefill worker's queue longer than the reservation lives:
+    // renew it until the prefill answers.
+    std::mutex renew_mu;
+    std::condition_variable renew_cv;
+    bool prefilled = false;
+    std::thread renewer([&] {
+      const absl::Duration every = absl::Seconds(std::max(1.0, reserved.expires_in_seconds() / 3));
+      std::unique_lock<std::mutex> lock(renew_mu);
+      while (
+          !renew_cv.wait_for(lock, absl::ToChronoMilliseconds(every), [&] { return prefilled; })) {
+        lock.unlock();
+        grpc::ClientContext ctx;
+        ctx.set_deadline(Deadline(absl::Seconds(5)));
+        rpc::RenewRequest renew;
+        renew.set_reservation_id(reserved.reservation_id());
+        rpc::RenewResponse ignored;
+        d->decode->Renew(&ctx, renew, &ignored);
+        lock.lock();
+      }
+    });
     const grpc::Status pst = pf->prefill->Prefill(&pctx, pre, &session->prefilled);
+    {
+      std::lock_guard<std::mutex> lock(renew_mu);
+      prefilled = true;
+    }
+    renew_cv.notify_all();
+    renewer.join();
     --pf->in_flight;
     if (!pst.ok()) {
       release();

@@ -218,7 +218,14 @@ TEST_F(Disaggregated, ReservationsExpireAndTheirPagesReturn) {
   auto r = decode_->Reserve(reserve);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_GT(r->page_ids_size(), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  auto kept = decode_->Reserve(reserve);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  for (int i = 0; i < 6; ++i) {  // renewed, it outlives the other
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_TRUE(decode_->Renew(kept->reservation_id()).ok());
+  }
+  EXPECT_EQ(decode_->Renew(r->reservation_id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(decode_->Release(kept->reservation_id()).ok());
   ExpectNothingHeld();
   rpc::GenerateRequest gen;
   gen.set_reservation_id(r->reservation_id());
