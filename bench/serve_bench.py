@@ -63,6 +63,15 @@ NO_EOS = {
 }
 
 
+def is_token_event(chunk):
+    """A chunk that carries a generated token: text, or (llama.cpp sends one chunk per token,
+    special tokens with empty text included) any chunk before the finishing one."""
+    choices = chunk.get("choices")
+    if not choices:
+        return False
+    return bool(choices[0].get("text")) or choices[0].get("finish_reason") is None
+
+
 def stream_request(host, port, model, prompt, max_tokens, extra):
     """One streamed /v1/completions request; returns its timings and token counts."""
     body = dict({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
@@ -97,7 +106,7 @@ def stream_request(host, port, model, prompt, max_tokens, extra):
             j = json.loads(data)
             if j.get("usage"):
                 usage = j["usage"]
-            if j.get("choices") and j["choices"][0].get("text"):
+            if is_token_event(j):
                 times.append(time.time())
     for event in buf.split(b"\n\n"):
         data = event.decode(errors="replace").strip()
@@ -108,7 +117,7 @@ def stream_request(host, port, model, prompt, max_tokens, extra):
                 continue
             if j.get("usage"):
                 usage = j["usage"]
-            if j.get("choices") and j["choices"][0].get("text"):
+            if is_token_event(j):
                 times.append(time.time())
     conn.close()
     end = time.time()

@@ -56,17 +56,18 @@ WorkerRegistry::~WorkerRegistry() {
 void WorkerRegistry::PollOnce() {
   for (auto& w : workers_) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(1000));
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(2000));
     rpc::StatsResponse stats;
     const grpc::Status st = w->admin->Stats(&ctx, rpc::StatsRequest(), &stats);
     std::lock_guard<std::mutex> lock(mu_);
     if (st.ok()) {
       w->up = stats.state() == "serving";
       w->stats = stats;
+      w->failed_polls = 0;
       w->last_error.clear();
     } else {
-      w->up = false;
       w->last_error = st.error_message();
+      if (++w->failed_polls >= 3) w->up = false;
     }
   }
 }
@@ -101,6 +102,11 @@ Worker* WorkerRegistry::Pick(const std::string& role, absl::Span<const int32_t> 
   std::vector<Worker*> live;
   for (const auto& w : workers_) {
     if (w->role == role && w->up && !exclude.contains(w.get())) live.push_back(w.get());
+  }
+  if (live.empty()) {
+    for (const auto& w : workers_) {
+      if (w->role == role && !exclude.contains(w.get())) live.push_back(w.get());
+    }
   }
   if (live.empty()) return nullptr;
   const bool prefill = role == "prefill";

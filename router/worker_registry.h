@@ -8,7 +8,9 @@
 //   prefix_affinity  prefill: the worker a hash of the prompt's first tokens picks among the
 //                    healthy ones (the same prefix goes to the same worker, whose caches and
 //                    codebooks are warm for it); decode as least_loaded
-// A worker that fails a call or a poll is down until a poll succeeds again.
+// A worker that fails a call, or three polls in a row (a worker whose cores are all busy may
+// answer a poll late), is down until a poll succeeds again. When no worker of a role is up,
+// requests still try the others before giving up.
 #ifndef SLUICE_ROUTER_WORKER_REGISTRY_H_
 #define SLUICE_ROUTER_WORKER_REGISTRY_H_
 
@@ -44,6 +46,7 @@ struct Worker {
 
   // Under the registry's mutex.
   bool up = false;
+  int failed_polls = 0;  // in a row
   rpc::StatsResponse stats;
   std::string last_error;
 };
@@ -55,7 +58,8 @@ class WorkerRegistry {
                  Placement placement, absl::Duration poll);
   ~WorkerRegistry();
 
-  // A healthy worker of `role` not in `exclude`, by the placement policy; null when none.
+  // A healthy worker of `role` not in `exclude`, by the placement policy; when none is healthy,
+  // any worker of `role` not in `exclude`; null when none is left.
   Worker* Pick(const std::string& role, absl::Span<const int32_t> prompt,
                const std::set<Worker*>& exclude);
   // A call to `w` failed in a way that says the worker is gone.
