@@ -29,10 +29,15 @@ PACKAGES=(
   libicu-dev
   clang
   libclang-rt-14-dev
+  prometheus
+  kubernetes-client
 )
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do
+  # Any kubectl will do; one from another package (Kubernetes' or Google Cloud's apt
+  # repository) conflicts with Debian's kubernetes-client.
+  if [[ "$pkg" == kubernetes-client ]] && command -v kubectl >/dev/null 2>&1; then continue; fi
   status=$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)
   if [[ "$status" != "installed" ]]; then
     missing+=("$pkg")
