@@ -319,7 +319,10 @@ def main():
             cmd = [args.llama_python, "-m", "llama_cpp.server", "--model", args.model,
                    "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "8192",
                    "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads),
-                   "--n_batch", "512"]
+                   "--n_batch", "512",
+                   # Queue concurrent requests instead of cutting the running one short (the
+                   # server's default interrupts it when another arrives).
+                   "--interrupt_requests", "False"]
             metrics = None
         print("bench serve: starting %s" % system, file=sys.stderr)
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
