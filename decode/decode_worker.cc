@@ -70,6 +70,14 @@ DecodeWorker::DecodeWorker(WorkerRuntime& runtime, prometheus::Registry& registr
                          .Name("sluice_kv_fragmentation_ratio")
                          .Help("1 - live token slots / allocated token slots.")
                          .Register(registry)),
+      pages_total_(prometheus::BuildGauge()
+                       .Name("sluice_kv_pages_total")
+                       .Help("KV pages of the pool, by preset.")
+                       .Register(registry)),
+      compaction_seconds_(prometheus::BuildCounter()
+                              .Name("sluice_kv_compaction_seconds_total")
+                              .Help("Time spent compacting page lists, by preset.")
+                              .Register(registry)),
       pages_reserved_(prometheus::BuildGauge()
                           .Name("sluice_kv_pages_reserved")
                           .Help("KV pages reserved for prompts whose pages are in flight.")
@@ -449,6 +457,10 @@ void DecodeWorker::UpdateGauges() {
     pages_used_.Add({{"tier", "high"}, {"preset", name}}).Set(s.pages.pages_high);
     pages_used_.Add({{"tier", "low"}, {"preset", name}}).Set(s.pages.pages_low);
     pages_free_.Add({{"preset", name}}).Set(pool.free_pages());
+    pages_total_.Add({{"preset", name}}).Set(pool.num_pages());
+    double& seen = compaction_seen_[name];
+    compaction_seconds_.Add({{"preset", name}}).Increment(s.compaction_seconds - seen);
+    seen = s.compaction_seconds;
     compression_.Add({{"preset", name}}).Set(s.pages.compression_ratio());
     fragmentation_.Add({{"preset", name}}).Set(s.pages.fragmentation());
     used += pool.used_pages();

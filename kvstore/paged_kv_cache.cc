@@ -5,6 +5,8 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "kernels/kv_huffman.h"
 #include "kvstore/kv_codebooks.h"
@@ -777,6 +779,7 @@ absl::Status PagedKvCache::MaybeCompact(HeadPages& hp, int t) {
   // Compact once a page's worth of slots is dead: live tokens slide towards the front, in
   // order (positions keep their order), and the pages left empty at the end go back.
   if (written - live < cap) return absl::OkStatus();
+  const absl::Time start = absl::Now();
   std::vector<int32_t> positions;
   positions.reserve(live);
   int32_t to_page = 0, to_slot = 0;
@@ -813,6 +816,8 @@ absl::Status PagedKvCache::MaybeCompact(HeadPages& hp, int t) {
         reinterpret_cast<uint64_t*>(pool_->data(hp.page(t, keep_pages - 1)) + layout.valid);
     for (int32_t j = to_slot; j < cap; ++j) valid[j / 64] &= ~(uint64_t{1} << (j % 64));
   }
+  ++compactions_;
+  compaction_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
   return absl::OkStatus();
 }
 
@@ -1045,6 +1050,8 @@ KvCacheStats PagedKvCache::Stats() const {
   KvCacheStats st;
   st.sequences = static_cast<int64_t>(seqs_.size());
   st.demoted = demoted_;
+  st.compactions = compactions_;
+  st.compaction_seconds = compaction_seconds_;
   st.pages.page_bytes = options_.preset.high.page_bytes;
   // Pages shared between forked sequences count once; their tokens count for every sequence
   // in the fp16 baseline (without sharing, each would hold its own copy).

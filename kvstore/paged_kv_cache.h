@@ -60,7 +60,9 @@ struct KvCacheStats {
   int64_t residual_bytes = 0;
   int64_t codebook_bytes = 0;  // serialized Huffman codebooks (kvcomp), shared by all sequences
   int64_t sequences = 0;
-  int64_t demoted = 0;  // leankv: tokens moved from the high to the low tier, ever
+  int64_t demoted = 0;            // leankv: tokens moved from the high to the low tier, ever
+  int64_t compactions = 0;        // page lists compacted, ever
+  double compaction_seconds = 0;  // time spent compacting, ever
   // Everything held: whole pages (slack included), residual windows, codebooks.
   int64_t held_bytes() const;
   // The same tokens as fp16 K and V.
@@ -264,6 +266,8 @@ class PagedKvCache final : public model::KvCache {
   absl::flat_hash_map<int64_t, Seq> seqs_;
   std::vector<std::unique_ptr<KvCodebookPair>> codebooks_;  // [layers]; null until built
   int64_t demoted_ = 0;
+  int64_t compactions_ = 0;
+  double compaction_seconds_ = 0;
 };
 
 }  // namespace sluice::kvstore
