@@ -156,7 +156,13 @@ void DecodeWorker::Loop() {
     for (auto& task : tasks) task();
     ExpireReservations();
     if (!running_.empty()) Step();
-    UpdateGauges();
+    // Stats() walks every page list: refresh the gauges a few times a second, not every step,
+    // and at once when tasks changed what the pools hold.
+    const absl::Time now = absl::Now();
+    if (!tasks.empty() || now - gauges_at_ >= absl::Milliseconds(200)) {
+      UpdateGauges();
+      gauges_at_ = now;
+    }
   }
   // Shutting down: tasks still queued get their answer, live sequences end.
   std::vector<std::function<void()>> tasks;

@@ -131,7 +131,8 @@ class DecodeWorker {
   std::map<uint64_t, Reservation> reservations_;
   std::map<uint64_t, Running> running_;  // by sequence id
   uint64_t next_id_ = 1;
-  rpc::StatsResponse stats_;  // refreshed every loop, read under mu_
+  rpc::StatsResponse stats_;  // refreshed by UpdateGauges, read under mu_
+  absl::Time gauges_at_ = absl::InfinitePast();
 
   // Metrics.
   prometheus::Family<prometheus::Gauge>& pages_used_;

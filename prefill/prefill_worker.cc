@@ -246,17 +246,20 @@ void PrefillWorker::Step() {
       // The last chunk: each layer's pages leave as soon as the layer is done, where the
       // preset allows it.
       Job* raw = job.get();
-      const absl::Status streaming = cache->cache->StreamLayers(
-          job->seq,
-          [this, raw, weak = std::weak_ptr<Job>(job)](int, std::vector<kvstore::PageId> pages) {
-            if (pages.size() <= static_cast<size_t>(raw->streamed)) return;
-            Send send{.job = weak.lock(), .first = raw->streamed};
-            send.pages.assign(pages.begin() + raw->streamed, pages.end());
-            raw->streamed += static_cast<int64_t>(send.pages.size());
-            streamed_pages_.Increment(static_cast<double>(send.pages.size()));
-            Enqueue(std::move(send));
-          });
-      (void)streaming;  // FailedPrecondition: this preset sends once the prompt is done
+      // FailedPrecondition for presets whose pages change after a commit: they send once the
+      // prompt is done.
+      cache->cache
+          ->StreamLayers(
+              job->seq,
+              [this, raw, weak = std::weak_ptr<Job>(job)](int, std::vector<kvstore::PageId> pages) {
+                if (pages.size() <= static_cast<size_t>(raw->streamed)) return;
+                Send send{.job = weak.lock(), .first = raw->streamed};
+                send.pages.assign(pages.begin() + raw->streamed, pages.end());
+                raw->streamed += static_cast<int64_t>(send.pages.size());
+                streamed_pages_.Increment(static_cast<double>(send.pages.size()));
+                Enqueue(std::move(send));
+              })
+          .IgnoreError();
     }
     jobs.push_back(job);
     keep.push_back(std::move(job));

@@ -424,7 +424,11 @@ class TextAssembler {
  public:
   TextAssembler(const model::Tokenizer& tokenizer, const model::SamplingParams& stops,
                 const rpc::SamplingParams& sampling)
-      : tokenizer_(tokenizer), decoder_(tokenizer), checker_(stops), sampling_(sampling) {}
+      : tokenizer_(tokenizer),
+        decoder_(tokenizer),
+        stops_(stops),
+        checker_(stops),
+        sampling_(sampling) {}
 
   // Adds one token; true when the text must end here (a stop string or stop token).
   bool Add(const rpc::GeneratedToken& t) {
@@ -448,7 +452,7 @@ class TextAssembler {
     size_t end = 0;
     if (checker_.Check(t.token(), tokens_, text_, &end) ==
         model::StopChecker::Reason::kStopString) {
-      for (const std::string& s : sampling_stop_strings()) {
+      for (const std::string& s : stops_.stop_strings) {
         if (text_.compare(end, s.size(), s) == 0) stop_reason_ = s;
       }
       text_.resize(end);
@@ -470,8 +474,6 @@ class TextAssembler {
     return out;
   }
   std::vector<TokenLogprob> TakeLogprobs() { return std::exchange(logprobs_, {}); }
-  const std::vector<std::string>& sampling_stop_strings() const { return stops_; }
-  void set_stop_strings(std::vector<std::string> s) { stops_ = std::move(s); }
 
   const std::string& text() const { return text_; }
   FinishReason finish() const { return finish_; }
@@ -481,9 +483,9 @@ class TextAssembler {
  private:
   const model::Tokenizer& tokenizer_;
   model::StreamDecoder decoder_;
+  const model::SamplingParams& stops_;  // stop strings only
   model::StopChecker checker_;
   const rpc::SamplingParams& sampling_;
-  std::vector<std::string> stops_;
   std::string text_, stop_reason_;
   size_t sent_ = 0;
   int tokens_ = 0;
@@ -535,7 +537,6 @@ void Router::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
   prompt_tokens_->Increment(static_cast<double>(p->prompt.size()));
 
   auto a = std::make_shared<TextAssembler>(*tokenizer_, p->stops, p->sampling);
-  a->set_stop_strings(p->api.stop);
   const bool chat = endpoint == Endpoint::kChatCompletions;
   const bool logprobs = p->sampling.logprobs();
   // Records how the request ended, once.

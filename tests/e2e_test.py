@@ -19,6 +19,8 @@ import unittest
 import urllib.error
 import urllib.request
 
+from deploy import test_report
+
 MODEL = os.environ.get("SLUICE_MODEL", "")
 # Long enough (~300 tokens) that every preset puts part of it in pages, not just in the
 # full-precision window.
@@ -374,38 +376,5 @@ class Failover(unittest.TestCase):
             self.assertEqual(codes[name], 0, c.log(name))
 
 
-def write_junit(result, path):
-    """Each case's outcome as JUnit XML, so the test summary counts cases, not the target."""
-    import xml.etree.ElementTree as ET
-    suite = ET.Element("testsuite", name="e2e")
-    outcomes = {}
-    for test, err in result.failures + result.errors:
-        outcomes[test.id()] = ("failure", err)
-    for test, reason in result.skipped:
-        outcomes[test.id()] = ("skipped", reason)
-    for test_id in result.ran:
-        case = ET.SubElement(suite, "testcase", name=test_id)
-        kind, text = outcomes.get(test_id, (None, None))
-        if kind:
-            ET.SubElement(case, kind, message=text.splitlines()[-1] if text else "").text = text
-    root = ET.Element("testsuites")
-    root.append(suite)
-    ET.ElementTree(root).write(path)
-
-
-class RecordingResult(unittest.TextTestResult):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.ran = []
-
-    def startTest(self, test):
-        super().startTest(test)
-        self.ran.append(test.id())
-
-
 if __name__ == "__main__":
-    runner = unittest.TextTestRunner(verbosity=2, resultclass=RecordingResult)
-    result = runner.run(unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__]))
-    if os.environ.get("XML_OUTPUT_FILE"):
-        write_junit(result, os.environ["XML_OUTPUT_FILE"])
-    sys.exit(0 if result.wasSuccessful() else 1)
+    test_report.main(__name__, "e2e")
