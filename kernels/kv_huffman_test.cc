@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gmock/gmock.h"
+#include "kernels/device_buffer.h"
 #include "kernels/ref/kv_quant.h"
 #include "kernels/test_util/kv_coded_pages.h"
 #include "kernels/test_util/kv_round_trip.h"
@@ -96,15 +97,17 @@ CodedPage MakeCodedPage(std::mt19937_64& rng, const KvTierFormat& f) {
   return c;
 }
 
-class KvCodedQuantizeTest : public testing::OpTest<Op::kKvQuantize> {
- protected:
-  void SetUp() override {
-    testing::OpTest<Op::kKvQuantize>::SetUp();
-    if (!IsSkipped() && backend_->kind() == BackendKind::kCuda) {
-      GTEST_SKIP() << "Huffman-coded tiers are coded on the host; CUDA coding is not built yet";
-    }
-  }
-};
+// A copy of host data in the backend's memory (device memory on CUDA).
+template <typename T>
+DeviceBuffer OnDevice(Backend& backend, const std::vector<T>& host) {
+  auto b = DeviceBuffer::Create(backend, std::max<size_t>(1, host.size() * sizeof(T)));
+  EXPECT_TRUE(b.ok()) << b.status();
+  if (!b.ok()) return DeviceBuffer();
+  EXPECT_TRUE(b->Upload(host.data(), host.size() * sizeof(T)).ok());
+  return std::move(*b);
+}
+
+class KvCodedQuantizeTest : public testing::OpTest<Op::kKvQuantize> {};
 
 TEST_P(KvCodedQuantizeTest, PagesMatchReferenceBytes) {
   const uint64_t seed = testing::TestSeed();
@@ -123,6 +126,9 @@ TEST_P(KvCodedQuantizeTest, PagesMatchReferenceBytes) {
     const int64_t first = u * (1 + static_cast<int64_t>(rng() % (n / u - 1)));
     std::vector<uint8_t> want(f.page_bytes, 0), got(f.page_bytes, 0);
     int64_t want_written[2], got_written[2];
+    const DeviceBuffer dk = OnDevice(*backend_, k), dv = OnDevice(*backend_, v);
+    const DeviceBuffer ds = OnDevice(*backend_, scores), dpos = OnDevice(*backend_, positions);
+    const DeviceBuffer dpage = OnDevice(*backend_, got);
     for (int call = 0; call < 2; ++call) {
       const int64_t at = call == 0 ? 0 : want_written[0];
       const int64_t tokens = call == 0 ? first : n - at;
@@ -139,11 +145,16 @@ TEST_P(KvCodedQuantizeTest, PagesMatchReferenceBytes) {
                          .codebooks = (*books)->view(),
                          .tokens_written = &want_written[call]};
       ASSERT_TRUE(KvQuantizeHuffman(p, [](const KvQuantizeParams& q) { ref::KvQuantize(q); }).ok());
-      p.page = got.data();
+      p.k = dk.as<float>() + at * d;
+      p.v = dv.as<float>() + at * d;
+      p.scores = ds.as<float>() + at;
+      p.positions = dpos.as<int32_t>() + at;
+      p.page = dpage.as<uint8_t>();
       p.tokens_written = &got_written[call];
       ASSERT_TRUE(backend_->KvQuantize(p).ok());
       ASSERT_EQ(got_written[call], want_written[call]) << "call " << call;
     }
+    ASSERT_TRUE(dpage.Download(got.data(), got.size()).ok());
     // Whole units, while they fit; a page that filled in the first call takes nothing more.
     EXPECT_GT(want_written[0], 0);
     EXPECT_EQ(want_written[0] % u, 0);
@@ -168,15 +179,16 @@ TEST_P(KvCodedQuantizeTest, RejectsMissingOrShortCodebooks) {
   const std::vector<float> k = Rows(rng, 64, 64, true), v = Rows(rng, 64, 64, false);
   auto books = testing::CodebooksFromRows(f, k.data(), v.data(), 64);
   ASSERT_TRUE(books.ok());
-  std::vector<uint8_t> page(f.page_bytes);
+  const DeviceBuffer dk = OnDevice(*backend_, k), dv = OnDevice(*backend_, v);
+  const DeviceBuffer page = OnDevice(*backend_, std::vector<uint8_t>(f.page_bytes, 0));
   int64_t written = 0;
-  KvQuantizeParams p{.k = k.data(),
-                     .v = v.data(),
+  KvQuantizeParams p{.k = dk.as<float>(),
+                     .v = dv.as<float>(),
                      .stride = 64,
                      .tokens = 64,
                      .format = f,
                      .layout = l,
-                     .page = page.data(),
+                     .page = page.as<uint8_t>(),
                      .codebooks = (*books)->view(),
                      .tokens_written = &written};
   KvQuantizeParams bad = p;
@@ -200,15 +212,7 @@ TEST_P(KvCodedQuantizeTest, RejectsMissingOrShortCodebooks) {
 
 SLUICE_INSTANTIATE_OP_TEST(KvCodedQuantizeTest);
 
-class KvCodedDequantizeTest : public testing::OpTest<Op::kKvDequantize> {
- protected:
-  void SetUp() override {
-    testing::OpTest<Op::kKvDequantize>::SetUp();
-    if (!IsSkipped() && backend_->kind() == BackendKind::kCuda) {
-      GTEST_SKIP() << "Huffman-coded tiers are decoded on the host; CUDA decoding is not built yet";
-    }
-  }
-};
+class KvCodedDequantizeTest : public testing::OpTest<Op::kKvDequantize> {};
 
 TEST_P(KvCodedDequantizeTest, MatchesTheBitAtATimeReference) {
   const uint64_t seed = testing::TestSeed();
@@ -229,9 +233,14 @@ TEST_P(KvCodedDequantizeTest, MatchesTheBitAtATimeReference) {
                          .v = want_v.data(),
                          .codebooks = c.books->view()};
     ASSERT_TRUE(ref::KvDequantizeAny(p).ok());
-    p.k = got_k.data();
-    p.v = got_v.data();
+    const DeviceBuffer dpage = OnDevice(*backend_, c.bytes);
+    const DeviceBuffer dk = OnDevice(*backend_, got_k), dv = OnDevice(*backend_, got_v);
+    p.page = dpage.as<uint8_t>();
+    p.k = dk.as<float>();
+    p.v = dv.as<float>();
     ASSERT_TRUE(backend_->KvDequantize(p).ok());
+    ASSERT_TRUE(dk.Download(got_k.data(), got_k.size() * 4).ok());
+    ASSERT_TRUE(dv.Download(got_v.data(), got_v.size() * 4).ok());
     testing::ExpectNear(got_k, want_k, {1e-6f}, 1e-7f, "k");
     testing::ExpectNear(got_v, want_v, {1e-6f}, 1e-7f, "v");
   }

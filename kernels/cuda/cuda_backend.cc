@@ -1,17 +1,60 @@
 #include "kernels/cuda/cuda_backend.h"
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <climits>
+
 #include "absl/strings/str_format.h"
+#include "kernels/cuda/activation.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cublas_status.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/get_rows.h"
+#include "kernels/cuda/kv_huffman_ops.h"
 #include "kernels/cuda/kv_quant.h"
+#include "kernels/cuda/matmul.h"
 #include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/rope.h"
 
 namespace sluice::kernels {
 
 struct CudaBackend::Impl {
   int device = 0;
   cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;  // bound to `stream`, pedantic (true fp32) math
+  // Device scratch of the ops on `stream` (matmul's expanded weights, attention's row
+  // statistics). Ops run in stream order, so one op is done with it before the next starts.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+
+  // Releases in reverse order of creation, after the stream's work has finished.
+  ~Impl() {
+    if (stream == nullptr) return;
+    cudaSetDevice(device);
+    cudaStreamSynchronize(stream);
+    if (workspace != nullptr) cudaFree(workspace);
+    if (cublas != nullptr) cublasDestroy(cublas);
+    cudaStreamDestroy(stream);
+  }
+
+  // At least `bytes` of workspace. Growing waits for the stream (the old buffer may still be in
+  // use) and rounds up to 1 MiB; the workspace never shrinks.
+  absl::StatusOr<void*> Workspace(size_t bytes) {
+    if (bytes <= workspace_bytes) return workspace;
+    constexpr size_t kGranule = size_t{1} << 20;
+    const size_t rounded = (bytes + kGranule - 1) / kGranule * kGranule;
+    if (workspace != nullptr) {
+      SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+      SLUICE_CUDA_RETURN_IF_ERROR(cudaFree(workspace));
+      workspace = nullptr;
+      workspace_bytes = 0;
+    }
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMalloc(&workspace, rounded));
+    workspace_bytes = rounded;
+    return workspace;
+  }
 };
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaOptions& options) {
@@ -32,6 +75,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaOptio
   auto impl = std::make_unique<Impl>();
   impl->device = options.device;
   SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
+  SLUICE_CUBLAS_RETURN_IF_ERROR(cublasCreate(&impl->cublas));
+  SLUICE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(impl->cublas, impl->stream));
+  // Pedantic: fp32 GEMMs stay fp32 (no TF32 tensor cores, no bf16x9 emulation, whatever the
+  // environment says); matmul_test bounds the error at 2e-6 of sum |x| |w|.
+  SLUICE_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(impl->cublas, CUBLAS_PEDANTIC_MATH));
   return std::unique_ptr<CudaBackend>(new CudaBackend(
       std::move(impl), absl::StrFormat("cuda (%s, sm_%d%d)", prop.name, prop.major, prop.minor)));
 }
@@ -39,17 +87,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaOptio
 CudaBackend::CudaBackend(std::unique_ptr<Impl> impl, std::string name)
     : impl_(std::move(impl)), name_(std::move(name)) {}
 
-CudaBackend::~CudaBackend() {
-  if (impl_ && impl_->stream != nullptr) {
-    cudaSetDevice(impl_->device);
-    cudaStreamSynchronize(impl_->stream);
-    cudaStreamDestroy(impl_->stream);
-  }
-}
+CudaBackend::~CudaBackend() = default;  // Impl releases the stream and what uses it
 
 bool CudaBackend::Supports(Op op) const {
   // The other ops run on the CPU backend until their CUDA kernels land.
-  return op == Op::kRmsNorm || op == Op::kKvQuantize || op == Op::kKvDequantize;
+  return op == Op::kRmsNorm || op == Op::kMatmul || op == Op::kGetRows || op == Op::kRope ||
+         op == Op::kSwiGlu || op == Op::kSoftmax || op == Op::kAttention || op == Op::kKvQuantize ||
+         op == Op::kKvDequantize || op == Op::kPagedAttention;
 }
 
 absl::StatusOr<void*> CudaBackend::Allocate(size_t bytes) {
@@ -85,19 +129,19 @@ absl::Status CudaBackend::Synchronize() {
 }
 
 absl::Status CudaBackend::DoKvQuantize(const KvQuantizeParams& p) {
-  if (p.format.huffman_bits > 0) {
-    return absl::UnimplementedError("kv_quantize: Huffman-coded tiers are not on CUDA yet");
-  }
+  if (p.format.huffman_bits > 0) return kernels::cuda::KvQuantizeHuffman(p, impl_->stream);
   SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchKvQuantize(p, impl_->stream));
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::DoKvDequantize(const KvDequantizeParams& p) {
-  if (p.format.huffman_bits > 0) {
-    return absl::UnimplementedError("kv_dequantize: Huffman-coded tiers are not on CUDA yet");
-  }
+  if (p.format.huffman_bits > 0) return kernels::cuda::KvDequantizeHuffman(p, impl_->stream);
   SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchKvDequantize(p, impl_->stream));
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DoPagedAttention(const PagedAttentionParams& p) {
+  return kernels::cuda::PagedAttention(p, impl_->stream);
 }
 
 absl::Status CudaBackend::DoRmsNorm(const RmsNormParams& p) {
@@ -106,6 +150,66 @@ absl::Status CudaBackend::DoRmsNorm(const RmsNormParams& p) {
         absl::StrFormat("rms_norm: rows=%d exceeds grid limit", p.rows));
   }
   SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchRmsNorm(p, impl_->stream));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DoMatmul(const MatmulParams& p) {
+  void* workspace = nullptr;
+  if (const size_t bytes = kernels::cuda::MatmulWorkspaceBytes(p); bytes > 0) {
+    absl::StatusOr<void*> w = impl_->Workspace(bytes);
+    if (!w.ok()) return w.status();
+    workspace = *w;
+  }
+  return kernels::cuda::Matmul(p, impl_->cublas, static_cast<float*>(workspace), impl_->stream);
+}
+
+absl::Status CudaBackend::DoGetRows(const GetRowsParams& p) {
+  if (p.count > INT_MAX) {
+    return absl::UnimplementedError(
+        absl::StrFormat("get_rows: count=%d exceeds the CUDA grid limit", p.count));
+  }
+  SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchGetRows(p, impl_->stream));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DoRope(const RopeParams& p) {
+  SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchRope(p, impl_->stream));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DoSwiGlu(const SwiGluParams& p) {
+  SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchSwiGlu(p, impl_->stream));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DoSoftmax(const SoftmaxParams& p) {
+  if (p.rows > INT_MAX) {
+    return absl::UnimplementedError(
+        absl::StrFormat("softmax: rows=%d exceeds the CUDA grid limit", p.rows));
+  }
+  SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchSoftmax(p, impl_->stream));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DoAttention(const AttentionParams& p) {
+  if (!kernels::cuda::AttentionSupportsHeadDim(p.head_dim)) {
+    return absl::UnimplementedError(
+        absl::StrFormat("attention: head_dim %d is not compiled into the CUDA backend (it has %s)",
+                        p.head_dim, kernels::cuda::kAttentionHeadDims));
+  }
+  if (p.q_tokens * p.heads > INT_MAX || p.kv_tokens > INT_MAX || p.heads > 65535) {
+    return absl::UnimplementedError(absl::StrFormat(
+        "attention: q_tokens=%d heads=%d kv_tokens=%d exceed the CUDA kernels' 32-bit sizes",
+        p.q_tokens, p.heads, p.kv_tokens));
+  }
+  void* workspace = nullptr;
+  if (const size_t bytes = kernels::cuda::AttentionWorkspaceBytes(p); bytes > 0) {
+    absl::StatusOr<void*> w = impl_->Workspace(bytes);
+    if (!w.ok()) return w.status();
+    workspace = *w;
+  }
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      kernels::cuda::LaunchAttention(p, static_cast<float*>(workspace), impl_->stream));
   return absl::OkStatus();
 }
 

@@ -31,8 +31,15 @@ class CudaBackend final : public Backend {
 
  protected:
   absl::Status DoRmsNorm(const RmsNormParams& p) override;
+  absl::Status DoMatmul(const MatmulParams& p) override;
+  absl::Status DoGetRows(const GetRowsParams& p) override;
+  absl::Status DoRope(const RopeParams& p) override;
+  absl::Status DoSwiGlu(const SwiGluParams& p) override;
+  absl::Status DoSoftmax(const SoftmaxParams& p) override;
+  absl::Status DoAttention(const AttentionParams& p) override;
   absl::Status DoKvQuantize(const KvQuantizeParams& p) override;
   absl::Status DoKvDequantize(const KvDequantizeParams& p) override;
+  absl::Status DoPagedAttention(const PagedAttentionParams& p) override;
 
  private:
   struct Impl;

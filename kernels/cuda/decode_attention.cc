@@ -1,0 +1,289 @@
+#include "kernels/cuda/decode_attention.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/decode_attention_kernels.h"
+#include "kernels/huffman.h"
+
+namespace sluice::kernels::cuda {
+namespace {
+
+int64_t Align16(int64_t x) { return (x + 15) / 16 * 16; }
+
+}  // namespace
+
+struct DecodeAttentionPlan::State {
+  std::vector<void*> allocations;  // device memory, freed with the plan
+  DecodeKernelParams params;
+  int rows_per_block = 1;
+  int64_t page_bytes_read = 0;
+  int64_t max_keys = 0;
+  int64_t total_slots = 0;
+  int64_t recent = 0;  // batch 1: recent tokens
+  bool scores = false;
+
+  ~State() {
+    for (void* p : allocations) cudaFree(p);
+  }
+
+  template <typename T>
+  absl::StatusOr<T*> Upload(const T* data, size_t n, cudaStream_t stream) {
+    void* p = nullptr;
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<size_t>(1, n * sizeof(T))));
+    allocations.push_back(p);
+    if (n > 0) {
+      SLUICE_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(p, data, n * sizeof(T), cudaMemcpyHostToDevice, stream));
+    }
+    return static_cast<T*>(p);
+  }
+
+  absl::StatusOr<float*> Workspace(int64_t floats) {
+    void* p = nullptr;
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<int64_t>(1, floats) * sizeof(float)));
+    allocations.push_back(p);
+    return static_cast<float*>(p);
+  }
+};
+
+DecodeAttentionPlan::DecodeAttentionPlan(std::unique_ptr<State> state) : state_(std::move(state)) {}
+DecodeAttentionPlan::DecodeAttentionPlan(DecodeAttentionPlan&&) noexcept = default;
+DecodeAttentionPlan& DecodeAttentionPlan::operator=(DecodeAttentionPlan&&) noexcept = default;
+DecodeAttentionPlan::~DecodeAttentionPlan() = default;
+
+int64_t DecodeAttentionPlan::chunks() const { return state_->params.chunk_count; }
+int64_t DecodeAttentionPlan::page_bytes_read() const { return state_->page_bytes_read; }
+
+absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(const DecodeBatch& b,
+                                                                cudaStream_t stream) {
+  const int64_t d = b.head_dim;
+  if (d <= 0 || d % 32 != 0 || d > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("decode attention: head_dim %d is not a multiple of 32 up to 256", d));
+  }
+  if (b.batch <= 0 || b.q_tokens <= 0 || b.kv_heads <= 0 || b.heads % b.kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("decode attention: batch %d, q_tokens %d, heads %d / kv_heads %d", b.batch,
+                        b.q_tokens, b.heads, b.kv_heads));
+  }
+  if (b.tier_count < 0 || b.tier_count > kDecodeMaxTiers) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("decode attention: %d tiers; at most %d", b.tier_count, kDecodeMaxTiers));
+  }
+  const int64_t g = b.heads / b.kv_heads, rows = g * b.q_tokens;
+  const int64_t bh_count = b.batch * b.kv_heads;
+  auto state = std::make_unique<State>();
+  DecodeKernelParams& p = state->params;
+  p.tier_count = b.tier_count;
+  int64_t page_buffer = 16, unit_buffer = 0, meta_floats = 0, view_tokens = kRecentView;
+  for (int t = 0; t < b.tier_count; ++t) {
+    DecodeTier& dt = p.tiers[t];
+    dt.format = b.formats[t];
+    dt.layout = b.layouts[t];
+    dt.huffman = dt.format.huffman_bits > 0;
+    if (dt.format.head_dim != d) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "decode attention: tier %d has head_dim %d, the batch %d", t, dt.format.head_dim, d));
+    }
+    if (dt.huffman) {
+      dt.unit_format = KvUnitFormat(dt.format);
+      SLUICE_ASSIGN_OR_RETURN(dt.unit_layout, ComputeUnitLayout(dt.format));
+      const KvCodebooks cb = b.codebooks != nullptr ? b.codebooks[t] : KvCodebooks{};
+      // Without codebooks the tables stay null: an error once a page uses the tier.
+      if (cb.k != nullptr && cb.v != nullptr) {
+        SLUICE_ASSIGN_OR_RETURN(dt.k_table, state->Upload(cb.k->decode_table.data(),
+                                                          cb.k->decode_table.size(), stream));
+        SLUICE_ASSIGN_OR_RETURN(dt.v_table, state->Upload(cb.v->decode_table.data(),
+                                                          cb.v->decode_table.size(), stream));
+        dt.k_table_bits = cb.k->max_length;
+        dt.v_table_bits = cb.v->max_length;
+      }
+      dt.load_bytes = static_cast<int32_t>(Align16(dt.format.page_bytes));
+      unit_buffer = std::max<int64_t>(unit_buffer, Align16(dt.unit_layout.bytes_used));
+      view_tokens = std::max<int64_t>(view_tokens, dt.layout.unit_tokens);
+    } else {
+      dt.unit_format = dt.format;
+      dt.unit_layout = dt.layout;
+      dt.load_bytes = static_cast<int32_t>(Align16(dt.layout.bytes_used));
+      view_tokens = std::max<int64_t>(view_tokens, dt.layout.tokens);
+    }
+    page_buffer = std::max<int64_t>(page_buffer, dt.load_bytes + 16);
+    const int n = dt.unit_layout.tokens;
+    meta_floats = std::max<int64_t>(
+        meta_floats, KvMetaHalves(dt.unit_format.k, d, n) + KvMetaHalves(dt.unit_format.v, d, n));
+  }
+
+  // Pages, and each bh's keys: its slots, then its sequence's recent tokens.
+  const int32_t page_count = b.page_offsets[bh_count];
+  std::vector<int32_t> key_offsets(bh_count + 1, 0), slot_offsets(bh_count + 1, 0);
+  for (int64_t bh = 0; bh < bh_count; ++bh) {
+    const int64_t seq = bh / b.kv_heads;
+    const int64_t recent = b.recent_offsets[seq + 1] - b.recent_offsets[seq];
+    if (recent < b.q_tokens) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "decode attention: sequence %d has %d recent tokens, fewer than its %d queries", seq,
+          recent, b.q_tokens));
+    }
+    int64_t slots = 0;
+    for (int32_t i = b.page_offsets[bh]; i < b.page_offsets[bh + 1]; ++i) {
+      const KvPageRef& r = b.pages[i];
+      if (r.tier < 0 || r.tier >= b.tier_count || r.slots < 0 ||
+          r.slots > b.layouts[r.tier].tokens || reinterpret_cast<uintptr_t>(r.data) % 16 != 0) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "decode attention: page %d (tier %d, %d slots, data %p) is not valid or not 16-byte "
+            "aligned",
+            i, r.tier, r.slots, static_cast<const void*>(r.data)));
+      }
+      if (p.tiers[r.tier].huffman && p.tiers[r.tier].k_table == nullptr) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "decode attention: page %d is in Huffman-coded tier %d, which has no codebooks", i,
+            r.tier));
+      }
+      slots += r.slots;
+      state->page_bytes_read += p.tiers[r.tier].load_bytes;
+    }
+    slot_offsets[bh + 1] = static_cast<int32_t>(slot_offsets[bh] + slots);
+    key_offsets[bh + 1] = static_cast<int32_t>(key_offsets[bh] + slots + recent);
+    state->max_keys = std::max(state->max_keys, slots + recent);
+  }
+
+  // Chunks: runs of pages_per_chunk pages (by default enough for about two waves of the GPU),
+  // then the recent tokens, per bh.
+  int device = 0;
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  int sms = 0;
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  int32_t per_chunk = b.pages_per_chunk;
+  if (per_chunk <= 0) {
+    per_chunk = std::max<int32_t>(
+        4, static_cast<int32_t>((page_count + 6 * sms - 1) / std::max(1, 6 * sms)));
+  }
+  std::vector<DecodeChunk> chunks;
+  std::vector<int32_t> chunk_offsets = {0};
+  for (int64_t bh = 0; bh < bh_count; ++bh) {
+    int32_t key = 0;
+    for (int32_t i = b.page_offsets[bh]; i < b.page_offsets[bh + 1]; i += per_chunk) {
+      const int32_t end = std::min(b.page_offsets[bh + 1], i + per_chunk);
+      chunks.push_back(
+          {.bh = static_cast<int32_t>(bh), .page_begin = i, .page_end = end, .key_base = key});
+      for (int32_t j = i; j < end; ++j) key += b.pages[j].slots;
+    }
+    const int64_t seq = bh / b.kv_heads;
+    chunks.push_back(
+        {.bh = static_cast<int32_t>(bh),
+         .recent_begin = 0,
+         .recent_end = static_cast<int32_t>(b.recent_offsets[seq + 1] - b.recent_offsets[seq])});
+    chunk_offsets.push_back(static_cast<int32_t>(chunks.size()));
+  }
+
+  p.page_buffer_bytes = static_cast<int32_t>(page_buffer);
+  p.unit_buffer_bytes = static_cast<int32_t>(unit_buffer);
+  p.meta_floats = static_cast<int32_t>(meta_floats);
+  p.view_tokens = static_cast<int32_t>(view_tokens);
+  p.chunk_count = static_cast<int32_t>(chunks.size());
+  p.bh_count = static_cast<int32_t>(bh_count);
+  p.q_tokens = static_cast<int32_t>(b.q_tokens);
+  p.heads = static_cast<int32_t>(b.heads);
+  p.kv_heads = static_cast<int32_t>(b.kv_heads);
+  p.head_dim = static_cast<int32_t>(d);
+  p.group = static_cast<int32_t>(g);
+  p.rows = static_cast<int32_t>(rows);
+  p.scale = b.scale;
+  p.recent_k = b.recent_k;
+  p.recent_v = b.recent_v;
+  // Rows per block: the smallest of 1, 2, 4, 8 that holds a kv-head's rows, else 8.
+  state->rows_per_block = 1;
+  while (state->rows_per_block < 8 && state->rows_per_block < rows) state->rows_per_block *= 2;
+
+  int optin = 0;
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const size_t smem = DecodeSharedBytes(p, state->rows_per_block);
+  if (smem > static_cast<size_t>(optin)) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "decode attention: a block needs %d bytes of shared memory (pages of up to %d bytes); "
+        "the device allows %d",
+        smem, page_buffer, optin));
+  }
+
+  SLUICE_ASSIGN_OR_RETURN(p.pages, state->Upload(b.pages, page_count, stream));
+  SLUICE_ASSIGN_OR_RETURN(p.chunks, state->Upload(chunks.data(), chunks.size(), stream));
+  SLUICE_ASSIGN_OR_RETURN(p.chunk_offsets,
+                          state->Upload(chunk_offsets.data(), chunk_offsets.size(), stream));
+  SLUICE_ASSIGN_OR_RETURN(p.key_offsets,
+                          state->Upload(key_offsets.data(), key_offsets.size(), stream));
+  SLUICE_ASSIGN_OR_RETURN(p.slot_offsets,
+                          state->Upload(slot_offsets.data(), slot_offsets.size(), stream));
+  SLUICE_ASSIGN_OR_RETURN(p.recent_offsets, state->Upload(b.recent_offsets, b.batch + 1, stream));
+  SLUICE_ASSIGN_OR_RETURN(p.part_m, state->Workspace(p.chunk_count * rows));
+  SLUICE_ASSIGN_OR_RETURN(p.part_l, state->Workspace(p.chunk_count * rows));
+  SLUICE_ASSIGN_OR_RETURN(p.part_acc, state->Workspace(p.chunk_count * rows * d));
+  SLUICE_ASSIGN_OR_RETURN(p.row_m, state->Workspace(bh_count * rows));
+  SLUICE_ASSIGN_OR_RETURN(p.row_l, state->Workspace(bh_count * rows));
+  if (b.batch == 1) {
+    state->scores = true;
+    state->total_slots = slot_offsets[bh_count];
+    state->recent = b.recent_offsets[1] - b.recent_offsets[0];
+    SLUICE_ASSIGN_OR_RETURN(p.logits, state->Workspace(int64_t{key_offsets[bh_count]} * rows));
+  }
+  // The host vectors above go out of scope: wait for the copies.
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return DecodeAttentionPlan(std::move(state));
+}
+
+absl::Status DecodeAttentionPlan::Run(const float* q, float* out, cudaStream_t stream,
+                                      float* page_scores, float* recent_scores,
+                                      bool scores_per_head) const {
+  DecodeKernelParams p = state_->params;
+  p.q = q;
+  p.out = out;
+  const bool scores = page_scores != nullptr || recent_scores != nullptr;
+  if (scores && !state_->scores) {
+    return absl::UnimplementedError("decode attention: key scores are for batch 1 only");
+  }
+  if (!scores) p.logits = nullptr;
+  p.page_scores = page_scores;
+  p.recent_scores = recent_scores;
+  p.scores_per_head = scores_per_head;
+  SLUICE_CUDA_RETURN_IF_ERROR(LaunchDecodeAttention(p, state_->rows_per_block, stream));
+  if (scores) {
+    SLUICE_CUDA_RETURN_IF_ERROR(
+        LaunchDecodeScores(p, state_->max_keys, state_->total_slots, state_->recent, stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedAttention(const PagedAttentionParams& p, cudaStream_t stream) {
+  const int64_t recent_offsets[2] = {0, p.recent_tokens};
+  SLUICE_ASSIGN_OR_RETURN(DecodeAttentionPlan plan,
+                          DecodeAttentionPlan::Create({.batch = 1,
+                                                       .q_tokens = p.q_tokens,
+                                                       .heads = p.heads,
+                                                       .kv_heads = p.kv_heads,
+                                                       .head_dim = p.head_dim,
+                                                       .scale = p.scale,
+                                                       .formats = p.formats,
+                                                       .layouts = p.layouts,
+                                                       .codebooks = p.codebooks,
+                                                       .tier_count = p.tier_count,
+                                                       .pages = p.pages,
+                                                       .page_offsets = p.page_offsets,
+                                                       .recent_offsets = recent_offsets,
+                                                       .recent_k = p.recent_k,
+                                                       .recent_v = p.recent_v},
+                                                      stream));
+  SLUICE_RETURN_IF_ERROR(
+      plan.Run(p.q, p.out, stream, p.page_scores, p.recent_scores, p.scores_per_head));
+  // The plan's device memory goes with it: let the kernels finish first.
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
+}  // namespace sluice::kernels::cuda

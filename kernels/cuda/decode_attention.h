@@ -1,0 +1,84 @@
+// CUDA attention over compressed, mixed-tier KV pages with the decoding fused in: pages are
+// copied into shared memory (double-buffered, 16-byte cp.async), Huffman-coded units are decoded
+// there, codes are expanded in registers, and no fp32 copy of the KV ever reaches device memory.
+//
+// Split-K ("flash decoding"): the host plan cuts each (sequence, kv-head) page list into chunks
+// of pages, plus one chunk for the full-precision recent tokens; one thread block runs a chunk
+// for up to 8 query rows (a kv-head's query heads x query tokens) and writes a partial softmax
+// state; a second kernel merges the chunks of each (sequence, kv-head).
+//
+//   SLUICE_ASSIGN_OR_RETURN(DecodeAttentionPlan plan, DecodeAttentionPlan::Create(batch_desc));
+//   SLUICE_RETURN_IF_ERROR(plan.Run(q, out, stream));   // as often as the pages stay the same
+#ifndef SLUICE_KERNELS_CUDA_DECODE_ATTENTION_H_
+#define SLUICE_KERNELS_CUDA_DECODE_ATTENTION_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/op_params.h"
+
+namespace sluice::kernels::cuda {
+
+// At most this many tiers in one plan.
+inline constexpr int kMaxDecodeTiers = 4;
+
+// A batch of sequences, all metadata in host memory; page data and the recent K/V in device
+// memory. Sequence b, kv-head h owns pages [page_offsets[b * kv_heads + h], ... + 1).
+struct DecodeBatch {
+  int64_t batch = 0;
+  int64_t q_tokens = 0;  // queries per sequence (1 for decode)
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  float scale = 1.f;
+  const KvTierFormat* formats = nullptr;   // [tier_count]
+  const KvPageLayout* layouts = nullptr;   // [tier_count]
+  const KvCodebooks* codebooks = nullptr;  // [tier_count]; Huffman-coded tiers only
+  int32_t tier_count = 0;
+  const KvPageRef* pages = nullptr;       // [page_offsets[batch * kv_heads]]; data on device
+  const int32_t* page_offsets = nullptr;  // [batch * kv_heads + 1]
+  // Recent (full-precision) tokens of sequence b: rows [recent_offsets[b], recent_offsets[b+1])
+  // of recent_k / recent_v, each row [kv_heads, head_dim]; at least q_tokens per sequence.
+  const int64_t* recent_offsets = nullptr;  // [batch + 1]
+  const float* recent_k = nullptr;          // device
+  const float* recent_v = nullptr;          // device
+  // Pages per chunk; 0 lets the plan choose (enough chunks to fill the GPU twice).
+  int32_t pages_per_chunk = 0;
+};
+
+// Device copies of a batch's page table, work split and workspace. Move-only; frees its device
+// memory when destroyed. Build once per step (or once for a benchmark), run many times.
+class DecodeAttentionPlan {
+ public:
+  // InvalidArgument for shapes the kernels do not take (head_dim not a multiple of 32 or over
+  // 256, a page not 16-byte aligned, more than kMaxDecodeTiers tiers); errors of the CUDA calls.
+  static absl::StatusOr<DecodeAttentionPlan> Create(const DecodeBatch& batch, cudaStream_t stream);
+  DecodeAttentionPlan(DecodeAttentionPlan&&) noexcept;
+  DecodeAttentionPlan& operator=(DecodeAttentionPlan&&) noexcept;
+  ~DecodeAttentionPlan();
+
+  // out[b, t, h, :] for q [batch, q_tokens, heads, head_dim] (both device, fp32). With scores
+  // (batch 1 only), page_scores / recent_scores as in PagedAttentionParams, device memory.
+  absl::Status Run(const float* q, float* out, cudaStream_t stream, float* page_scores = nullptr,
+                   float* recent_scores = nullptr, bool scores_per_head = false) const;
+
+  int64_t chunks() const;
+  // Bytes of page data the kernels read per Run (whole pages as loaded).
+  int64_t page_bytes_read() const;
+
+ private:
+  struct State;
+  explicit DecodeAttentionPlan(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+// Backend::PagedAttention on the GPU: one sequence, host metadata, device data.
+absl::Status PagedAttention(const PagedAttentionParams& p, cudaStream_t stream);
+
+}  // namespace sluice::kernels::cuda
+
+#endif  // SLUICE_KERNELS_CUDA_DECODE_ATTENTION_H_

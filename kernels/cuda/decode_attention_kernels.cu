@@ -1,0 +1,611 @@
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_pipeline.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/decode_attention_kernels.h"
+
+namespace sluice::kernels::cuda {
+namespace {
+
+constexpr int kWarps = kDecodeThreads / 32;
+
+__device__ __forceinline__ float HalfBits(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+// A small non-negative int code as a float without the int-to-float unit (16 per clock on
+// sm_80/90): 2^23 + code has the code in its mantissa; subtracting 2^23 is exact.
+__device__ __forceinline__ float CodeToFloat(uint32_t code) {
+  return __int_as_float(0x4B000000u | code) - 8388608.f;
+}
+
+__device__ __forceinline__ float Fp8ToFloat(uint8_t b) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(b, __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+__device__ __forceinline__ float WarpSum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+__device__ __forceinline__ float WarpMax(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+__host__ __device__ inline int64_t Align16(int64_t x) { return (x + 15) / 16 * 16; }
+
+// Shared memory of one block, in order.
+struct Smem {
+  uint8_t* pages;  // [2, page_stride]: two page buffers
+  int64_t page_stride;
+  uint8_t* unit;  // [unit_buffer_bytes]
+  float* q;       // [R, head_dim], pre-scaled
+  float* acc;     // [R, head_dim]
+  float* meta;    // [meta_floats]: K meta then V meta of the current view, as floats
+  float* sc;      // [R, view_tokens]: logits, then weights
+  float* m;       // [R]
+  float* l;       // [R]
+  float* factor;  // [R]
+  float* qsum;    // [R, head_dim / 8]: sums of q over 8-channel slices
+};
+
+__host__ __device__ inline int64_t SmemBytes(const DecodeKernelParams& p, int rows) {
+  int64_t b = 2 * Align16(p.page_buffer_bytes) + Align16(p.unit_buffer_bytes);
+  b += 2 * static_cast<int64_t>(rows) * p.head_dim * 4;
+  b += Align16(static_cast<int64_t>(p.meta_floats) * 4);
+  b += Align16(static_cast<int64_t>(rows) * p.view_tokens * 4);
+  b += 3 * Align16(rows * 4);
+  b += Align16(static_cast<int64_t>(rows) * (p.head_dim / 8) * 4);
+  return b;
+}
+
+__device__ __forceinline__ Smem CarveSmem(uint8_t* base, const DecodeKernelParams& p, int rows) {
+  Smem s;
+  uint8_t* at = base;
+  auto take = [&](int64_t bytes) {
+    uint8_t* r = at;
+    at += Align16(bytes);
+    return r;
+  };
+  s.page_stride = Align16(p.page_buffer_bytes);
+  s.pages = take(2 * s.page_stride);
+  s.unit = take(p.unit_buffer_bytes);
+  s.q = reinterpret_cast<float*>(take(static_cast<int64_t>(rows) * p.head_dim * 4));
+  s.acc = reinterpret_cast<float*>(take(static_cast<int64_t>(rows) * p.head_dim * 4));
+  s.meta = reinterpret_cast<float*>(take(static_cast<int64_t>(p.meta_floats) * 4));
+  s.sc = reinterpret_cast<float*>(take(static_cast<int64_t>(rows) * p.view_tokens * 4));
+  s.m = reinterpret_cast<float*>(take(rows * 4));
+  s.l = reinterpret_cast<float*>(take(rows * 4));
+  s.factor = reinterpret_cast<float*>(take(rows * 4));
+  s.qsum = reinterpret_cast<float*>(take(static_cast<int64_t>(rows) * (p.head_dim / 8) * 4));
+  return s;
+}
+
+// A run of tokens of a fixed-width page (a page, or a decoded Huffman unit) in shared memory.
+struct View {
+  const uint8_t* data;  // the page (or unit page) bytes
+  const KvTierFormat* f;
+  const KvPageLayout* l;
+  int n;                  // tokens: slots [0, n)
+  const uint64_t* valid;  // valid bits; token t is bit valid_shift + t
+  int valid_shift;
+  int key_base;  // key index of token 0 within the bh's keys
+};
+
+__device__ __forceinline__ bool Live(const View& v, int t) {
+  const int b = v.valid_shift + t;
+  return (v.valid[b >> 6] >> (b & 63)) & 1;
+}
+
+// Converts the view's K and V meta segments to floats: K at meta[0, kh), V at meta[kh, ...).
+__device__ __forceinline__ void ConvertMeta(const View& v, int d, float* meta, int* k_halves) {
+  const int kh = KvMetaHalves(v.f->k, d, v.l->tokens);
+  const int vh = KvMetaHalves(v.f->v, d, v.l->tokens);
+  const uint16_t* km = reinterpret_cast<const uint16_t*>(v.data + v.l->k_meta);
+  const uint16_t* vm = reinterpret_cast<const uint16_t*>(v.data + v.l->v_meta);
+  for (int i = threadIdx.x; i < kh; i += kDecodeThreads) meta[i] = HalfBits(km[i]);
+  for (int i = threadIdx.x; i < vh; i += kDecodeThreads) meta[kh + i] = HalfBits(vm[i]);
+  *k_halves = kh;
+}
+
+// Logits of the view's tokens for every row: sc[r, t] (masked: -inf). One thread per token for
+// tiled int keys, one warp per token for token-major keys.
+template <int R>
+__device__ __forceinline__ void ScoreView(const DecodeKernelParams& p, const Smem& s, const View& v,
+                                          const float* kmeta, int rows_here) {
+  const int d = p.head_dim, N = v.l->tokens, vt = p.view_tokens;
+  const KvQuantSpec& ks = v.f->k;
+  const uint8_t* codes = v.data + v.l->k_codes;
+  if (ks.codec == KvCodec::kInt) {
+    const int bits = ks.bits, per = 8 / bits, mask = (1 << bits) - 1;
+    const int T = v.l->k_tile, rb = v.l->k_row_bytes;
+    const int gs = ks.group == 0 ? d : ks.group;
+    for (int t = threadIdx.x; t < v.n; t += kDecodeThreads) {
+      float acc[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] = 0.f;
+      const uint8_t* tile = codes + (t / T) * T * rb + (t % T);
+      if (ks.grouping == KvGrouping::kPerToken) {
+        const int groups = d / gs;
+        for (int gi = 0; gi < groups; ++gi) {
+          float part[R];
+#pragma unroll
+          for (int r = 0; r < R; ++r) part[r] = 0.f;
+          for (int c = gi * gs; c < (gi + 1) * gs; c += per) {
+            const uint32_t byte = tile[(c / per) * T];
+            for (int e = 0; e < per; ++e) {
+              const float x = CodeToFloat((byte >> (e * bits)) & mask);
+#pragma unroll
+              for (int r = 0; r < R; ++r) part[r] = fmaf(s.q[r * d + c + e], x, part[r]);
+            }
+          }
+          const float scale = kmeta[gi * N + t], zero = kmeta[(groups + gi) * N + t];
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            // sum_c q_c (zero + code_c scale) over the group's channels.
+            float qs = 0.f;
+            if (gs % 8 == 0) {
+              for (int j = 0; j < gs / 8; ++j) qs += s.qsum[r * (d / 8) + gi * (gs / 8) + j];
+            } else {
+              for (int c = gi * gs; c < (gi + 1) * gs; ++c) qs += s.q[r * d + c];
+            }
+            acc[r] += scale * part[r] + zero * qs;
+          }
+        }
+      } else {
+        const int bc = ks.grouping == KvGrouping::kBlock ? ks.block_channels : 1;
+        const int blocks = d / bc;
+        const float* ms = kmeta + (t / gs) * 2 * blocks;
+        const float* mz = ms + blocks;
+        for (int c = 0; c < d; c += per) {
+          const uint32_t byte = tile[(c / per) * T];
+          for (int e = 0; e < per; ++e) {
+            const int ch = c + e;
+            const float x =
+                fmaf(CodeToFloat((byte >> (e * bits)) & mask), ms[ch / bc], mz[ch / bc]);
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r] = fmaf(s.q[r * d + ch], x, acc[r]);
+          }
+        }
+      }
+      const bool live = Live(v, t);
+#pragma unroll
+      for (int r = 0; r < R; ++r) s.sc[r * vt + t] = live && r < rows_here ? acc[r] : -INFINITY;
+    }
+    return;
+  }
+  // f16 / fp8: token-major rows.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gs = ks.group == 0 ? d : ks.group;
+  for (int t = warp; t < v.n; t += kWarps) {
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+    for (int c = lane; c < d; c += 32) {
+      float x;
+      if (ks.codec == KvCodec::kF16) {
+        x = HalfBits(reinterpret_cast<const uint16_t*>(codes + t * v.l->k_row_bytes)[c]);
+      } else {
+        x = Fp8ToFloat(codes[t * v.l->k_row_bytes + c]) * kmeta[(c / gs) * N + t];
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] = fmaf(s.q[r * d + c], x, acc[r]);
+    }
+    const bool live = Live(v, t);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float x = WarpSum(acc[r]);
+      if (lane == 0) s.sc[r * vt + t] = live && r < rows_here ? x : -INFINITY;
+    }
+  }
+}
+
+// Online-softmax step over the view's n logits: running max and sum per row, weights in place
+// of the logits, and the factor the accumulators must be scaled by. Optionally copies the
+// logits to the global logits array first.
+template <int R>
+__device__ __forceinline__ void SoftmaxView(const DecodeKernelParams& p, const Smem& s, int n,
+                                            float* logits, int row0) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, vt = p.view_tokens;
+  for (int r = warp; r < R; r += kWarps) {
+    float* x = s.sc + r * vt;
+    if (logits != nullptr && row0 + r < p.rows) {
+      for (int t = lane; t < n; t += 32) logits[static_cast<int64_t>(t) * p.rows + row0 + r] = x[t];
+    }
+    float mx = -INFINITY;
+    for (int t = lane; t < n; t += 32) mx = fmaxf(mx, x[t]);
+    mx = WarpMax(mx);
+    const float m_old = s.m[r], m_new = fmaxf(m_old, mx);
+    float sum = 0.f;
+    for (int t = lane; t < n; t += 32) {
+      const float w = m_new == -INFINITY ? 0.f : expf(x[t] - m_new);
+      x[t] = w;
+      sum += w;
+    }
+    sum = WarpSum(sum);
+    if (lane == 0) {
+      const float f = m_new == -INFINITY ? 1.f : expf(m_old - m_new);
+      s.factor[r] = f;
+      s.l[r] = s.l[r] * f + sum;
+      s.m[r] = m_new;
+    }
+  }
+}
+
+__device__ __forceinline__ void RescaleAcc(const Smem& s, int rows, int d) {
+  for (int i = threadIdx.x; i < rows * d; i += kDecodeThreads) s.acc[i] *= s.factor[i / d];
+}
+
+// acc[r, :] += sum_t w[r, t] v[t, :] over a fixed-width view. Thread items are (column, split):
+// a column is one byte of int codes (8 / bits channels) or one channel; splits share tokens.
+template <int R>
+__device__ __forceinline__ void AccumulateView(const DecodeKernelParams& p, const Smem& s,
+                                               const View& v, const float* vmeta) {
+  const int d = p.head_dim, N = v.l->tokens, vt = p.view_tokens;
+  const KvQuantSpec& vs = v.f->v;
+  const uint8_t* codes = v.data + v.l->v_codes;
+  const int rb = v.l->v_row_bytes;
+  const int gs = vs.group == 0 ? d : vs.group, groups = d / gs;
+  const bool is_int = vs.codec == KvCodec::kInt;
+  const int cols = is_int ? rb : d;
+  const int per = is_int ? 8 / vs.bits : 1;
+  const int bits = is_int ? vs.bits : 8, mask = (1 << bits) - 1;
+  const int splits = max(1, kDecodeThreads / cols);
+  for (int item = threadIdx.x; item < cols * splits; item += kDecodeThreads) {
+    const int col = item % cols, split = item / cols;
+    float a[R][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) a[r][e] = 0.f;
+    }
+    for (int t = split; t < v.n; t += splits) {
+      float w[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) w[r] = s.sc[r * vt + t];
+      if (is_int) {
+        const uint32_t byte = codes[t * rb + col];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (e >= per) break;
+          const int gi = (col + e * rb) / gs;
+          const float x = fmaf(CodeToFloat((byte >> (e * bits)) & mask), vmeta[gi * N + t],
+                               vmeta[(groups + gi) * N + t]);
+#pragma unroll
+          for (int r = 0; r < R; ++r) a[r][e] = fmaf(w[r], x, a[r][e]);
+        }
+      } else {
+        const float x = vs.codec == KvCodec::kF16
+                            ? HalfBits(reinterpret_cast<const uint16_t*>(codes + t * rb)[col])
+                            : Fp8ToFloat(codes[t * rb + col]) * vmeta[(col / gs) * N + t];
+#pragma unroll
+        for (int r = 0; r < R; ++r) a[r][0] = fmaf(w[r], x, a[r][0]);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (e >= per) break;
+      const int ch = col + e * rb * (is_int ? 1 : 0);
+#pragma unroll
+      for (int r = 0; r < R; ++r) atomicAdd(&s.acc[r * d + ch], a[r][e]);
+    }
+  }
+}
+
+// One view: meta, logits, softmax step, accumulation. Ends synchronized.
+template <int R>
+__device__ __forceinline__ void RunView(const DecodeKernelParams& p, const Smem& s, const View& v,
+                                        int rows_here, float* logits, int row0) {
+  int kh = 0;
+  ConvertMeta(v, p.head_dim, s.meta, &kh);
+  __syncthreads();
+  ScoreView<R>(p, s, v, s.meta, rows_here);
+  __syncthreads();
+  SoftmaxView<R>(p, s, v.n, logits ? logits + static_cast<int64_t>(v.key_base) * p.rows : nullptr,
+                 row0);
+  __syncthreads();
+  RescaleAcc(s, R, p.head_dim);
+  __syncthreads();
+  AccumulateView<R>(p, s, v, s.meta + kh);
+  __syncthreads();
+}
+
+// Recent tokens [i0, i1) of sequence b (fp32 rows in global memory), causal per query token.
+template <int R>
+__device__ __forceinline__ void RunRecent(const DecodeKernelParams& p, const Smem& s, int b,
+                                          int kvh, int i0, int i1, int rcount, int row0,
+                                          int rows_here, float* logits, int key_base) {
+  const int d = p.head_dim, vt = p.view_tokens;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t base = p.recent_offsets[b];
+  const int n = i1 - i0;
+  for (int j = warp; j < n; j += kWarps) {
+    const int i = i0 + j;
+    const float* k = p.recent_k + ((base + i) * p.kv_heads + kvh) * d;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+    for (int c = lane; c < d; c += 32) {
+      const float x = k[c];
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] = fmaf(s.q[r * d + c], x, acc[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float x = WarpSum(acc[r]);
+      const int row = row0 + r, tq = row / p.group;
+      const bool visible = r < rows_here && i <= rcount - p.q_tokens + tq;
+      if (lane == 0) s.sc[r * vt + j] = visible ? x : -INFINITY;
+    }
+  }
+  __syncthreads();
+  SoftmaxView<R>(p, s, n, logits ? logits + static_cast<int64_t>(key_base + i0) * p.rows : nullptr,
+                 row0);
+  __syncthreads();
+  RescaleAcc(s, R, d);
+  __syncthreads();
+  for (int c = threadIdx.x; c < d; c += kDecodeThreads) {
+    float a[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) a[r] = 0.f;
+    for (int j = 0; j < n; ++j) {
+      const float x = p.recent_v[((base + i0 + j) * p.kv_heads + kvh) * d + c];
+#pragma unroll
+      for (int r = 0; r < R; ++r) a[r] = fmaf(s.sc[r * vt + j], x, a[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) s.acc[r * d + c] += a[r];
+  }
+  __syncthreads();
+}
+
+// Copies a page into shared memory with 16-byte asynchronous copies (one commit group).
+__device__ __forceinline__ void LoadPage(uint8_t* dst, const uint8_t* src, int bytes) {
+  for (int i = threadIdx.x * 16; i < bytes; i += kDecodeThreads * 16) {
+    __pipeline_memcpy_async(dst + i, src + i, 16);
+  }
+  __pipeline_commit();
+}
+
+// 32 bits of a bitstream starting at bit `pos` (the stream's words 4-byte aligned).
+__device__ __forceinline__ uint32_t BitWindow(const uint32_t* words, uint32_t pos) {
+  return __funnelshift_r(words[pos >> 5], words[(pos >> 5) + 1], pos & 31);
+}
+
+// Decodes unit `index` of the Huffman-coded page `page` (shared memory) into `unit`: one thread
+// per stream (4 K, 4 V), the others copy the unit's meta. Branch-free: one table lookup and
+// one add per symbol.
+__device__ __forceinline__ void DecodeUnit(const DecodeTier& tier, int d, const uint8_t* page,
+                                           int index, uint8_t* unit) {
+  const KvPageLayout& l = tier.layout;
+  const KvPageLayout& ul = tier.unit_layout;
+  const int n = d * l.unit_tokens / kKvHuffmanStreams;
+  const uint32_t* streams = reinterpret_cast<const uint32_t*>(page + l.streams) + index * 8;
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(page + l.bitstream);
+  if (threadIdx.x < 2 * kKvHuffmanStreams) {
+    const int st = threadIdx.x;
+    const bool key = st < kKvHuffmanStreams;
+    const uint16_t* table = key ? tier.k_table : tier.v_table;
+    const uint32_t mask = (1u << (key ? tier.k_table_bits : tier.v_table_bits)) - 1;
+    uint8_t* out = unit + (key ? ul.k_codes + st * n : ul.v_codes + (st - 4) * n);
+    uint32_t pos = streams[st];
+    for (int i = 0; i < n; ++i) {
+      const uint32_t e = __ldg(table + (BitWindow(words, pos) & mask));
+      out[i] = static_cast<uint8_t>(e & 0xff);
+      pos += e >> 8;
+    }
+  } else {
+    const uint8_t* meta = page + l.unit_meta + index * l.unit_meta_bytes;
+    const int kb = l.unit_k_meta_bytes;
+    for (int i = threadIdx.x - 8; i < l.unit_meta_bytes; i += kDecodeThreads - 8) {
+      if (i < kb) {
+        unit[ul.k_meta + i] = meta[i];
+      } else {
+        unit[ul.v_meta + i - kb] = meta[i];
+      }
+    }
+  }
+}
+
+template <int R>
+__global__ void __launch_bounds__(kDecodeThreads)
+    ChunkKernel(const __grid_constant__ DecodeKernelParams p) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const Smem s = CarveSmem(smem_raw, p, R);
+  const DecodeChunk chunk = p.chunks[blockIdx.x];
+  const int row0 = blockIdx.y * R;
+  const int rows_here = min(R, p.rows - row0);
+  const int d = p.head_dim;
+  const int b = chunk.bh / p.kv_heads, kvh = chunk.bh % p.kv_heads;
+
+  for (int i = threadIdx.x; i < R * d; i += kDecodeThreads) {
+    const int r = i / d, c = i % d, row = row0 + r;
+    float x = 0.f;
+    if (r < rows_here) {
+      const int tq = row / p.group, h = kvh * p.group + row % p.group;
+      x = p.q[((static_cast<int64_t>(b) * p.q_tokens + tq) * p.heads + h) * d + c] * p.scale;
+    }
+    s.q[i] = x;
+    s.acc[i] = 0.f;
+  }
+  if (threadIdx.x < R) {
+    s.m[threadIdx.x] = -INFINITY;
+    s.l[threadIdx.x] = 0.f;
+  }
+  __syncthreads();
+  // Sums of q over 8-channel slices, for per-token K groups (their zero points factor out).
+  for (int i = threadIdx.x; i < R * (d / 8); i += kDecodeThreads) {
+    const int r = i / (d / 8), j = i % (d / 8);
+    float x = 0.f;
+    for (int c = j * 8; c < j * 8 + 8; ++c) x += s.q[r * d + c];
+    s.qsum[i] = x;
+  }
+  __syncthreads();
+
+  float* logits = p.logits == nullptr
+                      ? nullptr
+                      : p.logits + static_cast<int64_t>(p.key_offsets[chunk.bh]) * p.rows;
+  if (chunk.recent_begin >= 0) {
+    const int rcount = static_cast<int>(p.recent_offsets[b + 1] - p.recent_offsets[b]);
+    const int key_base = p.key_offsets[chunk.bh + 1] - p.key_offsets[chunk.bh] - rcount;
+    for (int i0 = chunk.recent_begin; i0 < chunk.recent_end; i0 += kRecentView) {
+      const int i1 = min(chunk.recent_end, i0 + kRecentView);
+      RunRecent<R>(p, s, b, kvh, i0, i1, rcount, row0, rows_here, logits, key_base);
+    }
+  } else {
+    int key_base = chunk.key_base;
+    if (chunk.page_begin < chunk.page_end) {
+      const KvPageRef first = p.pages[chunk.page_begin];
+      LoadPage(s.pages, first.data, p.tiers[first.tier].load_bytes);
+    }
+    for (int pi = chunk.page_begin; pi < chunk.page_end; ++pi) {
+      const int buf = (pi - chunk.page_begin) & 1;
+      if (pi + 1 < chunk.page_end) {
+        const KvPageRef next = p.pages[pi + 1];
+        LoadPage(s.pages + (buf ^ 1) * s.page_stride, next.data, p.tiers[next.tier].load_bytes);
+        __pipeline_wait_prior(1);
+      } else {
+        __pipeline_wait_prior(0);
+      }
+      __syncthreads();
+      const KvPageRef ref = p.pages[pi];
+      const DecodeTier& tier = p.tiers[ref.tier];
+      const uint8_t* page = s.pages + buf * s.page_stride;
+      const uint64_t* valid = reinterpret_cast<const uint64_t*>(page + tier.layout.valid);
+      if (!tier.huffman) {
+        const View v{page, &tier.format, &tier.layout, ref.slots, valid, 0, key_base};
+        RunView<R>(p, s, v, rows_here, logits, row0);
+      } else {
+        const int u = tier.layout.unit_tokens;
+        for (int index = 0; index < ref.slots / u; ++index) {
+          DecodeUnit(tier, d, page, index, s.unit);
+          __syncthreads();
+          const View v{s.unit, &tier.unit_format, &tier.unit_layout,   u,
+                       valid,  index * u,         key_base + index * u};
+          RunView<R>(p, s, v, rows_here, logits, row0);
+        }
+      }
+      key_base += ref.slots;
+    }
+  }
+  // The chunk's partial state.
+  for (int i = threadIdx.x; i < rows_here * d; i += kDecodeThreads) {
+    const int r = i / d, c = i % d;
+    p.part_acc[(static_cast<int64_t>(blockIdx.x) * p.rows + row0 + r) * d + c] = s.acc[i];
+  }
+  if (threadIdx.x < rows_here) {
+    p.part_m[static_cast<int64_t>(blockIdx.x) * p.rows + row0 + threadIdx.x] = s.m[threadIdx.x];
+    p.part_l[static_cast<int64_t>(blockIdx.x) * p.rows + row0 + threadIdx.x] = s.l[threadIdx.x];
+  }
+}
+
+// Merges the chunks of one (sequence, kv-head): out = sum_i e^(m_i - M) acc_i / L.
+__global__ void MergeKernel(const __grid_constant__ DecodeKernelParams p) {
+  const int bh = blockIdx.x, d = p.head_dim;
+  const int b = bh / p.kv_heads, kvh = bh % p.kv_heads;
+  const int c0 = p.chunk_offsets[bh], c1 = p.chunk_offsets[bh + 1];
+  for (int i = threadIdx.x; i < p.rows * d; i += blockDim.x) {
+    const int r = i / d, c = i % d;
+    float M = -INFINITY;
+    for (int k = c0; k < c1; ++k) M = fmaxf(M, p.part_m[static_cast<int64_t>(k) * p.rows + r]);
+    float L = 0.f, o = 0.f;
+    for (int k = c0; k < c1; ++k) {
+      const float m = p.part_m[static_cast<int64_t>(k) * p.rows + r];
+      const float w = m == -INFINITY ? 0.f : expf(m - M);
+      L += w * p.part_l[static_cast<int64_t>(k) * p.rows + r];
+      o += w * p.part_acc[(static_cast<int64_t>(k) * p.rows + r) * d + c];
+    }
+    const int tq = r / p.group, h = kvh * p.group + r % p.group;
+    p.out[((static_cast<int64_t>(b) * p.q_tokens + tq) * p.heads + h) * d + c] = o / L;
+    if (c == 0) {
+      p.row_m[static_cast<int64_t>(bh) * p.rows + r] = M;
+      p.row_l[static_cast<int64_t>(bh) * p.rows + r] = L;
+    }
+  }
+}
+
+// Cumulative attention per key (batch 1): weights from the logits and each row's final max and
+// sum, summed over the rows of a kv-head (or per query head), added to the score arrays.
+__global__ void ScoreKernel(const __grid_constant__ DecodeKernelParams p, int64_t total_slots,
+                            int64_t recent) {
+  const int bh = blockIdx.y, kvh = bh % p.kv_heads;
+  const int k0 = p.key_offsets[bh], keys = p.key_offsets[bh + 1] - k0;
+  const int paged = p.slot_offsets[bh + 1] - p.slot_offsets[bh];
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= keys) return;
+  const float* lg = p.logits + static_cast<int64_t>(k0 + j) * p.rows;
+  const float* M = p.row_m + static_cast<int64_t>(bh) * p.rows;
+  const float* L = p.row_l + static_cast<int64_t>(bh) * p.rows;
+  const int buckets = p.scores_per_head ? p.group : 1;
+  for (int gi = 0; gi < buckets; ++gi) {
+    float sum = 0.f;
+    for (int r = 0; r < p.rows; ++r) {
+      if (p.scores_per_head && r % p.group != gi) continue;
+      sum += lg[r] == -INFINITY ? 0.f : expf(lg[r] - M[r]) / L[r];
+    }
+    if (j < paged) {
+      p.page_scores[gi * total_slots + p.slot_offsets[bh] + j] += sum;
+    } else {
+      const int64_t row = p.scores_per_head ? kvh * p.group + gi : kvh;
+      p.recent_scores[row * recent + (j - paged)] += sum;
+    }
+  }
+}
+
+template <int R>
+cudaError_t LaunchRows(const DecodeKernelParams& p, cudaStream_t stream) {
+  const int64_t smem = SmemBytes(p, R);
+  if (smem > 48 * 1024) {
+    if (cudaError_t e = cudaFuncSetAttribute(
+            ChunkKernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+        e != cudaSuccess) {
+      return e;
+    }
+  }
+  const dim3 grid(p.chunk_count, (p.rows + R - 1) / R);
+  ChunkKernel<R><<<grid, kDecodeThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+size_t DecodeSharedBytes(const DecodeKernelParams& p, int rows_per_block) {
+  return static_cast<size_t>(SmemBytes(p, rows_per_block));
+}
+
+cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, int rows_per_block,
+                                  cudaStream_t stream) {
+  cudaError_t e;
+  switch (rows_per_block) {
+    case 1:
+      e = LaunchRows<1>(p, stream);
+      break;
+    case 2:
+      e = LaunchRows<2>(p, stream);
+      break;
+    case 4:
+      e = LaunchRows<4>(p, stream);
+      break;
+    case 8:
+      e = LaunchRows<8>(p, stream);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  if (e != cudaSuccess) return e;
+  MergeKernel<<<p.bh_count, 256, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDecodeScores(const DecodeKernelParams& p, int64_t max_keys, int64_t total_slots,
+                               int64_t recent, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((max_keys + 127) / 128), p.bh_count);
+  ScoreKernel<<<grid, 128, 0, stream>>>(p, total_slots, recent);
+  return cudaGetLastError();
+}
+
+}  // namespace sluice::kernels::cuda

@@ -1,0 +1,115 @@
+// The kernels behind kernels/cuda/decode_attention.h and the plain structs the host plan fills
+// for them. Internal to the CUDA backend: no absl here, so nvcc compiles only what it must.
+#ifndef SLUICE_KERNELS_CUDA_DECODE_ATTENTION_KERNELS_H_
+#define SLUICE_KERNELS_CUDA_DECODE_ATTENTION_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/kv_format.h"
+#include "kernels/op_params.h"
+
+namespace sluice::kernels::cuda {
+
+#ifdef __CUDACC__
+#define SLUICE_HOST_DEVICE __host__ __device__
+#else
+#define SLUICE_HOST_DEVICE
+#endif
+
+inline constexpr int kDecodeThreads = 128;
+inline constexpr int kDecodeMaxTiers = 4;
+// Recent (fp32) tokens handled per pass.
+inline constexpr int kRecentView = 64;
+
+// One tier as the kernels see it. For a Huffman-coded tier, `unit_format`/`unit_layout` are the
+// fixed-width unit page each unit decodes into; otherwise they equal `format`/`layout`.
+struct DecodeTier {
+  KvTierFormat format;
+  KvPageLayout layout;
+  KvTierFormat unit_format;
+  KvPageLayout unit_layout;
+  const uint16_t* k_table = nullptr;  // device [1 << k_table_bits], HuffmanCodebook::decode_table
+  const uint16_t* v_table = nullptr;
+  int32_t k_table_bits = 0;
+  int32_t v_table_bits = 0;
+  int32_t load_bytes = 0;  // bytes of each page copied to shared memory, a multiple of 16
+  bool huffman = false;
+};
+
+// A run of one (sequence, kv-head)'s pages, or (recent_begin >= 0) its recent tokens.
+struct DecodeChunk {
+  int32_t bh = 0;          // sequence * kv_heads + kv-head
+  int32_t page_begin = 0;  // [page_begin, page_end) of DecodeKernelParams::pages
+  int32_t page_end = 0;
+  int32_t key_base = 0;  // key index (within the bh's keys) of page_begin's slot 0
+  int32_t recent_begin = -1;
+  int32_t recent_end = -1;
+};
+
+// Halves of a meta segment (kernels/kv_format.h) of `spec` on a page of `tokens` slots.
+SLUICE_HOST_DEVICE inline int KvMetaHalves(const KvQuantSpec& spec, int d, int tokens) {
+  if (spec.codec == KvCodec::kF16) return 0;
+  const int gs = spec.group == 0 ? d : spec.group;
+  if (spec.codec == KvCodec::kFp8) return (d / gs) * tokens;
+  if (spec.grouping == KvGrouping::kPerToken) return 2 * (d / gs) * tokens;
+  const int blocks = spec.grouping == KvGrouping::kBlock ? d / spec.block_channels : d;
+  return (tokens / gs) * 2 * blocks;
+}
+
+struct DecodeKernelParams {
+  DecodeTier tiers[kDecodeMaxTiers];
+  int32_t tier_count = 0;
+  const KvPageRef* pages = nullptr;        // device [pages]
+  const DecodeChunk* chunks = nullptr;     // device [chunk_count]
+  const int32_t* chunk_offsets = nullptr;  // device [bh_count + 1]: bh's chunks, contiguous
+  // Keys of each bh: its pages' slots (dead or alive), then its recent tokens.
+  const int32_t* key_offsets = nullptr;     // device [bh_count + 1]
+  const int32_t* slot_offsets = nullptr;    // device [bh_count + 1]: paged slots only
+  const int64_t* recent_offsets = nullptr;  // device [batch + 1]
+  const float* recent_k = nullptr;          // [recent rows, kv_heads, head_dim]
+  const float* recent_v = nullptr;
+  const float* q = nullptr;  // [batch, q_tokens, heads, head_dim]
+  float* out = nullptr;      // [batch, q_tokens, heads, head_dim]
+  int32_t chunk_count = 0;
+  int32_t bh_count = 0;
+  int32_t q_tokens = 0;
+  int32_t heads = 0;
+  int32_t kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t group = 0;  // heads / kv_heads
+  int32_t rows = 0;   // group * q_tokens; row r is query token r / group, query head r % group
+  float scale = 1.f;
+  // Workspace.
+  float* part_m = nullptr;    // [chunk_count, rows]
+  float* part_l = nullptr;    // [chunk_count, rows]
+  float* part_acc = nullptr;  // [chunk_count, rows, head_dim]
+  float* row_m = nullptr;     // [bh_count, rows]
+  float* row_l = nullptr;     // [bh_count, rows]
+  float* logits = nullptr;    // [key_offsets[bh_count], rows], or null without scores
+  // Shared memory carve-up (bytes / floats), from the plan.
+  int32_t page_buffer_bytes = 0;  // one of two page buffers
+  int32_t unit_buffer_bytes = 0;
+  int32_t meta_floats = 0;
+  int32_t view_tokens = 0;
+  // Scores (batch 1): as PagedAttentionParams.
+  float* page_scores = nullptr;
+  float* recent_scores = nullptr;
+  bool scores_per_head = false;
+};
+
+// Shared memory one block needs with `rows_per_block` (1, 2, 4 or 8) rows.
+size_t DecodeSharedBytes(const DecodeKernelParams& p, int rows_per_block);
+
+// Enqueues the chunk kernel and the merge on `stream`.
+cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, int rows_per_block,
+                                  cudaStream_t stream);
+// Then, with logits (batch 1): adds each key's weights to page_scores / recent_scores.
+// max_keys bounds any bh's keys; total_slots is page_scores' row length; recent the recent tokens.
+cudaError_t LaunchDecodeScores(const DecodeKernelParams& p, int64_t max_keys, int64_t total_slots,
+                               int64_t recent, cudaStream_t stream);
+
+}  // namespace sluice::kernels::cuda
+
+#endif  // SLUICE_KERNELS_CUDA_DECODE_ATTENTION_KERNELS_H_

@@ -1,0 +1,64 @@
+#include "kernels/cuda/matmul.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "absl/strings/str_format.h"
+#include "kernels/cuda/cublas_status.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/dequantize.h"
+
+namespace sluice::kernels::cuda {
+namespace {
+
+// Expanded weights per chunk: large enough that each SGEMM is big, small enough that a
+// 128k-row output projection does not need gigabytes of scratch.
+constexpr int64_t kMaxChunkBytes = int64_t{128} << 20;
+
+int64_t ChunkRows(const MatmulParams& p) {
+  const int64_t row_bytes = p.k * static_cast<int64_t>(sizeof(float));
+  return std::clamp<int64_t>(kMaxChunkBytes / row_bytes, 1, p.n);
+}
+
+}  // namespace
+
+size_t MatmulWorkspaceBytes(const MatmulParams& p) {
+  if (p.w_type == GgmlType::kF32) return 0;
+  return static_cast<size_t>(ChunkRows(p) * p.k) * sizeof(float);
+}
+
+absl::Status Matmul(const MatmulParams& p, cublasHandle_t cublas, float* workspace,
+                    cudaStream_t stream) {
+  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+  if (p.m > kMaxInt || p.n > kMaxInt || p.k > kMaxInt) {
+    return absl::UnimplementedError(absl::StrFormat(
+        "matmul: m=%d n=%d k=%d exceeds cuBLAS's 32-bit sizes on the CUDA backend", p.m, p.n, p.k));
+  }
+  const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+  const float one = 1.f, zero = 0.f;
+  // cuBLAS is column-major: y [m, n] row-major is C = y^T [n, m] with ldc = n; w [n, k]
+  // row-major is a k x n column-major matrix, transposed to n x k; x [m, k] row-major is the
+  // k x m column-major B. So C = op_T(w) * x.
+  if (p.w_type == GgmlType::kF32) {
+    SLUICE_CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one,
+                                              static_cast<const float*>(p.w), k, p.x, k, &zero, p.y,
+                                              n));
+    return absl::OkStatus();
+  }
+  const GgmlTypeTraits* t = FindGgmlType(static_cast<uint32_t>(p.w_type));
+  const int64_t row_bytes = p.k / t->block_size * t->type_size;
+  const int64_t chunk = ChunkRows(p);
+  for (int64_t n0 = 0; n0 < p.n; n0 += chunk) {
+    const int nc = static_cast<int>(std::min(chunk, p.n - n0));
+    // The chunk's rows [n0, n0 + nc) of w, expanded, give rows [n0, n0 + nc) of C. The next
+    // chunk's expansion overwrites the workspace only after this SGEMM ran: same stream.
+    SLUICE_CUDA_RETURN_IF_ERROR(LaunchDequantizeRows(
+        p.w_type, static_cast<const uint8_t*>(p.w) + n0 * row_bytes, nc, p.k, workspace, stream));
+    SLUICE_CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas, CUBLAS_OP_T, CUBLAS_OP_N, nc, m, k, &one,
+                                              workspace, k, p.x, k, &zero, p.y + n0, n));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace sluice::kernels::cuda
