@@ -79,6 +79,10 @@ absl::Status ValidateMatmul(const MatmulParams& p) {
   if (p.m > 0 && (p.x == nullptr || p.w == nullptr || p.y == nullptr)) {
     return Invalid("matmul", "x, w and y must be non-null");
   }
+  if (p.precision != MatmulPrecision::kFp32 && p.precision != MatmulPrecision::kBf16) {
+    return Invalid("matmul",
+                   absl::StrFormat("unknown precision %d", static_cast<int>(p.precision)));
+  }
   return absl::OkStatus();
 }
 

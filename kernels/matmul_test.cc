@@ -66,7 +66,9 @@ class MatmulTest : public ::testing::TestWithParam<BackendCase> {
     backend_ = std::move(*backend);
   }
 
-  void Check(GgmlType type, int64_t m, int64_t n, int64_t k, uint64_t seed) {
+  // `precision` kBf16 allows bf16 rounding of both operands (2^-9 relative each, to nearest).
+  void Check(GgmlType type, int64_t m, int64_t n, int64_t k, uint64_t seed,
+             MatmulPrecision precision = MatmulPrecision::kFp32) {
     SCOPED_TRACE(::testing::Message()
                  << backend_->name() << " " << GgmlTypeName(uint32_t(type)) << " m=" << m
                  << " n=" << n << " k=" << k << " seed=" << seed);
@@ -91,7 +93,8 @@ class MatmulTest : public ::testing::TestWithParam<BackendCase> {
                  .m = m,
                  .n = n,
                  .k = k});
-    for (float& b : bound) b = 2e-6f * b + 1e-6f;
+    const float rel = precision == MatmulPrecision::kBf16 ? 4.5e-3f : 2e-6f;
+    for (float& b : bound) b = rel * b + 1e-6f;
 
     auto xb = GuardedBuffer::Create(*backend_, x.size());
     auto wb = backend_->Allocate(w.size());
@@ -99,8 +102,14 @@ class MatmulTest : public ::testing::TestWithParam<BackendCase> {
     ASSERT_TRUE(xb.ok() && wb.ok() && yb.ok());
     ASSERT_TRUE(xb->Upload(x).ok());
     ASSERT_TRUE(backend_->CopyToDevice(*wb, w.data(), w.size()).ok());
-    const absl::Status st = backend_->Matmul(
-        {.x = xb->data(), .w = *wb, .w_type = type, .y = yb->data(), .m = m, .n = n, .k = k});
+    const absl::Status st = backend_->Matmul({.x = xb->data(),
+                                              .w = *wb,
+                                              .w_type = type,
+                                              .y = yb->data(),
+                                              .m = m,
+                                              .n = n,
+                                              .k = k,
+                                              .precision = precision});
     ASSERT_TRUE(st.ok()) << st;
     ASSERT_TRUE(backend_->Synchronize().ok());
     auto got = yb->DownloadChecked();
@@ -123,6 +132,17 @@ TEST_P(MatmulTest, EveryWeightTypeMatchesReference) {
                            {7, 33, 160},
                            {17, 50, 1536}}) {
       Check(type, m, n, k, rng());
+    }
+  }
+}
+
+// The serving path: bf16 operands on backends with bf16 matrix units, fp32 elsewhere.
+TEST_P(MatmulTest, Bf16PrecisionStaysWithinBf16Rounding) {
+  std::mt19937_64 rng(testing::TestSeed());
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kBF16, GgmlType::kQ4_1}) {
+    for (auto [m, n, k] :
+         {std::tuple<int64_t, int64_t, int64_t>{1, 37, 576}, {7, 33, 160}, {64, 96, 1536}}) {
+      Check(type, m, n, k, rng(), MatmulPrecision::kBf16);
     }
   }
 }

@@ -29,6 +29,11 @@ struct RmsNormParams {
   float eps = 1e-5f;
 };
 
+// How a matmul may round its operands. kBf16: backends with bf16 matrix units (CUDA: cuBLAS on
+// the tensor cores) round x and the dequantized w to bf16 and accumulate in fp32, about 2^-8
+// relative error per product; host backends compute in fp32 either way.
+enum class MatmulPrecision : uint8_t { kFp32 = 0, kBf16 = 1 };
+
 // y[m, n] = sum_k x[m, k] * w[n, k]: activations times the transpose of a weight matrix stored
 // row by row in a GGML element type (dequantized on the fly; arithmetic in fp32).
 struct MatmulParams {
@@ -39,6 +44,7 @@ struct MatmulParams {
   int64_t m = 0;
   int64_t n = 0;
   int64_t k = 0;  // a multiple of w_type's block size
+  MatmulPrecision precision = MatmulPrecision::kFp32;
 };
 
 // out[t, :] = dequantize(table[ids[t], :]): embedding lookup.

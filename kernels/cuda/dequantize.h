@@ -20,6 +20,13 @@ cudaError_t LaunchDequantizeRows(GgmlType type,
                                  float* dst,  // [rows, cols]
                                  cudaStream_t stream);
 
+// The same into bf16 (round to nearest even): the operands of the bf16 tensor-core GEMM.
+cudaError_t LaunchDequantizeRowsBf16(GgmlType type,
+                                     const void* src,  // [rows, cols] in type's storage layout
+                                     int64_t rows, int64_t cols,
+                                     uint16_t* dst,  // [rows, cols] bf16 bits
+                                     cudaStream_t stream);
+
 }  // namespace sluice::kernels::cuda
 
 #endif  // SLUICE_KERNELS_CUDA_DEQUANTIZE_H_

@@ -16,14 +16,50 @@ namespace {
 // 128k-row output projection does not need gigabytes of scratch.
 constexpr int64_t kMaxChunkBytes = int64_t{128} << 20;
 
+bool Bf16(const MatmulParams& p) { return p.precision == MatmulPrecision::kBf16; }
+
 int64_t ChunkRows(const MatmulParams& p) {
-  const int64_t row_bytes = p.k * static_cast<int64_t>(sizeof(float));
+  const int64_t row_bytes = p.k * (Bf16(p) ? 2 : 4);
   return std::clamp<int64_t>(kMaxChunkBytes / row_bytes, 1, p.n);
+}
+
+// The bf16 path: x and each chunk of w rounded to bf16 in the workspace ([m, k] then
+// [chunk, k]), multiplied on the tensor cores with fp32 accumulation (cublasGemmEx).
+absl::Status MatmulBf16(const MatmulParams& p, cublasHandle_t cublas, void* workspace,
+                        cudaStream_t stream) {
+  const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+  const float one = 1.f, zero = 0.f;
+  uint16_t* x16 = static_cast<uint16_t*>(workspace);
+  uint16_t* w16 = x16 + p.m * p.k;
+  SLUICE_CUDA_RETURN_IF_ERROR(LaunchDequantizeRowsBf16(GgmlType::kF32, p.x, p.m, p.k, x16, stream));
+  const GgmlTypeTraits* t = FindGgmlType(static_cast<uint32_t>(p.w_type));
+  const int64_t row_bytes = p.k / t->block_size * t->type_size;
+  const int64_t chunk = ChunkRows(p);
+  // The handle stays in pedantic mode for the fp32 path; bf16 operands are what this path
+  // prescribes, so the default mode (tensor cores) is set around the call and restored.
+  SLUICE_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH));
+  absl::Status status;
+  for (int64_t n0 = 0; n0 < p.n && status.ok(); n0 += chunk) {
+    const int nc = static_cast<int>(std::min(chunk, p.n - n0));
+    if (cudaError_t e = LaunchDequantizeRowsBf16(
+            p.w_type, static_cast<const uint8_t*>(p.w) + n0 * row_bytes, nc, p.k, w16, stream);
+        e != cudaSuccess) {
+      status = CudaStatus(e, "LaunchDequantizeRowsBf16", __FILE__, __LINE__);
+      break;
+    }
+    status = CublasStatus(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, nc, m, k, &one, w16,
+                                       CUDA_R_16BF, k, x16, CUDA_R_16BF, k, &zero, p.y + n0,
+                                       CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                          "cublasGemmEx", __FILE__, __LINE__);
+  }
+  SLUICE_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(cublas, CUBLAS_PEDANTIC_MATH));
+  return status;
 }
 
 }  // namespace
 
 size_t MatmulWorkspaceBytes(const MatmulParams& p) {
+  if (Bf16(p)) return static_cast<size_t>((p.m + ChunkRows(p)) * p.k) * 2;
   if (p.w_type == GgmlType::kF32) return 0;
   return static_cast<size_t>(ChunkRows(p) * p.k) * sizeof(float);
 }
@@ -35,6 +71,7 @@ absl::Status Matmul(const MatmulParams& p, cublasHandle_t cublas, float* workspa
     return absl::UnimplementedError(absl::StrFormat(
         "matmul: m=%d n=%d k=%d exceeds cuBLAS's 32-bit sizes on the CUDA backend", p.m, p.n, p.k));
   }
+  if (Bf16(p)) return MatmulBf16(p, cublas, workspace, stream);
   const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
   const float one = 1.f, zero = 0.f;
   // cuBLAS is column-major: y [m, n] row-major is C = y^T [n, m] with ldc = n; w [n, k]

@@ -1,11 +1,12 @@
-// CUDA matmul, y = x * w^T, through cuBLAS SGEMM in fp32.
+// CUDA matmul, y = x * w^T, through cuBLAS.
 //
-// matmul_test bounds the error by 2e-6 * sum_k |x| |w| + 1e-6, tighter than rounding x to fp16
-// (2^-11) or bf16 (2^-8) allows, so no 16-bit GEMM (cublasGemmEx) is used: fp32 weights go to
-// cublasSgemm as they are, and every other type (f16, bf16, q8_0, q4_0, q4_1) is first expanded
-// to fp32 by a dequantization kernel, a chunk of rows at a time, into a device workspace the
-// caller owns, then multiplied by cublasSgemm. The handle runs in pedantic math mode so that
-// neither TF32 tensor cores nor bf16x9 emulation replace the fp32 arithmetic.
+// MatmulPrecision::kFp32 (the default) is exact fp32 arithmetic, as the host backends: fp32
+// weights go to cublasSgemm as they are, and every other type (f16, bf16, q8_0, q4_0, q4_1) is
+// first expanded to fp32 by a dequantization kernel, a chunk of rows at a time, into a device
+// workspace the caller owns, then multiplied by cublasSgemm. The handle runs in pedantic math
+// mode so that neither TF32 tensor cores nor bf16x9 emulation replace the fp32 arithmetic.
+// MatmulPrecision::kBf16 rounds x and the expanded weights to bf16 and multiplies them on the
+// tensor cores (cublasGemmEx, fp32 accumulation): the serving path.
 #ifndef SLUICE_KERNELS_CUDA_MATMUL_H_
 #define SLUICE_KERNELS_CUDA_MATMUL_H_
 
