@@ -8,7 +8,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <numeric>
@@ -16,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/kv_format.h"
+#include "kernels/test_util/backend_cases.h"
 #include "kvstore/compaction.h"
 #include "kvstore/cuda/device_array.h"
 #include "kvstore/slot_bitmap.h"
@@ -40,12 +39,7 @@ using ::testing::HasSubstr;
     if (absl::Status s = CudaDeviceAvailable(); !s.ok()) GTEST_SKIP() << s.message(); \
   } while (0)
 
-uint64_t TestSeed() {
-  uint64_t seed = 0;
-  const char* env = std::getenv("SLUICE_TEST_SEED");
-  if (env != nullptr && absl::SimpleAtoi(env, &seed)) return seed;
-  return (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
-}
+using kernels::testing::TestSeed;
 
 struct FormatCase {
   std::string name;

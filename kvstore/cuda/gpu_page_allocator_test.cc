@@ -8,14 +8,13 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <iostream>
 #include <random>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/test_util/backend_cases.h"
 #include "kvstore/cuda/device_array.h"
 #include "kvstore/page_pool.h"
 
@@ -30,13 +29,7 @@ using ::testing::HasSubstr;
     if (absl::Status s = CudaDeviceAvailable(); !s.ok()) GTEST_SKIP() << s.message(); \
   } while (0)
 
-// A fresh seed per run unless SLUICE_TEST_SEED is set (as kernels/test_util's TestSeed).
-uint64_t TestSeed() {
-  uint64_t seed = 0;
-  const char* env = std::getenv("SLUICE_TEST_SEED");
-  if (env != nullptr && absl::SimpleAtoi(env, &seed)) return seed;
-  return (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
-}
+using kernels::testing::TestSeed;
 
 template <typename T>
 std::vector<T> Download(const T* device, int64_t n) {
