@@ -481,11 +481,14 @@ __global__ void __launch_bounds__(kDecodeThreads)
         RunView<R>(p, s, v, rows_here, logits, row0);
       } else {
         const int u = tier.layout.unit_tokens;
-        for (int index = 0; index < ref.slots / u; ++index) {
+        // Pages are written in whole units; a page list may still count fewer slots of the
+        // last one (the rest then stay out of attention, as on the host).
+        for (int index = 0; index * u < ref.slots; ++index) {
           DecodeUnit(tier, d, page, index, s.unit);
           __syncthreads();
-          const View v{s.unit, &tier.unit_format, &tier.unit_layout,   u,
-                       valid,  index * u,         key_base + index * u};
+          const View v{
+              s.unit, &tier.unit_format, &tier.unit_layout,   min(u, ref.slots - index * u),
+              valid,  index * u,         key_base + index * u};
           RunView<R>(p, s, v, rows_here, logits, row0);
         }
       }
