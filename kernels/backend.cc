@@ -339,7 +339,10 @@ absl::Status Backend::Attention(const AttentionParams& p) {
 absl::Status Backend::KvQuantize(const KvQuantizeParams& p) {
   if (!Supports(Op::kKvQuantize)) return Unsupported(Op::kKvQuantize);
   SLUICE_RETURN_IF_ERROR(ValidateKvQuantize(p));
-  if (p.tokens == 0) return absl::OkStatus();
+  if (p.tokens == 0) {
+    if (p.tokens_written != nullptr) *p.tokens_written = 0;
+    return absl::OkStatus();
+  }
   return DoKvQuantize(p);
 }
 

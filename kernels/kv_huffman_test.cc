@@ -208,6 +208,10 @@ TEST_P(KvCodedQuantizeTest, RejectsMissingOrShortCodebooks) {
   EXPECT_THAT(backend_->KvQuantize(bad).message(), HasSubstr("token group"));
   EXPECT_TRUE(backend_->KvQuantize(p).ok());
   EXPECT_EQ(written, 64);
+  // Nothing to write reports nothing written.
+  p.tokens = 0;
+  EXPECT_TRUE(backend_->KvQuantize(p).ok());
+  EXPECT_EQ(written, 0);
 }
 
 SLUICE_INSTANTIATE_OP_TEST(KvCodedQuantizeTest);
