@@ -31,6 +31,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/device_array.h"
 #include "kernels/cuda/kv_huffman.h"
 #include "kernels/cuda/kv_huffman_ops.h"
 #include "kernels/cuda/kv_quant.h"
@@ -69,28 +70,12 @@ const std::vector<Shape>& Shapes() {
   return shapes;
 }
 
-// Device memory freed at scope exit.
-class DeviceMemory {
- public:
-  DeviceMemory() = default;
-  DeviceMemory(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(const DeviceMemory&) = delete;
-  DeviceMemory(DeviceMemory&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
-  ~DeviceMemory() {
-    if (p_ != nullptr) cudaFree(p_);
-  }
-  absl::Status Allocate(size_t bytes) {
-    SLUICE_CUDA_RETURN_IF_ERROR(cudaMalloc(&p_, std::max<size_t>(bytes, 1)));
-    return absl::OkStatus();
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  void* p_ = nullptr;
-};
+// Device bytes, freed at scope exit, and a typed view of them.
+using DeviceMemory = kc::DeviceArray<uint8_t>;
+template <typename T>
+T* As(const DeviceMemory& m) {
+  return reinterpret_cast<T*>(m.data());
+}
 
 // Median time in microseconds of `reps` runs of `fn` (after two warm-up runs), by CUDA events.
 template <typename Fn>
@@ -118,13 +103,13 @@ absl::StatusOr<double> TimeMedianUs(cudaStream_t stream, int reps, Fn fn) {
 absl::StatusOr<double> MeasureHbmGbps(cudaStream_t stream) {
   const size_t bytes = size_t{2} << 30;
   DeviceMemory src, dst;
-  SLUICE_RETURN_IF_ERROR(src.Allocate(bytes));
-  SLUICE_RETURN_IF_ERROR(dst.Allocate(bytes));
-  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(src.as<void>(), 0x5a, bytes, stream));
+  SLUICE_RETURN_IF_ERROR(src.Reserve(bytes));
+  SLUICE_RETURN_IF_ERROR(dst.Reserve(bytes));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(As<void>(src), 0x5a, bytes, stream));
   SLUICE_ASSIGN_OR_RETURN(
       const double us, TimeMedianUs(stream, 10, [&]() -> absl::Status {
-        SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.as<void>(), src.as<void>(), bytes,
-                                                    cudaMemcpyDeviceToDevice, stream));
+        SLUICE_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(As<void>(dst), As<void>(src), bytes, cudaMemcpyDeviceToDevice, stream));
         return absl::OkStatus();
       }));
   return 2.0 * bytes / (us * 1e-6) / 1e9;
@@ -150,11 +135,11 @@ absl::StatusOr<Rows> MakeRows(int64_t tokens, int d, cudaStream_t stream) {
       r.host_v[t * d + c] = normal(rng);
     }
   }
-  SLUICE_RETURN_IF_ERROR(r.k.Allocate(r.host_k.size() * 4));
-  SLUICE_RETURN_IF_ERROR(r.v.Allocate(r.host_v.size() * 4));
-  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r.k.as<void>(), r.host_k.data(), r.host_k.size() * 4,
+  SLUICE_RETURN_IF_ERROR(r.k.Reserve(r.host_k.size() * 4));
+  SLUICE_RETURN_IF_ERROR(r.v.Reserve(r.host_v.size() * 4));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(As<void>(r.k), r.host_k.data(), r.host_k.size() * 4,
                                               cudaMemcpyHostToDevice, stream));
-  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r.v.as<void>(), r.host_v.data(), r.host_v.size() * 4,
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(As<void>(r.v), r.host_v.data(), r.host_v.size() * 4,
                                               cudaMemcpyHostToDevice, stream));
   SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return r;
@@ -172,7 +157,7 @@ struct PagePool {
   kernels::KvCodebooks books;
   nlohmann::json codec;
 
-  const uint8_t* page(int64_t i) const { return arena.as<uint8_t>() + i * format.page_bytes; }
+  const uint8_t* page(int64_t i) const { return As<uint8_t>(arena) + i * format.page_bytes; }
 };
 
 // Codebooks from the host quantization of the first rows, as a prefill would build them.
@@ -200,33 +185,32 @@ absl::Status FillCodedPool(PagePool& pool, const Rows& rows, cudaStream_t stream
   const int64_t unit_bytes = tier.unit_layout.bytes_used;
   const int64_t units = pool.pages * units_per_page;
   DeviceMemory unit_pages, jobs_memory, written, decoded, decode_jobs_memory;
-  SLUICE_RETURN_IF_ERROR(unit_pages.Allocate(units * unit_bytes));
-  SLUICE_RETURN_IF_ERROR(written.Allocate(pool.pages * sizeof(int64_t)));
-  SLUICE_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(unit_pages.as<void>(), 0, units * unit_bytes, stream));
+  SLUICE_RETURN_IF_ERROR(unit_pages.Reserve(units * unit_bytes));
+  SLUICE_RETURN_IF_ERROR(written.Reserve(pool.pages * sizeof(int64_t)));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(As<void>(unit_pages), 0, units * unit_bytes, stream));
   for (int64_t i = 0; i < units; ++i) {
     const int64_t t0 = (i * 7 * u) % (rows.tokens - u);
     SLUICE_CUDA_RETURN_IF_ERROR(
-        kc::LaunchKvQuantize({.k = rows.k.as<float>() + t0 * d,
-                              .v = rows.v.as<float>() + t0 * d,
+        kc::LaunchKvQuantize({.k = As<float>(rows.k) + t0 * d,
+                              .v = As<float>(rows.v) + t0 * d,
                               .stride = d,
                               .tokens = u,
                               .format = tier.unit_format,
                               .layout = tier.unit_layout,
-                              .page = unit_pages.as<uint8_t>() + i * unit_bytes,
+                              .page = As<uint8_t>(unit_pages) + i * unit_bytes,
                               .slot = 0},
                              stream));
   }
   std::vector<kc::HuffmanEncodeJob> jobs(pool.pages);
   for (int64_t p = 0; p < pool.pages; ++p) {
-    jobs[p] = {.page = pool.arena.as<uint8_t>() + p * pool.format.page_bytes,
-               .units = unit_pages.as<uint8_t>() + p * units_per_page * unit_bytes,
+    jobs[p] = {.page = As<uint8_t>(pool.arena) + p * pool.format.page_bytes,
+               .units = As<uint8_t>(unit_pages) + p * units_per_page * unit_bytes,
                .first_unit = 0,
                .units_count = static_cast<int32_t>(units_per_page),
-               .tokens_written = written.as<int64_t>() + p};
+               .tokens_written = As<int64_t>(written) + p};
   }
-  SLUICE_RETURN_IF_ERROR(jobs_memory.Allocate(jobs.size() * sizeof(jobs[0])));
-  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(jobs_memory.as<void>(), jobs.data(),
+  SLUICE_RETURN_IF_ERROR(jobs_memory.Reserve(jobs.size() * sizeof(jobs[0])));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(As<void>(jobs_memory), jobs.data(),
                                               jobs.size() * sizeof(jobs[0]), cudaMemcpyHostToDevice,
                                               stream));
   SLUICE_ASSIGN_OR_RETURN(kc::DeviceCodebook k, kc::DeviceCodebook::Upload(*pool.k_book, stream));
@@ -238,21 +222,20 @@ absl::Status FillCodedPool(PagePool& pool, const Rows& rows, cudaStream_t stream
   // Encoding appends to the pages: clear them before each run so every run codes the same.
   const size_t arena_bytes = pool.pages * pool.format.page_bytes;
   auto encode = [&]() -> absl::Status {
-    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(pool.arena.as<void>(), 0, arena_bytes, stream));
-    SLUICE_CUDA_RETURN_IF_ERROR(kc::LaunchHuffmanEncode(
-        desc, static_cast<const kc::DeviceHuffmanEncoder*>(k.encoder()),
-        static_cast<const kc::DeviceHuffmanEncoder*>(v.encoder()),
-        jobs_memory.as<const kc::HuffmanEncodeJob>(), static_cast<int32_t>(pool.pages), stream));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(As<void>(pool.arena), 0, arena_bytes, stream));
+    SLUICE_CUDA_RETURN_IF_ERROR(kc::LaunchHuffmanEncode(desc, k.encoder(), v.encoder(),
+                                                        As<const kc::HuffmanEncodeJob>(jobs_memory),
+                                                        static_cast<int32_t>(pool.pages), stream));
     return absl::OkStatus();
   };
   SLUICE_ASSIGN_OR_RETURN(
       const double memset_us, TimeMedianUs(stream, reps, [&]() -> absl::Status {
-        SLUICE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(pool.arena.as<void>(), 0, arena_bytes, stream));
+        SLUICE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(As<void>(pool.arena), 0, arena_bytes, stream));
         return absl::OkStatus();
       }));
   SLUICE_ASSIGN_OR_RETURN(const double encode_us, TimeMedianUs(stream, reps, encode));
   std::vector<int64_t> host_written(pool.pages);
-  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_written.data(), written.as<void>(),
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_written.data(), As<void>(written),
                                               pool.pages * sizeof(int64_t), cudaMemcpyDeviceToHost,
                                               stream));
   SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
@@ -261,22 +244,22 @@ absl::Status FillCodedPool(PagePool& pool, const Rows& rows, cudaStream_t stream
   for (int64_t w : host_written) coded_units += w / u;
   // Decode every coded unit.
   std::vector<kc::HuffmanDecodeJob> djobs;
-  SLUICE_RETURN_IF_ERROR(decoded.Allocate(coded_units * unit_bytes));
+  SLUICE_RETURN_IF_ERROR(decoded.Reserve(coded_units * unit_bytes));
   for (int64_t p = 0; p < pool.pages; ++p) {
     for (int64_t j = 0; j < host_written[p] / u; ++j) {
       djobs.push_back({.page = pool.page(p),
                        .unit = static_cast<int32_t>(j),
-                       .out = decoded.as<uint8_t>() + djobs.size() * unit_bytes});
+                       .out = As<uint8_t>(decoded) + djobs.size() * unit_bytes});
     }
   }
-  SLUICE_RETURN_IF_ERROR(decode_jobs_memory.Allocate(djobs.size() * sizeof(djobs[0])));
-  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(decode_jobs_memory.as<void>(), djobs.data(),
+  SLUICE_RETURN_IF_ERROR(decode_jobs_memory.Reserve(djobs.size() * sizeof(djobs[0])));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(As<void>(decode_jobs_memory), djobs.data(),
                                               djobs.size() * sizeof(djobs[0]),
                                               cudaMemcpyHostToDevice, stream));
   SLUICE_ASSIGN_OR_RETURN(const double decode_us, TimeMedianUs(stream, reps, [&]() -> absl::Status {
                             SLUICE_CUDA_RETURN_IF_ERROR(kc::LaunchHuffmanDecode(
                                 desc, k.table(), k.bits(), v.table(), v.bits(),
-                                decode_jobs_memory.as<const kc::HuffmanDecodeJob>(),
+                                As<const kc::HuffmanDecodeJob>(decode_jobs_memory),
                                 static_cast<int32_t>(djobs.size()), stream));
                             return absl::OkStatus();
                           }));
@@ -301,9 +284,9 @@ absl::StatusOr<PagePool> MakePool(const KvTierFormat& format, int64_t pages, con
   pool.format = format;
   SLUICE_ASSIGN_OR_RETURN(pool.layout, kernels::ComputePageLayout(format));
   pool.pages = pages;
-  SLUICE_RETURN_IF_ERROR(pool.arena.Allocate(pages * format.page_bytes));
+  SLUICE_RETURN_IF_ERROR(pool.arena.Reserve(pages * format.page_bytes));
   SLUICE_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(pool.arena.as<void>(), 0, pages * format.page_bytes, stream));
+      cudaMemsetAsync(As<void>(pool.arena), 0, pages * format.page_bytes, stream));
   if (format.huffman_bits > 0) {
     SLUICE_RETURN_IF_ERROR(FillCodedPool(pool, rows, stream, reps));
     return pool;
@@ -312,13 +295,13 @@ absl::StatusOr<PagePool> MakePool(const KvTierFormat& format, int64_t pages, con
   for (int64_t p = 0; p < pages; ++p) {
     const int64_t t0 = (p * 13) % (rows.tokens - n);
     SLUICE_CUDA_RETURN_IF_ERROR(
-        kc::LaunchKvQuantize({.k = rows.k.as<float>() + t0 * d,
-                              .v = rows.v.as<float>() + t0 * d,
+        kc::LaunchKvQuantize({.k = As<float>(rows.k) + t0 * d,
+                              .v = As<float>(rows.v) + t0 * d,
                               .stride = d,
                               .tokens = n,
                               .format = format,
                               .layout = pool.layout,
-                              .page = pool.arena.as<uint8_t>() + p * format.page_bytes,
+                              .page = As<uint8_t>(pool.arena) + p * format.page_bytes,
                               .slot = 0},
                              stream));
   }
@@ -398,16 +381,16 @@ absl::Status Run() {
     std::mt19937_64 rng(7);
     std::normal_distribution<float> normal(0.f, 1.f);
     for (float& x : host) x = normal(rng);
-    SLUICE_RETURN_IF_ERROR(q.Allocate(max_batch * shape.heads * d * 4));
-    SLUICE_RETURN_IF_ERROR(out.Allocate(max_batch * shape.heads * d * 4));
-    SLUICE_RETURN_IF_ERROR(recent_k.Allocate(max_batch * max_recent * shape.kv_heads * d * 4));
-    SLUICE_RETURN_IF_ERROR(recent_v.Allocate(max_batch * max_recent * shape.kv_heads * d * 4));
+    SLUICE_RETURN_IF_ERROR(q.Reserve(max_batch * shape.heads * d * 4));
+    SLUICE_RETURN_IF_ERROR(out.Reserve(max_batch * shape.heads * d * 4));
+    SLUICE_RETURN_IF_ERROR(recent_k.Reserve(max_batch * max_recent * shape.kv_heads * d * 4));
+    SLUICE_RETURN_IF_ERROR(recent_v.Reserve(max_batch * max_recent * shape.kv_heads * d * 4));
     SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpy(
-        q.as<void>(), host.data(), max_batch * shape.heads * d * 4, cudaMemcpyHostToDevice));
-    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpy(recent_k.as<void>(), host.data(),
+        As<void>(q), host.data(), max_batch * shape.heads * d * 4, cudaMemcpyHostToDevice));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpy(As<void>(recent_k), host.data(),
                                            max_batch * max_recent * shape.kv_heads * d * 4,
                                            cudaMemcpyHostToDevice));
-    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpy(recent_v.as<void>(), host.data(),
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpy(As<void>(recent_v), host.data(),
                                            max_batch * max_recent * shape.kv_heads * d * 4,
                                            cudaMemcpyHostToDevice));
     // Pools by tier format name, shared by presets with the same format.
@@ -477,8 +460,8 @@ absl::Status Run() {
                                      .pages = pages.data(),
                                      .page_offsets = offsets.data(),
                                      .recent_offsets = recent_offsets.data(),
-                                     .recent_k = recent_k.as<float>(),
-                                     .recent_v = recent_v.as<float>()};
+                                     .recent_k = As<float>(recent_k),
+                                     .recent_v = As<float>(recent_v)};
           nlohmann::json row = {{"preset", name},
                                 {"batch", batch},
                                 {"context", context},
@@ -488,7 +471,7 @@ absl::Status Run() {
           absl::StatusOr<double> us = plan.status();
           if (plan.ok()) {
             us = TimeMedianUs(stream, reps,
-                              [&]() { return plan->Run(q.as<float>(), out.as<float>(), stream); });
+                              [&]() { return plan->Run(As<float>(q), As<float>(out), stream); });
           }
           const std::string key = absl::StrFormat("%s/%d/%d", shape.name, batch, context);
           const double sdpa_us = sdpa.contains(key) ? sdpa.at(key) : NAN;

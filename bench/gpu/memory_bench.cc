@@ -13,9 +13,9 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_array.h"
 #include "kernels/kv_format.h"
 #include "kvstore/compaction.h"
-#include "kvstore/cuda/device_array.h"
 #include "kvstore/cuda/gpu_compaction.h"
 #include "kvstore/cuda/gpu_page_allocator.h"
 #include "kvstore/kv_preset.h"
@@ -25,9 +25,9 @@
 namespace sluice::bench {
 namespace {
 
+using kernels::cuda::CudaEvent;
+using kernels::cuda::DeviceArray;
 using kvstore::PageId;
-using kvstore::cuda::CudaEvent;
-using kvstore::cuda::DeviceArray;
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -308,7 +308,7 @@ absl::StatusOr<nlohmann::json> RunMemoryBench(const MemoryBenchOptions& options)
         "does not support; pick a fixed-width preset",
         options.preset));
   }
-  if (options.gpu) SLUICE_RETURN_IF_ERROR(kvstore::cuda::CudaDeviceAvailable());
+  if (options.gpu) SLUICE_RETURN_IF_ERROR(kernels::cuda::CudaDeviceAvailable());
 
   std::mt19937_64 rng(options.seed);
   nlohmann::json rows = nlohmann::json::array();

@@ -6,11 +6,13 @@
 #include <climits>
 
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cublas_status.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/device_array.h"
 #include "kernels/cuda/get_rows.h"
 #include "kernels/cuda/kv_huffman_ops.h"
 #include "kernels/cuda/kv_quant.h"
@@ -58,13 +60,9 @@ struct CudaBackend::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaOptions& options) {
+  SLUICE_RETURN_IF_ERROR(kernels::cuda::CudaDeviceAvailable());
   int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    return absl::UnavailableError(absl::StrFormat("no usable CUDA device: %s (%s)",
-                                                  cudaGetErrorString(err), cudaGetErrorName(err)));
-  }
-  if (count == 0) return absl::UnavailableError("no CUDA device: cudaGetDeviceCount() found 0");
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
   if (options.device < 0 || options.device >= count) {
     return absl::InvalidArgumentError(
         absl::StrFormat("CUDA device %d does not exist (%d present)", options.device, count));

@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention_kernels.h"
+#include "kernels/cuda/device_array.h"
 #include "kernels/huffman.h"
 
 namespace sluice::kernels::cuda {
@@ -20,7 +21,7 @@ int64_t Align16(int64_t x) { return (x + 15) / 16 * 16; }
 }  // namespace
 
 struct DecodeAttentionPlan::State {
-  std::vector<void*> allocations;  // device memory, freed with the plan
+  std::vector<DeviceArray<uint8_t>> allocations;  // device memory, freed with the plan
   DecodeKernelParams params;
   int rows_per_block = 1;
   int64_t page_bytes_read = 0;
@@ -29,28 +30,26 @@ struct DecodeAttentionPlan::State {
   int64_t recent = 0;  // batch 1: recent tokens
   bool scores = false;
 
-  ~State() {
-    for (void* p : allocations) cudaFree(p);
+  // n elements of T in device memory, kept with the plan.
+  template <typename T>
+  absl::StatusOr<T*> Allocate(int64_t n) {
+    SLUICE_ASSIGN_OR_RETURN(auto a, DeviceArray<uint8_t>::Create(std::max<int64_t>(1, n) *
+                                                                 static_cast<int64_t>(sizeof(T))));
+    allocations.push_back(std::move(a));
+    return reinterpret_cast<T*>(allocations.back().data());
   }
 
   template <typename T>
   absl::StatusOr<T*> Upload(const T* data, size_t n, cudaStream_t stream) {
-    void* p = nullptr;
-    SLUICE_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<size_t>(1, n * sizeof(T))));
-    allocations.push_back(p);
+    SLUICE_ASSIGN_OR_RETURN(T * p, Allocate<T>(static_cast<int64_t>(n)));
     if (n > 0) {
       SLUICE_CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(p, data, n * sizeof(T), cudaMemcpyHostToDevice, stream));
     }
-    return static_cast<T*>(p);
+    return p;
   }
 
-  absl::StatusOr<float*> Workspace(int64_t floats) {
-    void* p = nullptr;
-    SLUICE_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<int64_t>(1, floats) * sizeof(float)));
-    allocations.push_back(p);
-    return static_cast<float*>(p);
-  }
+  absl::StatusOr<float*> Workspace(int64_t floats) { return Allocate<float>(floats); }
 };
 
 DecodeAttentionPlan::DecodeAttentionPlan(std::unique_ptr<State> state) : state_(std::move(state)) {}

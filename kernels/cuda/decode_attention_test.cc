@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda/device_array.h"
 #include "kernels/kv_format.h"
 #include "kernels/ref/kv_quant.h"
 #include "kernels/ref/paged_attention.h"
@@ -21,28 +22,16 @@
 namespace sluice::kernels::cuda {
 namespace {
 
-// Device memory holding a copy of host data.
-class Device {
- public:
-  template <typename T>
-  explicit Device(const std::vector<T>& host) {
-    EXPECT_EQ(cudaMalloc(&p_, std::max<size_t>(16, host.size() * sizeof(T))), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
-              cudaSuccess);
-  }
-  Device(const Device&) = delete;
-  Device(Device&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
-  ~Device() {
-    if (p_ != nullptr) cudaFree(p_);
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  void* p_ = nullptr;
-};
+// A device copy of host data.
+template <typename T>
+DeviceArray<T> OnGpu(const std::vector<T>& host) {
+  auto a = DeviceArray<T>::Create(std::max<size_t>(1, host.size()));
+  EXPECT_TRUE(a.ok()) << a.status();
+  if (!a.ok()) return {};
+  EXPECT_EQ(cudaMemcpy(a->data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  return std::move(*a);
+}
 
 std::vector<KvTierFormat> Formats(int d) {
   const auto i = [](int bits, KvGrouping g, int group, int levels = 0) {
@@ -71,19 +60,8 @@ std::vector<KvTierFormat> Formats(int d) {
   };
 }
 
-bool HaveGpu(std::string* why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    *why = e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device";
-    return false;
-  }
-  return true;
-}
-
 TEST(DecodeAttentionPlan, BatchMatchesReferencePerSequence) {
-  std::string why;
-  if (!HaveGpu(&why)) GTEST_SKIP() << "no GPU here: " << why;
+  if (absl::Status gpu = CudaDeviceAvailable(); !gpu.ok()) GTEST_SKIP() << gpu;
   const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
   struct Case {
@@ -183,14 +161,14 @@ TEST(DecodeAttentionPlan, BatchMatchesReferencePerSequence) {
     }
 
     // The same on the GPU, all sequences in one plan.
-    std::vector<Device> device_pages;
+    std::vector<DeviceArray<uint8_t>> device_pages;
     std::vector<KvPageRef> device_refs = pages;
     for (size_t i = 0; i < pages.size(); ++i) {
-      device_pages.emplace_back(host_pages[i]);
-      device_refs[i].data = device_pages.back().as<uint8_t>();
+      device_pages.push_back(OnGpu(host_pages[i]));
+      device_refs[i].data = device_pages.back().data();
     }
-    const Device dq(q), drk(rk), drv(rv);
-    const Device dout(std::vector<float>(q.size(), NAN));
+    const DeviceArray<float> dq = OnGpu(q), drk = OnGpu(rk), drv = OnGpu(rv);
+    const DeviceArray<float> dout = OnGpu(std::vector<float>(q.size(), NAN));
     auto plan = DecodeAttentionPlan::Create({.batch = c.batch,
                                              .q_tokens = 1,
                                              .heads = c.heads,
@@ -204,15 +182,15 @@ TEST(DecodeAttentionPlan, BatchMatchesReferencePerSequence) {
                                              .pages = device_refs.data(),
                                              .page_offsets = offsets.data(),
                                              .recent_offsets = recent_offsets.data(),
-                                             .recent_k = drk.as<float>(),
-                                             .recent_v = drv.as<float>(),
+                                             .recent_k = drk.data(),
+                                             .recent_v = drv.data(),
                                              .pages_per_chunk = c.chunk},
                                             nullptr);
     ASSERT_TRUE(plan.ok()) << plan.status();
-    ASSERT_TRUE(plan->Run(dq.as<float>(), dout.as<float>(), nullptr).ok());
+    ASSERT_TRUE(plan->Run(dq.data(), dout.data(), nullptr).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<float> got(q.size());
-    ASSERT_EQ(cudaMemcpy(got.data(), dout.as<float>(), got.size() * 4, cudaMemcpyDeviceToHost),
+    ASSERT_EQ(cudaMemcpy(got.data(), dout.data(), got.size() * 4, cudaMemcpyDeviceToHost),
               cudaSuccess);
     testing::ExpectNear(got, want, {2e-4f}, 2e-4f, "out");
   }

@@ -7,6 +7,8 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
+#include "kernels/cuda/device_array.h"
+#include "kernels/cuda/kv_huffman.h"
 #include "kernels/huffman.h"
 #include "kernels/op_params.h"
 
@@ -22,18 +24,15 @@ class DeviceCodebook {
  public:
   static absl::StatusOr<DeviceCodebook> Upload(const HuffmanCodebook& codebook,
                                                cudaStream_t stream);
-  DeviceCodebook(DeviceCodebook&& o) noexcept;
-  DeviceCodebook& operator=(DeviceCodebook&&) = delete;
-  ~DeviceCodebook();
 
-  const uint16_t* table() const { return table_; }
+  const uint16_t* table() const { return table_.data(); }
   int bits() const { return bits_; }
-  const void* encoder() const { return encoder_; }  // a DeviceHuffmanEncoder
+  const DeviceHuffmanEncoder* encoder() const { return encoder_.data(); }
 
  private:
   DeviceCodebook() = default;
-  uint16_t* table_ = nullptr;
-  void* encoder_ = nullptr;
+  DeviceArray<uint16_t> table_;
+  DeviceArray<DeviceHuffmanEncoder> encoder_;
   int bits_ = 0;
 };
 

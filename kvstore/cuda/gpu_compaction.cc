@@ -8,11 +8,16 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
-#include "kvstore/cuda/device_array.h"
+#include "kernels/cuda/device_array.h"
 #include "kvstore/cuda/device_scan.h"
 #include "kvstore/cuda/gpu_compaction_kernels.h"
 
 namespace sluice::kvstore::cuda {
+
+using kernels::cuda::CudaDeviceAvailable;
+using kernels::cuda::CudaEvent;
+using kernels::cuda::DeviceArray;
+using kernels::cuda::PinnedArray;
 namespace {
 
 using kernels::KvCodec;

@@ -17,13 +17,18 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/device_array.h"
 #include "kernels/kv_format.h"
 #include "kernels/test_util/backend_cases.h"
 #include "kvstore/compaction.h"
-#include "kvstore/cuda/device_array.h"
 #include "kvstore/slot_bitmap.h"
 
 namespace sluice::kvstore::cuda {
+
+using kernels::cuda::CudaDeviceAvailable;
+using kernels::cuda::CudaEvent;
+using kernels::cuda::DeviceArray;
+using kernels::cuda::PinnedArray;
 namespace {
 
 using kernels::KvCodec;

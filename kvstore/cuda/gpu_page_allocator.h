@@ -39,10 +39,15 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "kvstore/cuda/device_array.h"
+#include "kernels/cuda/device_array.h"
 #include "kvstore/page_pool.h"
 
 namespace sluice::kvstore::cuda {
+
+using kernels::cuda::CudaDeviceAvailable;
+using kernels::cuda::CudaEvent;
+using kernels::cuda::DeviceArray;
+using kernels::cuda::PinnedArray;
 
 struct DeviceBatchErrors;  // gpu_page_allocator_kernels.h
 

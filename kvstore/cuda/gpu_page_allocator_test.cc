@@ -14,11 +14,16 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/device_array.h"
 #include "kernels/test_util/backend_cases.h"
-#include "kvstore/cuda/device_array.h"
 #include "kvstore/page_pool.h"
 
 namespace sluice::kvstore::cuda {
+
+using kernels::cuda::CudaDeviceAvailable;
+using kernels::cuda::CudaEvent;
+using kernels::cuda::DeviceArray;
+using kernels::cuda::PinnedArray;
 namespace {
 
 using ::testing::ElementsAreArray;

@@ -1,5 +1,5 @@
-// Owned CUDA memory for the GPU memory manager: a typed device array, a pinned host array for
-// asynchronous copies, and an event; each freed by its destructor on every path.
+// Owned CUDA memory: a typed device array, a pinned host array for asynchronous copies, and an
+// event; each freed by its destructor on every path. Also whether a CUDA device is usable.
 //
 //   SLUICE_ASSIGN_OR_RETURN(auto ids, DeviceArray<int32_t>::Create(n));
 //   SLUICE_RETURN_IF_ERROR(ids.Reserve(2 * n));  // grows, dropping the old contents
@@ -7,8 +7,8 @@
 // Arrays grow but never shrink, so scratch space reaches its high-water mark and stays there.
 // Growing frees the old memory with cudaFree/cudaFreeHost, which wait for the device: callers
 // must not grow an array that queued work still reads or writes.
-#ifndef SLUICE_KVSTORE_CUDA_DEVICE_ARRAY_H_
-#define SLUICE_KVSTORE_CUDA_DEVICE_ARRAY_H_
+#ifndef SLUICE_KERNELS_CUDA_DEVICE_ARRAY_H_
+#define SLUICE_KERNELS_CUDA_DEVICE_ARRAY_H_
 
 #include <cuda_runtime_api.h>
 
@@ -20,7 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_status.h"
 
-namespace sluice::kvstore::cuda {
+namespace sluice::kernels::cuda {
 
 // Whether this process can use a CUDA device: Unavailable, with CUDA's reason, when
 // cudaGetDeviceCount fails or finds none.
@@ -174,6 +174,6 @@ class CudaEvent {
   cudaEvent_t event_ = nullptr;
 };
 
-}  // namespace sluice::kvstore::cuda
+}  // namespace sluice::kernels::cuda
 
-#endif  // SLUICE_KVSTORE_CUDA_DEVICE_ARRAY_H_
+#endif  // SLUICE_KERNELS_CUDA_DEVICE_ARRAY_H_
