@@ -81,21 +81,18 @@ T* As(const DeviceMemory& m) {
 template <typename Fn>
 absl::StatusOr<double> TimeMedianUs(cudaStream_t stream, int reps, Fn fn) {
   for (int i = 0; i < 2; ++i) SLUICE_RETURN_IF_ERROR(fn());
-  cudaEvent_t a, b;
-  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&a));
-  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&b));
+  SLUICE_ASSIGN_OR_RETURN(const kc::CudaEvent a, kc::CudaEvent::Create(/*timing=*/true));
+  SLUICE_ASSIGN_OR_RETURN(const kc::CudaEvent b, kc::CudaEvent::Create(/*timing=*/true));
   std::vector<double> times;
   for (int i = 0; i < reps; ++i) {
-    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(a, stream));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(a.get(), stream));
     SLUICE_RETURN_IF_ERROR(fn());
-    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(b, stream));
-    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(b));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(b.get(), stream));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(b.get()));
     float ms = 0;
-    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, a, b));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, a.get(), b.get()));
     times.push_back(ms * 1e3);
   }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
 }
