@@ -9,6 +9,16 @@
 
 Each .cu is compiled whole-program (no relocatable device code) for sm_80 and sm_90a at -O3
 into a static archive; the target carries its headers and the CUDA runtime to dependents.
+
+Every CUDA target also has twins that run on the CPU under the project's emulation of CUDA
+(kernels/cuda/emu): `X_emu` (ASan + UBSan) and `X_emu_tsan` (ThreadSanitizer), test-only. The
+same sources are compiled by g++ with -DSLUICE_CUDA_EMU against the emulation's stand-in
+headers (cuda_runtime.h, cub, cublas_v2.h, ...); deps named in `gpu_deps` are replaced by their
+twins of the same flavor, and the CUDA toolkit's libraries by the emulation's runtime.
+
+    cuda_library(name, srcs = [.cu], hdrs, deps, gpu_deps)   # nvcc archive + emulated twins
+    cuda_cc_library(name, srcs, hdrs, deps, gpu_deps)        # host code calling the runtime
+    cuda_cc_test(name, srcs, deps, gpu_deps, emu_args)       # the GPU test + its emulated runs
 """
 
 load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")
@@ -109,20 +119,170 @@ _cuda_archive = rule(
     incompatible_use_toolchain_transition = True,
 )
 
-def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None, **kwargs):
-    """A cc_library-compatible target built from .cu sources by nvcc."""
+# The CPU emulation's flavors: compile and link flags of the twins.
+EMU_FLAVORS = {
+    "emu": struct(
+        copts = [
+            "-fsanitize=address,undefined",
+            "-fno-sanitize-recover=undefined",
+            "-fno-omit-frame-pointer",
+        ],
+        linkopts = ["-fsanitize=address,undefined"],
+    ),
+    "emu_tsan": struct(
+        copts = ["-fsanitize=thread"],
+        linkopts = ["-fsanitize=thread"],
+    ),
+}
+
+_EMU_RUNTIME = "//kernels/cuda/emu:runtime"
+
+# What the toolkit provides and the emulation replaces.
+_CUDA_TOOLKIT = [
+    "//third_party:cudart",
+    "//third_party:cublas",
+    "//third_party:cuda_headers",
+    "@local_cuda//:cudart",
+    "@local_cuda//:cublas",
+    "@local_cuda//:headers",
+]
+
+def emu_twin(label, flavor):
+    """The label of `label`'s twin in `flavor` ("//a:b" -> "//a:b_emu")."""
+    return label + "_" + flavor
+
+def _emu_deps(deps, gpu_deps, flavor):
+    return [d for d in deps if d not in _CUDA_TOOLKIT] + [emu_twin(d, flavor) for d in gpu_deps] + [_EMU_RUNTIME]
+
+def _emu_copts(flavor):
+    # `#pragma unroll` means nothing to g++.
+    return EMU_FLAVORS[flavor].copts + ["-DSLUICE_CUDA_EMU", "-include", "cuda_runtime.h", "-Wno-unknown-pragmas"]
+
+def cuda_library(name, srcs, hdrs = [], deps = [], gpu_deps = [], copts = [], visibility = None, **kwargs):
+    """A cc_library-compatible target built from .cu sources by nvcc, and its emulated twins."""
     _cuda_archive(
         name = name + "_nvcc",
         srcs = srcs,
         hdrs = hdrs,
-        deps = deps + ["@local_cuda//:headers"],
+        deps = deps + gpu_deps + ["@local_cuda//:headers"],
         copts = copts,
-        visibility = ["//visibility:private"],
+        # The machine-code gate (//tools/sass) reads the kernels' SASS out of these archives.
+        visibility = ["//tools/sass:__pkg__"],
     )
     native.cc_library(
         name = name,
         hdrs = hdrs,
-        deps = [":" + name + "_nvcc", "@local_cuda//:cudart"],
+        deps = [":" + name + "_nvcc", "@local_cuda//:cudart"] + gpu_deps,
         visibility = visibility,
+        **kwargs
+    )
+
+    cuda_emu_library(name, srcs, hdrs, deps, gpu_deps, visibility = visibility)
+
+def cuda_emu_library(name, srcs = [], hdrs = [], deps = [], gpu_deps = [], flavors = None, visibility = None):
+    """The emulated twins `name_<flavor>` of a library: .cu sources are compiled as C++ (with
+    #line, so diagnostics name the real source), others as they are."""
+    emu_srcs = []
+    cmds = []
+    cu = [s for s in srcs if s.endswith(".cu")]
+    for i, src in enumerate(cu):
+        out = "_emu_src/%s/%d.cc" % (name, i)
+        emu_srcs.append(out)
+        cmds.append("(echo '#line 1 \"$(location %s)\"'; cat $(location %s)) > $(location %s)" % (src, src, out))
+    if cu:
+        native.genrule(
+            name = name + "_emu_src",
+            srcs = cu,
+            outs = emu_srcs,
+            cmd = " && ".join(cmds),
+            visibility = ["//visibility:private"],
+        )
+    for flavor in (flavors or EMU_FLAVORS.keys()):
+        native.cc_library(
+            name = emu_twin(name, flavor),
+            srcs = emu_srcs + [s for s in srcs if not s.endswith(".cu")],
+            hdrs = hdrs,
+            deps = _emu_deps(deps, gpu_deps, flavor),
+            copts = _emu_copts(flavor),
+            linkopts = EMU_FLAVORS[flavor].linkopts,
+            testonly = True,
+            visibility = visibility,
+        )
+
+def emu_planted_source(name, src, out, after, delete):
+    """Copies `src` to `out` without the line containing `delete` that follows the line
+    containing `after`; fails unless that happens exactly once (a planted bug must not silently
+    become no bug when the source changes)."""
+    native.genrule(
+        name = name,
+        srcs = [src],
+        outs = [out],
+        cmd = ("awk -v after='%s' -v del='%s' '" +
+               "{ if (armed && index($$0, del)) { n++; armed = 0; next } armed = index($$0, after) > 0; print } " +
+               "END { if (n != 1) { print \"planted bug: the pattern matched \" n + 0 \" times\" > \"/dev/stderr\"; exit 1 } }' " +
+               "$< > $@") % (after, delete),
+        testonly = True,
+    )
+
+def cuda_cc_library(name, srcs = [], hdrs = [], deps = [], gpu_deps = [], visibility = None, testonly = False, **kwargs):
+    """A cc_library of host code that calls the CUDA runtime, and its emulated twins."""
+    native.cc_library(
+        name = name,
+        srcs = srcs,
+        hdrs = hdrs,
+        deps = deps + gpu_deps,
+        visibility = visibility,
+        testonly = testonly,
+        **kwargs
+    )
+    for flavor in EMU_FLAVORS:
+        native.cc_library(
+            name = emu_twin(name, flavor),
+            srcs = srcs,
+            hdrs = hdrs,
+            deps = _emu_deps(deps, gpu_deps, flavor),
+            copts = _emu_copts(flavor),
+            linkopts = EMU_FLAVORS[flavor].linkopts,
+            testonly = True,
+            visibility = visibility,
+            **kwargs
+        )
+
+def cuda_emu_tests(name, srcs, deps = [], gpu_deps = [], emu_args = {}, emu_size = "large", emu_flavors = ["emu", "emu_tsan"], **kwargs):
+    """`name_emu` and `name_emu_tsan`: the test sources run on the CPU under the emulation, each
+    with `emu_args[flavor]`."""
+    for flavor in emu_flavors:
+        native.cc_test(
+            name = emu_twin(name, flavor),
+            srcs = srcs,
+            deps = _emu_deps(deps, gpu_deps, flavor),
+            copts = _emu_copts(flavor),
+            linkopts = EMU_FLAVORS[flavor].linkopts,
+            args = emu_args.get(flavor, []),
+            size = emu_size,
+            **kwargs
+        )
+
+def cuda_cc_test(name, srcs, deps = [], gpu_deps = [], emu_args = {}, emu_size = "large", emu_flavors = ["emu", "emu_tsan"], **kwargs):
+    """A test of CUDA code: `name` runs on a GPU (and skips, saying why, where there is none);
+    its emulated twins (cuda_emu_tests) run it on the CPU."""
+    native.cc_test(
+        name = name,
+        srcs = srcs,
+        deps = deps + gpu_deps,
+        **kwargs
+    )
+    cuda_emu_tests(name, srcs, deps, gpu_deps, emu_args, emu_size, emu_flavors, **kwargs)
+
+def cuda_emu_binary(name, srcs, deps = [], gpu_deps = [], flavor = "emu", **kwargs):
+    """A test-only binary of `srcs` under the emulation in `flavor` (for tests that run it and
+    expect it to fail, such as the planted bugs')."""
+    native.cc_binary(
+        name = name,
+        srcs = srcs,
+        deps = _emu_deps(deps, gpu_deps, flavor),
+        copts = _emu_copts(flavor),
+        linkopts = EMU_FLAVORS[flavor].linkopts,
+        testonly = True,
         **kwargs
     )

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/activation.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace sluice::kernels::cuda {
 namespace {
@@ -62,7 +63,7 @@ __device__ float BlockReduce(float v, float identity, Op op, float* shared) {
 // of exponentials, normalized write; the row stays in L1/L2 between them.
 __global__ void SoftmaxKernel(float* x,  // [rows, cols]
                               int64_t cols) {
-  __shared__ float shared[kWarp];
+  SLUICE_SHARED(shared, float[kWarp]);
   float* xr = x + blockIdx.x * cols;
   float mx = -INFINITY;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) mx = fmaxf(mx, xr[c]);
@@ -79,7 +80,7 @@ cudaError_t LaunchSwiGlu(const SwiGluParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
   const unsigned blocks =
       static_cast<unsigned>(std::min(kMaxBlocks, (p.n + kThreads - 1) / kThreads));
-  SwiGluKernel<<<blocks, kThreads, 0, stream>>>(p.gate, p.up, p.out, p.n);
+  SLUICE_LAUNCH(blocks, kThreads, 0, stream, SwiGluKernel)(p.gate, p.up, p.out, p.n);
   return cudaGetLastError();
 }
 
@@ -87,7 +88,7 @@ cudaError_t LaunchSoftmax(const SoftmaxParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   int threads = 1024;
   while (threads > kWarp && threads / 2 >= p.cols) threads /= 2;
-  SoftmaxKernel<<<static_cast<unsigned>(p.rows), threads, 0, stream>>>(p.x, p.cols);
+  SLUICE_LAUNCH(static_cast<unsigned>(p.rows), threads, 0, stream, SoftmaxKernel)(p.x, p.cols);
   return cudaGetLastError();
 }
 

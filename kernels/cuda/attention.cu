@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace sluice::kernels::cuda {
 namespace {
@@ -97,7 +98,7 @@ __global__ void __launch_bounds__(kRows* kWarp)
                            int q_tokens, int64_t q_start, int heads, int kv_heads, float scale,
                            bool vec) {
   constexpr int kPerLane = (D + kWarp - 1) / kWarp;  // output elements lane + 32 i
-  extern __shared__ float4 shared4[];
+  SLUICE_DYNAMIC_SHARED(shared4, float4);
   float* ks = reinterpret_cast<float*>(shared4);  // [kKeyTile, KStride<D>]
   float* vs = ks + kKeyTile * KStride<D>();       // [kKeyTile, D]
   float* qs = vs + kKeyTile * D;                  // [kRows, D]
@@ -178,7 +179,7 @@ __global__ void __launch_bounds__(kScoreKeys)
                     float* __restrict__ key_scores,     // [heads, kv_tokens]
                     int q_tokens, int64_t q_start, int heads, int kv_heads, int64_t kv_tokens,
                     float scale, bool vec) {
-  extern __shared__ float4 shared4[];
+  SLUICE_DYNAMIC_SHARED(shared4, float4);
   float* ks = reinterpret_cast<float*>(shared4);  // [kScoreKeys, KStride<D>]
   float* qs = ks + kScoreKeys * KStride<D>();     // [kQueryTile, D]
   float* ms = qs + kQueryTile * D;                // [kQueryTile] row maxima
@@ -236,9 +237,9 @@ cudaError_t LaunchForHeadDim(const AttentionParams& p, float* workspace, cudaStr
   }
   const dim3 forward_grid(static_cast<unsigned>((p.q_tokens * group + kRows - 1) / kRows),
                           static_cast<unsigned>(p.kv_heads));
-  AttentionForwardKernel<D><<<forward_grid, kRows * kWarp, kForwardShared, stream>>>(
-      p.q, p.k, p.v, p.out, row_max, row_sum, static_cast<int>(p.q_tokens), p.q_start,
-      static_cast<int>(p.heads), static_cast<int>(p.kv_heads), p.scale, vec);
+  SLUICE_LAUNCH(forward_grid, kRows * kWarp, kForwardShared, stream, AttentionForwardKernel<D>)
+  (p.q, p.k, p.v, p.out, row_max, row_sum, static_cast<int>(p.q_tokens), p.q_start,
+   static_cast<int>(p.heads), static_cast<int>(p.kv_heads), p.scale, vec);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (p.key_scores == nullptr) return cudaSuccess;
 
@@ -252,9 +253,9 @@ cudaError_t LaunchForHeadDim(const AttentionParams& p, float* workspace, cudaStr
   const int64_t seen = p.q_start + p.q_tokens;  // keys some query of the chunk sees
   const dim3 scores_grid(static_cast<unsigned>((seen + kScoreKeys - 1) / kScoreKeys),
                          static_cast<unsigned>(p.heads));
-  KeyScoresKernel<D><<<scores_grid, kScoreKeys, kScoresShared, stream>>>(
-      p.q, p.k, row_max, row_sum, p.key_scores, static_cast<int>(p.q_tokens), p.q_start,
-      static_cast<int>(p.heads), static_cast<int>(p.kv_heads), p.kv_tokens, p.scale, vec);
+  SLUICE_LAUNCH(scores_grid, kScoreKeys, kScoresShared, stream, KeyScoresKernel<D>)
+  (p.q, p.k, row_max, row_sum, p.key_scores, static_cast<int>(p.q_tokens), p.q_start,
+   static_cast<int>(p.heads), static_cast<int>(p.kv_heads), p.kv_tokens, p.scale, vec);
   return cudaGetLastError();
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/decode_attention_kernels.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace sluice::kernels::cuda {
 namespace {
@@ -414,7 +415,7 @@ __device__ __forceinline__ void DecodeUnit(const DecodeTier& tier, int d, const 
 template <int R>
 __global__ void __launch_bounds__(kDecodeThreads)
     ChunkKernel(const __grid_constant__ DecodeKernelParams p) {
-  extern __shared__ __align__(16) uint8_t smem_raw[];
+  SLUICE_DYNAMIC_SHARED(smem_raw, uint8_t);
   const Smem s = CarveSmem(smem_raw, p, R);
   const DecodeChunk chunk = p.chunks[blockIdx.x];
   const int row0 = blockIdx.y * R;
@@ -570,7 +571,7 @@ cudaError_t LaunchRows(const DecodeKernelParams& p, cudaStream_t stream) {
     }
   }
   const dim3 grid(p.chunk_count, (p.rows + R - 1) / R);
-  ChunkKernel<R><<<grid, kDecodeThreads, smem, stream>>>(p);
+  SLUICE_LAUNCH(grid, kDecodeThreads, smem, stream, ChunkKernel<R>)(p);
   return cudaGetLastError();
 }
 
@@ -600,14 +601,14 @@ cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, int rows_per_bloc
       return cudaErrorInvalidValue;
   }
   if (e != cudaSuccess) return e;
-  MergeKernel<<<p.bh_count, 256, 0, stream>>>(p);
+  SLUICE_LAUNCH(p.bh_count, 256, 0, stream, MergeKernel)(p);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchDecodeScores(const DecodeKernelParams& p, int64_t max_keys, int64_t total_slots,
                                int64_t recent, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((max_keys + 127) / 128), p.bh_count);
-  ScoreKernel<<<grid, 128, 0, stream>>>(p, total_slots, recent);
+  SLUICE_LAUNCH(grid, 128, 0, stream, ScoreKernel)(p, total_slots, recent);
   return cudaGetLastError();
 }
 

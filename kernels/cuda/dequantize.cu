@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/dequantize.h"
 #include "kernels/cuda/ggml_dequant.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace sluice::kernels::cuda {
 namespace {
@@ -40,8 +41,8 @@ cudaError_t Launch(GgmlType type, const void* src, int64_t rows, int64_t cols, O
   const unsigned blocks =
       static_cast<unsigned>(std::min(kMaxBlocks, (total + kThreads - 1) / kThreads));
   const bool known = DispatchGgmlType(type, [&](auto t) {
-    DequantizeRowsKernel<decltype(t)::value, Out>
-        <<<blocks, kThreads, 0, stream>>>(static_cast<const uint8_t*>(src), rows, cols, dst);
+    SLUICE_LAUNCH(blocks, kThreads, 0, stream, DequantizeRowsKernel<decltype(t)::value, Out>)
+    (static_cast<const uint8_t*>(src), rows, cols, dst);
   });
   if (!known) return cudaErrorInvalidValue;
   return cudaGetLastError();

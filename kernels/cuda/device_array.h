@@ -36,6 +36,13 @@ inline absl::Status CudaDeviceAvailable() {
   return absl::OkStatus();
 }
 
+// Whether `size` elements of T have a byte count that size_t and int64_t both hold. (The
+// bound is computed in uint64_t: SIZE_MAX / sizeof(uint8_t) cast to int64_t is -1.)
+template <typename T>
+constexpr bool FitsInBytes(int64_t size) {
+  return size >= 0 && static_cast<uint64_t>(size) <= static_cast<uint64_t>(INT64_MAX) / sizeof(T);
+}
+
 // `size` elements of T in device memory (cudaMalloc); uninitialized.
 template <typename T>
 class DeviceArray {
@@ -65,7 +72,7 @@ class DeviceArray {
   // Makes room for at least `size` elements; the contents are lost if the array grows.
   absl::Status Reserve(int64_t size) {
     if (size <= size_) return absl::OkStatus();
-    if (size > static_cast<int64_t>(SIZE_MAX / sizeof(T))) {
+    if (!FitsInBytes<T>(size)) {
       return absl::InvalidArgumentError(
           absl::StrFormat("a device array of %d elements of %d bytes overflows", size, sizeof(T)));
     }
@@ -114,7 +121,7 @@ class PinnedArray {
 
   absl::Status Reserve(int64_t size) {
     if (size <= size_) return absl::OkStatus();
-    if (size > static_cast<int64_t>(SIZE_MAX / sizeof(T))) {
+    if (!FitsInBytes<T>(size)) {
       return absl::InvalidArgumentError(
           absl::StrFormat("a pinned array of %d elements of %d bytes overflows", size, sizeof(T)));
     }

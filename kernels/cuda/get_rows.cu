@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/get_rows.h"
 #include "kernels/cuda/ggml_dequant.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace sluice::kernels::cuda {
 namespace {
@@ -30,8 +31,9 @@ __global__ void __launch_bounds__(kThreads)
 
 cudaError_t LaunchGetRows(const GetRowsParams& p, cudaStream_t stream) {
   const bool known = DispatchGgmlType(p.table_type, [&](auto type) {
-    GetRowsKernel<decltype(type)::value><<<static_cast<unsigned>(p.count), kThreads, 0, stream>>>(
-        static_cast<const uint8_t*>(p.table), p.ids, p.out, p.rows, p.dim);
+    SLUICE_LAUNCH(static_cast<unsigned>(p.count), kThreads, 0, stream,
+                  GetRowsKernel<decltype(type)::value>)
+    (static_cast<const uint8_t*>(p.table), p.ids, p.out, p.rows, p.dim);
   });
   if (!known) return cudaErrorInvalidValue;
   return cudaGetLastError();

@@ -3,6 +3,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "kernels/cuda/kv_huffman.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace sluice::kernels::cuda {
 namespace {
@@ -60,10 +61,10 @@ __global__ void __launch_bounds__(kEncodeThreads)
     EncodeKernel(const HuffmanTierDesc tier, const DeviceHuffmanEncoder* __restrict__ k_enc,
                  const DeviceHuffmanEncoder* __restrict__ v_enc,
                  const HuffmanEncodeJob* __restrict__ jobs) {
-  __shared__ DeviceHuffmanEncoder enc[2];
-  __shared__ BlockScan::TempStorage scan;
-  __shared__ BlockReduce::TempStorage reduce;
-  __shared__ uint32_t shared_total;
+  SLUICE_SHARED(enc, DeviceHuffmanEncoder[2]);
+  SLUICE_SHARED(scan, BlockScan::TempStorage);
+  SLUICE_SHARED(reduce, BlockReduce::TempStorage);
+  SLUICE_SHARED(shared_total, uint32_t);
   const HuffmanEncodeJob job = jobs[blockIdx.x];
   const KvPageLayout& l = tier.layout;
   const KvPageLayout& ul = tier.unit_layout;
@@ -179,7 +180,7 @@ cudaError_t LaunchHuffmanEncode(const HuffmanTierDesc& tier, const DeviceHuffman
                                 const DeviceHuffmanEncoder* v, const HuffmanEncodeJob* jobs,
                                 int32_t job_count, cudaStream_t stream) {
   if (job_count <= 0) return cudaSuccess;
-  EncodeKernel<<<job_count, kEncodeThreads, 0, stream>>>(tier, k, v, jobs);
+  SLUICE_LAUNCH(job_count, kEncodeThreads, 0, stream, EncodeKernel)(tier, k, v, jobs);
   return cudaGetLastError();
 }
 
@@ -190,8 +191,9 @@ cudaError_t LaunchHuffmanDecode(const HuffmanTierDesc& tier, const uint16_t* k_t
   if (job_count <= 0) return cudaSuccess;
   constexpr int kThreads = 128;
   const int64_t threads = static_cast<int64_t>(job_count) * kStreamsPerUnit;
-  DecodeKernel<<<static_cast<unsigned>((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      tier, k_table, k_bits, v_table, v_bits, jobs, job_count);
+  SLUICE_LAUNCH(static_cast<unsigned>((threads + kThreads - 1) / kThreads), kThreads, 0, stream,
+                DecodeKernel)
+  (tier, k_table, k_bits, v_table, v_bits, jobs, job_count);
   return cudaGetLastError();
 }
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/kv_quant.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace sluice::kernels::cuda {
 namespace {
@@ -212,8 +213,8 @@ cudaError_t QuantizeSegment(const KvQuantSpec& spec, int d, int tile, const floa
   } else {
     work = n / gs * (spec.grouping == KvGrouping::kBlock ? d / spec.block_channels : d);
   }
-  QuantizeKernel<<<Blocks(work), kThreads, 0, stream>>>(spec, d, tile, x, stride, n, page, codes,
-                                                        meta, slot, page_tokens);
+  SLUICE_LAUNCH(Blocks(work), kThreads, 0, stream, QuantizeKernel)
+  (spec, d, tile, x, stride, n, page, codes, meta, slot, page_tokens);
   return cudaGetLastError();
 }
 
@@ -232,7 +233,7 @@ cudaError_t LaunchKvQuantize(const KvQuantizeParams& p, cudaStream_t stream) {
       e != cudaSuccess) {
     return e;
   }
-  TokenMetaKernel<<<Blocks(p.tokens), kThreads, 0, stream>>>(p);
+  SLUICE_LAUNCH(Blocks(p.tokens), kThreads, 0, stream, TokenMetaKernel)(p);
   return cudaGetLastError();
 }
 
@@ -240,10 +241,10 @@ cudaError_t LaunchKvDequantize(const KvDequantizeParams& p, cudaStream_t stream)
   const KvTierFormat& f = p.format;
   const KvPageLayout& l = p.layout;
   const int64_t work = p.tokens * f.head_dim;
-  DequantizeKernel<<<Blocks(work), kThreads, 0, stream>>>(
-      f.k, f.head_dim, l.k_tile, p.page, l.k_codes, l.k_meta, p.slot, p.tokens, l.tokens, p.k);
-  DequantizeKernel<<<Blocks(work), kThreads, 0, stream>>>(
-      f.v, f.head_dim, 1, p.page, l.v_codes, l.v_meta, p.slot, p.tokens, l.tokens, p.v);
+  SLUICE_LAUNCH(Blocks(work), kThreads, 0, stream, DequantizeKernel)
+  (f.k, f.head_dim, l.k_tile, p.page, l.k_codes, l.k_meta, p.slot, p.tokens, l.tokens, p.k);
+  SLUICE_LAUNCH(Blocks(work), kThreads, 0, stream, DequantizeKernel)
+  (f.v, f.head_dim, 1, p.page, l.v_codes, l.v_meta, p.slot, p.tokens, l.tokens, p.v);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,6 @@
 #include <cstdint>
 
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/rmsnorm.h"
 
 namespace sluice::kernels::cuda {
@@ -35,7 +36,7 @@ __global__ void RmsNormKernel(const float* __restrict__ x,       // [rows, dim]
                               const float* __restrict__ weight,  // [dim]
                               float* y,                          // [rows, dim]
                               int64_t dim, float eps) {
-  __shared__ float shared[kWarp];
+  SLUICE_SHARED(shared, float[kWarp]);
   const int64_t row = blockIdx.x;
   const float* xr = x + row * dim;
   float* yr = y + row * dim;
@@ -80,9 +81,9 @@ cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
   while (threads > kWarp && threads / 2 >= work) threads /= 2;
   const dim3 grid(static_cast<unsigned>(p.rows));
   if (vec4) {
-    RmsNormKernel<4><<<grid, threads, 0, stream>>>(p.x, p.weight, p.y, p.dim, p.eps);
+    SLUICE_LAUNCH(grid, threads, 0, stream, RmsNormKernel<4>)(p.x, p.weight, p.y, p.dim, p.eps);
   } else {
-    RmsNormKernel<1><<<grid, threads, 0, stream>>>(p.x, p.weight, p.y, p.dim, p.eps);
+    SLUICE_LAUNCH(grid, threads, 0, stream, RmsNormKernel<1>)(p.x, p.weight, p.y, p.dim, p.eps);
   }
   return cudaGetLastError();
 }

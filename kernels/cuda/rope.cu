@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/rope.h"
 
 namespace sluice::kernels::cuda {
@@ -44,9 +45,9 @@ cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
   if (work == 0) return cudaSuccess;
   const unsigned blocks =
       static_cast<unsigned>(std::min(kMaxBlocks, (work + kThreads - 1) / kThreads));
-  RopeKernel<<<blocks, kThreads, 0, stream>>>(p.x, p.positions, p.tokens, p.heads, p.head_dim,
-                                              p.rope_dim, static_cast<double>(p.theta_base),
-                                              p.neox);
+  SLUICE_LAUNCH(blocks, kThreads, 0, stream, RopeKernel)
+  (p.x, p.positions, p.tokens, p.heads, p.head_dim, p.rope_dim, static_cast<double>(p.theta_base),
+   p.neox);
   return cudaGetLastError();
 }
 

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/launch.cuh"
 #include "kvstore/cuda/gpu_compaction_kernels.h"
 
 namespace sluice::kvstore::cuda {
@@ -101,7 +102,7 @@ __global__ void __launch_bounds__(kPlanThreads) PlanKernel(CompactionBatch b) {
   const int32_t group = b.group;
   const int64_t units = b.slots_per_page / group;
 
-  __shared__ u64 total_live;
+  SLUICE_SHARED(total_live, u64);
   if (threadIdx.x == 0) total_live = 0;
   __syncthreads();
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
@@ -339,21 +340,21 @@ __global__ void __launch_bounds__(kCopyThreads) SparseCopyKernel(SparseCopyParam
 
 cudaError_t LaunchPlanCompaction(const CompactionBatch& b, cudaStream_t stream) {
   if (b.lists <= 0) return cudaSuccess;
-  PlanKernel<<<static_cast<unsigned>(b.lists), kPlanThreads, 0, stream>>>(b);
+  SLUICE_LAUNCH(static_cast<unsigned>(b.lists), kPlanThreads, 0, stream, PlanKernel)(b);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchEmitCompaction(const CompactionBatch& b, const CompactionEmit& e,
                                  cudaStream_t stream) {
   if (b.lists <= 0) return cudaSuccess;
-  EmitKernel<<<static_cast<unsigned>(b.lists), kPlanThreads, 0, stream>>>(b, e);
+  SLUICE_LAUNCH(static_cast<unsigned>(b.lists), kPlanThreads, 0, stream, EmitKernel)(b, e);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchClearGrownSlots(const CompactionBatch& b, int64_t pages, cudaStream_t stream) {
   if (pages <= 0) return cudaSuccess;
   const int64_t blocks = std::min<int64_t>((pages + kPageThreads - 1) / kPageThreads, 4096);
-  ClearGrownKernel<<<static_cast<unsigned>(blocks), kPageThreads, 0, stream>>>(b, pages);
+  SLUICE_LAUNCH(static_cast<unsigned>(blocks), kPageThreads, 0, stream, ClearGrownKernel)(b, pages);
   return cudaGetLastError();
 }
 
@@ -361,7 +362,7 @@ cudaError_t LaunchSparseCopy(const SparseCopyParams& p, cudaStream_t stream) {
   if (p.num_moves <= 0) return cudaSuccess;
   const int64_t blocks =
       std::min<int64_t>((p.num_moves + kCopyWarps - 1) / kCopyWarps, kMaxCopyBlocks);
-  SparseCopyKernel<<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(p);
+  SLUICE_LAUNCH(static_cast<unsigned>(blocks), kCopyThreads, 0, stream, SparseCopyKernel)(p);
   return cudaGetLastError();
 }
 

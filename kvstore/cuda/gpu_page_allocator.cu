@@ -2,6 +2,7 @@
 // or per listed id; grids are grid-stride loops so any batch size fits one launch.
 #include <climits>
 
+#include "kernels/cuda/launch.cuh"
 #include "kvstore/cuda/gpu_page_allocator_kernels.h"
 
 namespace sluice::kvstore::cuda {
@@ -76,7 +77,9 @@ __global__ void RecycleKernel(DevicePageList list, const int32_t* __restrict__ i
       if (at >= list.num_pages) at -= list.num_pages;
       list.free_list[at] = id;
     }
-    list.last[id] = -1;  // every occurrence writes the same value
+    // Every occurrence of the id writes the same value, but concurrent plain stores to one
+    // address are a data race in CUDA's memory model: an atomic store.
+    atomicExch(&list.last[id], -1);
   }
 }
 
@@ -87,7 +90,7 @@ __global__ void RestoreReferencesKernel(DevicePageList list,
     const int32_t id = ids[k];
     if (!InRange(id, list.num_pages)) continue;
     atomicAdd(&list.refcount[id], 1);
-    list.last[id] = -1;
+    atomicExch(&list.last[id], -1);  // an id may occur more than once: atomic, as above
   }
 }
 
@@ -115,20 +118,20 @@ __global__ void AddReferencesKernel(DevicePageList list, const int32_t* __restri
 cudaError_t LaunchTakePages(DevicePageList list, int64_t start, int64_t total, int32_t* ids,
                             cudaStream_t stream) {
   if (total <= 0) return cudaSuccess;
-  TakePagesKernel<<<GridFor(total), kThreads, 0, stream>>>(list, start, total, ids);
+  SLUICE_LAUNCH(GridFor(total), kThreads, 0, stream, TakePagesKernel)(list, start, total, ids);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchDropReferences(DevicePageList list, const int32_t* ids, int64_t n,
                                  DeviceBatchErrors* errors, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  DropReferencesKernel<<<GridFor(n), kThreads, 0, stream>>>(list, ids, n, errors);
+  SLUICE_LAUNCH(GridFor(n), kThreads, 0, stream, DropReferencesKernel)(list, ids, n, errors);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchFlagFreed(DevicePageList list, const int32_t* ids, int64_t n, int32_t* zero_flags,
                             cudaStream_t stream) {
-  FlagFreedKernel<<<GridFor(n + 1), kThreads, 0, stream>>>(list, ids, n, zero_flags);
+  SLUICE_LAUNCH(GridFor(n + 1), kThreads, 0, stream, FlagFreedKernel)(list, ids, n, zero_flags);
   return cudaGetLastError();
 }
 
@@ -136,21 +139,22 @@ cudaError_t LaunchRecycle(DevicePageList list, const int32_t* ids, int64_t n,
                           const int32_t* zero_flags, const int64_t* offsets, int64_t end,
                           cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  RecycleKernel<<<GridFor(n), kThreads, 0, stream>>>(list, ids, n, zero_flags, offsets, end);
+  SLUICE_LAUNCH(GridFor(n), kThreads, 0, stream, RecycleKernel)
+  (list, ids, n, zero_flags, offsets, end);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchRestoreReferences(DevicePageList list, const int32_t* ids, int64_t n,
                                     cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  RestoreReferencesKernel<<<GridFor(n), kThreads, 0, stream>>>(list, ids, n);
+  SLUICE_LAUNCH(GridFor(n), kThreads, 0, stream, RestoreReferencesKernel)(list, ids, n);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchAddReferences(DevicePageList list, const int32_t* ids, int64_t n, bool undo,
                                 DeviceBatchErrors* errors, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  AddReferencesKernel<<<GridFor(n), kThreads, 0, stream>>>(list, ids, n, undo, errors);
+  SLUICE_LAUNCH(GridFor(n), kThreads, 0, stream, AddReferencesKernel)(list, ids, n, undo, errors);
   return cudaGetLastError();
 }
 
