@@ -1,0 +1,95 @@
+"""Tests of issue_model.py: warp trip counts, unrolled versions, anchors, the bound itself."""
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import issue_model as im  # noqa: E402
+
+SOURCE = """\
+__device__ void Helper(int n) {
+  for (int i = threadIdx.x; i < n; i += 128) {
+    Work(i);
+  }
+}
+template <int R>
+__global__ void Kernel(int n) {
+  Helper(n);  // a call, not the definition
+  for (int i = threadIdx.x; i < n; i += 128) {
+    Work(i);
+  }
+}
+"""
+
+
+class StridedTest(unittest.TestCase):
+    def test_block_strided_loops(self):
+        self.assertEqual(im.strided(96), [1, 1, 1, 0])  # 96 tokens: three warps, once each
+        self.assertEqual(im.strided(768), [6, 6, 6, 6])
+        self.assertEqual(im.strided(961), [8, 8, 8, 7])  # lane 0 of each warp is the busiest
+        self.assertEqual(im.strided(0), [0, 0, 0, 0])
+        # DecodeUnit's meta copy: threads 8.. of the block, stride 120.
+        self.assertEqual(im.strided(640, -8, 120), [6, 6, 5, 5])
+
+
+class VersionsTest(unittest.TestCase):
+    def test_largest_unroll_first_then_remainder_loop(self):
+        # 21 iterations: one pass of the x16 loop, one of the x4 loop, 1 left to straight code.
+        self.assertEqual(im._run([(16, 206), (4, 58)], 21), 206 + 58)
+        self.assertEqual(im._run([(4, 80)], 3), 0)
+        self.assertEqual(im._run([(1, 175)], 64), 64 * 175)
+
+
+class AnchorTest(unittest.TestCase):
+    def setUp(self):
+        self.saved = im.ANCHORS
+
+    def tearDown(self):
+        im.ANCHORS = self.saved
+
+    def test_finds_the_loop_inside_its_function(self):
+        im.ANCHORS = {"helper": ("Helper", "for (int i = threadIdx.x; i < n;", 0),
+                      "kernel": ("Kernel", "for (int i = threadIdx.x; i < n;", 0)}
+        self.assertEqual(im.anchor_lines(SOURCE), {"helper": 2, "kernel": 9})
+
+    def test_missing_loop_says_what_to_update(self):
+        im.ANCHORS = {"gone": ("Kernel", "for (int j = 0;", 0)}
+        with self.assertRaisesRegex(im.ModelError, "update ANCHORS and ROWS"):
+            im.anchor_lines(SOURCE)
+        im.ANCHORS = {"second": ("Helper", "for (int i = threadIdx.x; i < n;", 1)}
+        with self.assertRaises(im.ModelError):
+            im.anchor_lines(SOURCE)
+
+    def test_the_real_anchors_are_unique_texts(self):
+        keys = [(fn, text, nth) for fn, text, nth in im.ANCHORS.values()]
+        self.assertEqual(len(keys), len(set(keys)))
+
+
+class BoundTest(unittest.TestCase):
+    def test_issue_bound(self):
+        # 46k warp-instructions per 16 KiB page: 132 x 4 x 1.98e9 / 46e3 pages/s.
+        bw, share = im.predict(46000, 16384)
+        self.assertAlmostEqual(bw, 16384 * 132 * 4 * 1.98e9 / 46000, delta=1)
+        self.assertAlmostEqual(share, bw / 3.35e12)
+        self.assertEqual(im.predict(10, 16384)[1], 1.0)  # capped
+
+    def test_view_of_a_fixed_width_page(self):
+        tier = {"format": {"k": {"codec": "int", "bits": 4, "grouping": "channel", "group": 32,
+                                 "block_channels": 0},
+                           "v": {"codec": "int", "bits": 4, "grouping": "token", "group": 32,
+                                 "block_channels": 0},
+                           "page_bytes": 16384},
+                "layout": {"tokens": 96, "bytes_used": 15376, "v_row_bytes": 64,
+                           "unit_tokens": 0}}
+        page = im.Page(tier, 128)
+        self.assertFalse(page.huffman)
+        self.assertEqual(page.load_bytes, 15376)
+        v = page.view()
+        self.assertEqual((v.n, v.per("k"), v.group("v")), (96, 2, 32))
+        self.assertEqual(v.meta_halves("k"), 3 * 2 * 128)  # (scale, zero) per channel per 32
+        self.assertEqual(v.meta_halves("v"), 2 * 4 * 96)  # per token per 32 channels
+        self.assertEqual((v.acc_cols(), v.acc_splits()), (64, 2))
+
+
+if __name__ == "__main__":
+    unittest.main()
