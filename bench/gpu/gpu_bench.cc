@@ -1,4 +1,4 @@
-// The GPU benchmark (run on the lent GPU machine by bench/gpu/run.sh): in one run,
+// The GPU benchmark (run on the lent GPU machine by bench/gpu/accept.sh): in one run,
 //  - the HBM roofline: a large device-to-device copy, bytes read + written over time;
 //  - decode attention over compressed pages for every preset at batch x context x shape, next to
 //    PyTorch's scaled_dot_product_attention in fp16 on contiguous KV of the same shapes (timed by

@@ -1,0 +1,159 @@
+#!/bin/bash
+# The one-shot GPU acceptance: the whole check of the CUDA wing on a lent GPU machine in two runs
+# of under 10 minutes each, from the repository root with .gpu/ carried (tools/gpu_bundle.sh):
+#
+#   bench/gpu/accept.sh correctness [--sync]   # run 1
+#   bench/gpu/accept.sh speed [--sync]         # run 2
+#
+# correctness: every CUDA test (the op tests' cuda cases, decode attention, the page allocator,
+#   compaction); then compute-sanitizer memcheck on all of them, racecheck and synccheck on the
+#   small shapes.
+# speed: the PyTorch SDPA peer, then gpu_bench one preset per process (a sticky fault in one
+#   preset cannot poison the others' rows), merged into gpu-attention.json; allocation and
+#   compaction with the sluice preset; ncu on the sluice and fp16 chunk kernels at batch 32 x 16k;
+#   the resource table of every kernel as built (cuobjdump -res-usage).
+# --sync sets CUDA_LAUNCH_BLOCKING=1: every launch waits for its kernel, so a fault is reported
+#   by the launch that caused it (each Launch* function returns cudaGetLastError()), naming it.
+#
+# Every step appends a record to $OUT/summary.json as it goes (name, ok, seconds, log), so a run
+# cut short by the time limit still says how far it got. Logs and results go to $OUT (the device
+# tool's output folder) or bench/results/gpu-accept.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+mode=${1:-}
+shift || true
+if [[ "${1:-}" == "--sync" ]]; then export CUDA_LAUNCH_BLOCKING=1; fi
+out="${OUT:-bench/results/gpu-accept}"
+mkdir -p "$out"
+summary="$out/summary.json"
+[[ -f "$summary" ]] || echo '{"steps": []}' >"$summary"
+
+bundle=/tmp/sluice-gpu
+if [[ ! -x $bundle/bin/backend_ops_test ]]; then
+  rm -rf $bundle && mkdir -p $bundle && tar -xJf .gpu/bundle.tar.xz -C $bundle || exit 2
+fi
+cublas_dir="$(dirname "$(find /usr/local/cuda*/lib64 / -name 'libcublas.so.13' -not -path '/proc/*' \
+  2>/dev/null | head -1)")"
+export LD_LIBRARY_PATH="$bundle/lib:${cublas_dir}:${LD_LIBRARY_PATH:-}"
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+cuobjdump=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null | head -1)
+
+# step NAME SECONDS COMMAND...: runs COMMAND with a time limit, logs it, records the outcome.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local log="$out/$name.log" start end rc
+  start=$(date +%s.%N)
+  timeout "$limit" "$@" >"$log" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  python3 - "$summary" "$name" "$rc" "$start" "$end" "$log" <<'PY'
+import json, sys
+path, name, rc, start, end, log = sys.argv[1:]
+s = json.load(open(path))
+tail = open(log, errors="replace").read().splitlines()[-6:]
+s["steps"].append({"name": name, "ok": rc == "0", "exit": int(rc),
+                   "seconds": round(float(end) - float(start), 1), "log": log, "tail": tail})
+if name == "device":
+    s["device"] = open(log, errors="replace").read().strip()
+json.dump(s, open(path, "w"), indent=1)
+PY
+  printf '%-40s %s (%ss)\n' "$name" "$([[ $rc == 0 ]] && echo ok || echo "FAILED rc=$rc")" \
+    "$(python3 -c "print(round($end - $start, 1))")"
+  return $rc
+}
+
+tests=(
+  "backend_ops_test --gtest_filter=*/cuda"
+  "decode_attention_test"
+  "gpu_page_allocator_test"
+  "gpu_compaction_test"
+)
+small_tests=(
+  "backend_ops_test --gtest_filter=*/cuda"
+  "decode_attention_test --gtest_filter=*Small*"
+  "gpu_page_allocator_test --gtest_filter=-*Large*"
+  "gpu_compaction_test --gtest_filter=*f16*:*fp8_meta*"
+)
+
+status=0
+step device 30 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
+  --format=csv,noheader || status=1
+case "$mode" in
+  correctness)
+    for t in "${tests[@]}"; do
+      read -r bin args <<<"$t"
+      step "test-$bin" 240 $bundle/bin/$bin --gtest_brief=1 $args || status=1
+    done
+    if [[ -z "$sanitizer" ]]; then
+      echo "compute-sanitizer not found: the sanitizer steps did not run"
+      status=1
+    else
+      for t in "${tests[@]}"; do
+        read -r bin args <<<"$t"
+        step "memcheck-$bin" 300 "$sanitizer" --tool memcheck --error-exitcode 1 \
+          --leak-check full $bundle/bin/$bin --gtest_brief=1 $args || status=1
+      done
+      for tool in racecheck synccheck; do
+        for t in "${small_tests[@]}"; do
+          read -r bin args <<<"$t"
+          step "$tool-$bin" 300 "$sanitizer" --tool $tool --error-exitcode 1 \
+            $bundle/bin/$bin --gtest_brief=1 $args || status=1
+        done
+      done
+    fi
+    ;;
+  speed)
+    step sdpa-peer 240 env PYTHONUNBUFFERED=1 python3 bench/gpu/sdpa_peer.py --out "$out/sdpa.json" \
+      || status=1
+    presets=(fp16 int8 kivi4 kivi2 kvcomp sinks snapkv pyramid h2o minikv leankv-k8v4 leankv-k4v2)
+    for p in "${presets[@]}"; do
+      mkdir -p "$out/presets/$p"
+      step "bench-$p" 120 $bundle/bin/gpu_bench --sdpa_json "$out/sdpa.json" --presets=$p \
+        --memory=false --out_dir "$out/presets/$p" || status=1
+    done
+    # sluice last, with the memory benchmark (its share of a step needs sluice's own rows).
+    mkdir -p "$out/presets/sluice"
+    step bench-sluice-and-memory 240 $bundle/bin/gpu_bench --sdpa_json "$out/sdpa.json" \
+      --presets=sluice --memory=true --out_dir "$out/presets/sluice" || status=1
+    python3 - "$out" <<'PY'
+import glob, json, os, sys
+out = sys.argv[1]
+merged = None
+for f in sorted(glob.glob(os.path.join(out, "presets", "*", "gpu-attention.json"))):
+    d = json.load(open(f))
+    if merged is None:
+        merged = dict(d, rows=[])
+    merged["rows"] += d["rows"]
+if merged:
+    json.dump(merged, open(os.path.join(out, "gpu-attention.json"), "w"), indent=1)
+    print("merged", len(merged["rows"]), "rows into gpu-attention.json")
+sluice = os.path.join(out, "presets", "sluice", "gpu-codec-memory.json")
+if os.path.exists(sluice):
+    open(os.path.join(out, "gpu-codec-memory.json"), "w").write(open(sluice).read())
+PY
+    if [[ -n "$ncu" ]]; then
+      for p in sluice fp16; do
+        step "ncu-$p" 240 "$ncu" --kernel-name regex:ChunkKernel --launch-skip 2 --launch-count 1 \
+          --set full -f -o "$out/ncu-$p" $bundle/bin/gpu_bench --presets=$p --batches=32 \
+          --contexts=16384 --shapes=llama3-8b --reps=3 --memory=false --out_dir /tmp \
+          || status=1
+        "$ncu" --import "$out/ncu-$p.ncu-rep" --page details --csv >"$out/ncu-$p.csv" 2>/dev/null
+      done
+    else
+      echo "ncu not found: the profiles did not run"
+      status=1
+    fi
+    if [[ -n "$cuobjdump" ]]; then
+      step resources 60 "$cuobjdump" -res-usage $bundle/bin/gpu_bench $bundle/bin/backend_ops_test \
+        || status=1
+    fi
+    ;;
+  *)
+    echo "usage: bench/gpu/accept.sh correctness|speed [--sync]" >&2
+    exit 2
+    ;;
+esac
+echo "summary: $summary"
+exit $status
