@@ -16,9 +16,12 @@
 #   by the launch that caused it (each Launch* function returns cudaGetLastError()), naming it.
 #
 # Every step appends a record to $OUT/summary.json as it goes (name, ok, seconds, log), so a run
-# cut short by the time limit still says how far it got. Logs and results go to $OUT (the device
+# cut short still says how far it got. A run stops starting steps when its budget is spent
+# (SLUICE_ACCEPT_BUDGET_S, default 540 s: the device tool allows 600 s a call); steps run in order
+# of importance and the ones left are recorded as not run. Logs and results go to $OUT (the device
 # tool's output folder) or bench/results/gpu-accept.
 set -uo pipefail
+deadline=$(($(date +%s) + ${SLUICE_ACCEPT_BUDGET_S:-540}))
 cd "$(dirname "$0")/../.."
 mode=${1:-}
 shift || true
@@ -39,14 +42,22 @@ sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sani
 ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 cuobjdump=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null | head -1)
 
-# step NAME SECONDS COMMAND...: runs COMMAND with a time limit, logs it, records the outcome.
+# step NAME SECONDS COMMAND...: runs COMMAND with a time limit (cut to what is left of the
+# budget), logs it, records the outcome; exit status 124 is a timeout, 125 not run for lack of time.
 step() {
   local name=$1 limit=$2
   shift 2
-  local log="$out/$name.log" start end rc
+  local log="$out/$name.log" start end rc left
+  left=$((deadline - $(date +%s)))
+  ((limit > left)) && limit=$left
   start=$(date +%s.%N)
-  timeout "$limit" "$@" >"$log" 2>&1
-  rc=$?
+  if ((limit < 5)); then
+    echo "not run: the run's time budget is spent" >"$log"
+    rc=125
+  else
+    timeout "$limit" "$@" >"$log" 2>&1
+    rc=$?
+  fi
   end=$(date +%s.%N)
   python3 - "$summary" "$name" "$rc" "$start" "$end" "$log" <<'PY'
 import json, sys
@@ -65,8 +76,8 @@ PY
 }
 
 tests=(
-  "backend_ops_test --gtest_filter=*/cuda"
   "decode_attention_test"
+  "backend_ops_test --gtest_filter=*/cuda"
   "gpu_page_allocator_test"
   "gpu_compaction_test"
 )
@@ -84,7 +95,7 @@ case "$mode" in
   correctness)
     for t in "${tests[@]}"; do
       read -r bin args <<<"$t"
-      step "test-$bin" 240 $bundle/bin/$bin --gtest_brief=1 $args || status=1
+      step "test-$bin" 120 $bundle/bin/$bin --gtest_brief=1 $args || status=1
     done
     if [[ -z "$sanitizer" ]]; then
       echo "compute-sanitizer not found: the sanitizer steps did not run"
@@ -92,31 +103,51 @@ case "$mode" in
     else
       for t in "${tests[@]}"; do
         read -r bin args <<<"$t"
-        step "memcheck-$bin" 300 "$sanitizer" --tool memcheck --error-exitcode 1 \
+        step "memcheck-$bin" 150 "$sanitizer" --tool memcheck --error-exitcode 1 \
           --leak-check full $bundle/bin/$bin --gtest_brief=1 $args || status=1
       done
       for tool in racecheck synccheck; do
         for t in "${small_tests[@]}"; do
           read -r bin args <<<"$t"
-          step "$tool-$bin" 300 "$sanitizer" --tool $tool --error-exitcode 1 \
+          step "$tool-$bin" 60 "$sanitizer" --tool $tool --error-exitcode 1 \
             $bundle/bin/$bin --gtest_brief=1 $args || status=1
         done
       done
     fi
     ;;
   speed)
-    step sdpa-peer 240 env PYTHONUNBUFFERED=1 python3 bench/gpu/sdpa_peer.py --out "$out/sdpa.json" \
+    step sdpa-peer 180 env PYTHONUNBUFFERED=1 python3 bench/gpu/sdpa_peer.py --out "$out/sdpa.json" \
       || status=1
-    presets=(fp16 int8 kivi4 kivi2 kvcomp sinks snapkv pyramid h2o minikv leankv-k8v4 leankv-k4v2)
-    for p in "${presets[@]}"; do
+    # sluice first, with the memory benchmark (its share of a step needs sluice's own rows); then
+    # fp16, the profiles and the other presets, as far as the budget goes.
+    bench_preset() {
+      local p=$1 limit=$2
+      shift 2
       mkdir -p "$out/presets/$p"
-      step "bench-$p" 120 $bundle/bin/gpu_bench --sdpa_json "$out/sdpa.json" --presets=$p \
-        --memory=false --out_dir "$out/presets/$p" || status=1
+      step "bench-$p" "$limit" $bundle/bin/gpu_bench --sdpa_json "$out/sdpa.json" --presets=$p \
+        --out_dir "$out/presets/$p" "$@"
+    }
+    bench_preset sluice 180 --memory=true || status=1
+    bench_preset fp16 90 --memory=false || status=1
+    if [[ -n "$ncu" ]]; then
+      for p in sluice fp16; do
+        step "ncu-$p" 120 "$ncu" --clock-control none --kernel-name regex:ChunkKernel \
+          --launch-skip 2 --launch-count 1 --set full -f -o "$out/ncu-$p" \
+          $bundle/bin/gpu_bench --presets=$p --batches=32 --contexts=16384 --shapes=llama3-8b \
+          --reps=3 --memory=false --out_dir /tmp || status=1
+        "$ncu" --import "$out/ncu-$p.ncu-rep" --page details --csv >"$out/ncu-$p.csv" 2>/dev/null
+      done
+    else
+      echo "ncu not found: the profiles did not run"
+      status=1
+    fi
+    if [[ -n "$cuobjdump" ]]; then
+      step resources 30 "$cuobjdump" -res-usage $bundle/bin/gpu_bench $bundle/bin/backend_ops_test \
+        || status=1
+    fi
+    for p in kvcomp int8 kivi4 kivi2 minikv leankv-k8v4 leankv-k4v2 sinks snapkv pyramid h2o; do
+      bench_preset $p 90 --memory=false || status=1
     done
-    # sluice last, with the memory benchmark (its share of a step needs sluice's own rows).
-    mkdir -p "$out/presets/sluice"
-    step bench-sluice-and-memory 240 $bundle/bin/gpu_bench --sdpa_json "$out/sdpa.json" \
-      --presets=sluice --memory=true --out_dir "$out/presets/sluice" || status=1
     python3 - "$out" <<'PY'
 import glob, json, os, sys
 out = sys.argv[1]
@@ -133,22 +164,6 @@ sluice = os.path.join(out, "presets", "sluice", "gpu-codec-memory.json")
 if os.path.exists(sluice):
     open(os.path.join(out, "gpu-codec-memory.json"), "w").write(open(sluice).read())
 PY
-    if [[ -n "$ncu" ]]; then
-      for p in sluice fp16; do
-        step "ncu-$p" 240 "$ncu" --kernel-name regex:ChunkKernel --launch-skip 2 --launch-count 1 \
-          --set full -f -o "$out/ncu-$p" $bundle/bin/gpu_bench --presets=$p --batches=32 \
-          --contexts=16384 --shapes=llama3-8b --reps=3 --memory=false --out_dir /tmp \
-          || status=1
-        "$ncu" --import "$out/ncu-$p.ncu-rep" --page details --csv >"$out/ncu-$p.csv" 2>/dev/null
-      done
-    else
-      echo "ncu not found: the profiles did not run"
-      status=1
-    fi
-    if [[ -n "$cuobjdump" ]]; then
-      step resources 60 "$cuobjdump" -res-usage $bundle/bin/gpu_bench $bundle/bin/backend_ops_test \
-        || status=1
-    fi
     ;;
   *)
     echo "usage: bench/gpu/accept.sh correctness|speed [--sync]" >&2
