@@ -30,6 +30,8 @@ struct CudaBackend::Impl {
   // statistics). Ops run in stream order, so one op is done with it before the next starts.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // PagedAttention's plans, built in place on every call without allocating.
+  kernels::cuda::DecodeAttentionWorkspace decode_workspace;
 
   // Releases in reverse order of creation, after the stream's work has finished.
   ~Impl() {
@@ -139,7 +141,7 @@ absl::Status CudaBackend::DoKvDequantize(const KvDequantizeParams& p) {
 }
 
 absl::Status CudaBackend::DoPagedAttention(const PagedAttentionParams& p) {
-  return kernels::cuda::PagedAttention(p, impl_->stream);
+  return kernels::cuda::PagedAttention(p, impl_->stream, &impl_->decode_workspace);
 }
 
 absl::Status CudaBackend::DoRmsNorm(const RmsNormParams& p) {

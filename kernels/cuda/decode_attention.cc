@@ -17,11 +17,75 @@ namespace sluice::kernels::cuda {
 namespace {
 
 int64_t Align16(int64_t x) { return (x + 15) / 16 * 16; }
+constexpr int64_t kArrayAlignment = 256;
+int64_t AlignArray(int64_t x) {
+  return (x + kArrayAlignment - 1) / kArrayAlignment * kArrayAlignment;
+}
+
+// The device arrays of a plan, laid out in one block: first the arrays copied from host data,
+// then the scratch arrays the kernels write. Pointers are filled in by Place.
+class PlanArrays {
+ public:
+  template <typename T>
+  void Upload(const T** dst, const T* data, size_t n) {
+    uploads_.push_back({reinterpret_cast<void**>(const_cast<T**>(dst)), data, n * sizeof(T)});
+  }
+  template <typename T>
+  void Scratch(T** dst, int64_t n) {
+    scratch_.push_back({reinterpret_cast<void**>(dst), nullptr,
+                        static_cast<size_t>(std::max<int64_t>(1, n)) * sizeof(T)});
+  }
+  // Bytes of the uploads (what is copied) and of the whole block.
+  int64_t upload_bytes() const { return Sum(uploads_); }
+  int64_t bytes() const { return Sum(uploads_) + Sum(scratch_); }
+
+  // Points every array into `device` (bytes() long) and stages the uploads' data in `staging`
+  // (upload_bytes() long), ready for one copy to `device`.
+  void Place(uint8_t* device, uint8_t* staging) const {
+    int64_t at = 0;
+    for (const Item& u : uploads_) {
+      if (u.bytes > 0) std::memcpy(staging + at, u.data, u.bytes);
+      *u.dst = device + at;
+      at += AlignArray(static_cast<int64_t>(u.bytes));
+    }
+    for (const Item& w : scratch_) {
+      *w.dst = device + at;
+      at += AlignArray(static_cast<int64_t>(w.bytes));
+    }
+  }
+
+ private:
+  struct Item {
+    void** dst;
+    const void* data;
+    size_t bytes;
+  };
+  static int64_t Sum(const std::vector<Item>& items) {
+    int64_t n = 0;
+    for (const Item& i : items) n += AlignArray(static_cast<int64_t>(i.bytes));
+    return n;
+  }
+  std::vector<Item> uploads_, scratch_;
+};
 
 }  // namespace
 
+struct DecodeAttentionWorkspace::State {
+  DeviceArray<uint8_t> device;
+  PinnedArray<uint8_t> staging;
+  CudaEvent copied;  // recorded after the last copy out of `staging`
+  bool copy_pending = false;
+};
+
+DecodeAttentionWorkspace::DecodeAttentionWorkspace() : state_(std::make_unique<State>()) {}
+DecodeAttentionWorkspace::DecodeAttentionWorkspace(DecodeAttentionWorkspace&&) noexcept = default;
+DecodeAttentionWorkspace& DecodeAttentionWorkspace::operator=(DecodeAttentionWorkspace&&) noexcept =
+    default;
+DecodeAttentionWorkspace::~DecodeAttentionWorkspace() = default;
+int64_t DecodeAttentionWorkspace::device_bytes() const { return state_->device.size(); }
+
 struct DecodeAttentionPlan::State {
-  std::vector<DeviceArray<uint8_t>> allocations;  // device memory, freed with the plan
+  DeviceArray<uint8_t> owned;  // the plan's arrays when it has no workspace
   DecodeKernelParams params;
   int rows_per_block = 1;
   int64_t page_bytes_read = 0;
@@ -29,27 +93,6 @@ struct DecodeAttentionPlan::State {
   int64_t total_slots = 0;
   int64_t recent = 0;  // batch 1: recent tokens
   bool scores = false;
-
-  // n elements of T in device memory, kept with the plan.
-  template <typename T>
-  absl::StatusOr<T*> Allocate(int64_t n) {
-    SLUICE_ASSIGN_OR_RETURN(auto a, DeviceArray<uint8_t>::Create(std::max<int64_t>(1, n) *
-                                                                 static_cast<int64_t>(sizeof(T))));
-    allocations.push_back(std::move(a));
-    return reinterpret_cast<T*>(allocations.back().data());
-  }
-
-  template <typename T>
-  absl::StatusOr<T*> Upload(const T* data, size_t n, cudaStream_t stream) {
-    SLUICE_ASSIGN_OR_RETURN(T * p, Allocate<T>(static_cast<int64_t>(n)));
-    if (n > 0) {
-      SLUICE_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(p, data, n * sizeof(T), cudaMemcpyHostToDevice, stream));
-    }
-    return p;
-  }
-
-  absl::StatusOr<float*> Workspace(int64_t floats) { return Allocate<float>(floats); }
 };
 
 DecodeAttentionPlan::DecodeAttentionPlan(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -60,8 +103,8 @@ DecodeAttentionPlan::~DecodeAttentionPlan() = default;
 int64_t DecodeAttentionPlan::chunks() const { return state_->params.chunk_count; }
 int64_t DecodeAttentionPlan::page_bytes_read() const { return state_->page_bytes_read; }
 
-absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(const DecodeBatch& b,
-                                                                cudaStream_t stream) {
+absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
+    const DecodeBatch& b, cudaStream_t stream, DecodeAttentionWorkspace* workspace) {
   const int64_t d = b.head_dim;
   if (d <= 0 || d % 32 != 0 || d > 256) {
     return absl::InvalidArgumentError(
@@ -80,6 +123,8 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(const DecodeBatc
   const int64_t bh_count = b.batch * b.kv_heads;
   auto state = std::make_unique<State>();
   DecodeKernelParams& p = state->params;
+  PlanArrays arrays;
+  bool has_tables[kDecodeMaxTiers] = {};
   p.tier_count = b.tier_count;
   int64_t page_buffer = 16, unit_buffer = 0, meta_floats = 0, view_tokens = kRecentView;
   for (int t = 0; t < b.tier_count; ++t) {
@@ -97,12 +142,11 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(const DecodeBatc
       const KvCodebooks cb = b.codebooks != nullptr ? b.codebooks[t] : KvCodebooks{};
       // Without codebooks the tables stay null: an error once a page uses the tier.
       if (cb.k != nullptr && cb.v != nullptr) {
-        SLUICE_ASSIGN_OR_RETURN(dt.k_table, state->Upload(cb.k->decode_table.data(),
-                                                          cb.k->decode_table.size(), stream));
-        SLUICE_ASSIGN_OR_RETURN(dt.v_table, state->Upload(cb.v->decode_table.data(),
-                                                          cb.v->decode_table.size(), stream));
+        arrays.Upload(&dt.k_table, cb.k->decode_table.data(), cb.k->decode_table.size());
+        arrays.Upload(&dt.v_table, cb.v->decode_table.data(), cb.v->decode_table.size());
         dt.k_table_bits = cb.k->max_length;
         dt.v_table_bits = cb.v->max_length;
+        has_tables[t] = true;
       }
       dt.load_bytes = static_cast<int32_t>(Align16(dt.format.page_bytes));
       unit_buffer = std::max<int64_t>(unit_buffer, Align16(dt.unit_layout.bytes_used));
@@ -140,7 +184,7 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(const DecodeBatc
             "aligned",
             i, r.tier, r.slots, static_cast<const void*>(r.data)));
       }
-      if (p.tiers[r.tier].huffman && p.tiers[r.tier].k_table == nullptr) {
+      if (p.tiers[r.tier].huffman && !has_tables[r.tier]) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "decode attention: page %d is in Huffman-coded tier %d, which has no codebooks", i,
             r.tier));
@@ -212,28 +256,51 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(const DecodeBatc
         smem, page_buffer, optin));
   }
 
-  SLUICE_ASSIGN_OR_RETURN(p.pages, state->Upload(b.pages, page_count, stream));
-  SLUICE_ASSIGN_OR_RETURN(p.chunks, state->Upload(chunks.data(), chunks.size(), stream));
-  SLUICE_ASSIGN_OR_RETURN(p.chunk_offsets,
-                          state->Upload(chunk_offsets.data(), chunk_offsets.size(), stream));
-  SLUICE_ASSIGN_OR_RETURN(p.key_offsets,
-                          state->Upload(key_offsets.data(), key_offsets.size(), stream));
-  SLUICE_ASSIGN_OR_RETURN(p.slot_offsets,
-                          state->Upload(slot_offsets.data(), slot_offsets.size(), stream));
-  SLUICE_ASSIGN_OR_RETURN(p.recent_offsets, state->Upload(b.recent_offsets, b.batch + 1, stream));
-  SLUICE_ASSIGN_OR_RETURN(p.part_m, state->Workspace(p.chunk_count * rows));
-  SLUICE_ASSIGN_OR_RETURN(p.part_l, state->Workspace(p.chunk_count * rows));
-  SLUICE_ASSIGN_OR_RETURN(p.part_acc, state->Workspace(p.chunk_count * rows * d));
-  SLUICE_ASSIGN_OR_RETURN(p.row_m, state->Workspace(bh_count * rows));
-  SLUICE_ASSIGN_OR_RETURN(p.row_l, state->Workspace(bh_count * rows));
+  arrays.Upload(&p.pages, b.pages, page_count);
+  arrays.Upload(&p.chunks, chunks.data(), chunks.size());
+  arrays.Upload(&p.chunk_offsets, chunk_offsets.data(), chunk_offsets.size());
+  arrays.Upload(&p.key_offsets, key_offsets.data(), key_offsets.size());
+  arrays.Upload(&p.slot_offsets, slot_offsets.data(), slot_offsets.size());
+  arrays.Upload(&p.recent_offsets, b.recent_offsets, b.batch + 1);
+  arrays.Scratch(&p.part_m, p.chunk_count * rows);
+  arrays.Scratch(&p.part_l, p.chunk_count * rows);
+  arrays.Scratch(&p.part_acc, p.chunk_count * rows * d);
+  arrays.Scratch(&p.row_m, bh_count * rows);
+  arrays.Scratch(&p.row_l, bh_count * rows);
   if (b.batch == 1) {
     state->scores = true;
     state->total_slots = slot_offsets[bh_count];
     state->recent = b.recent_offsets[1] - b.recent_offsets[0];
-    SLUICE_ASSIGN_OR_RETURN(p.logits, state->Workspace(int64_t{key_offsets[bh_count]} * rows));
+    arrays.Scratch(&p.logits, int64_t{key_offsets[bh_count]} * rows);
   }
-  // The host vectors above go out of scope: wait for the copies.
-  SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  if (workspace == nullptr) {
+    // The plan's own memory; the staging vector goes out of scope, so wait for the copy.
+    SLUICE_ASSIGN_OR_RETURN(state->owned, DeviceArray<uint8_t>::Create(arrays.bytes()));
+    std::vector<uint8_t> staging(arrays.upload_bytes());
+    arrays.Place(state->owned.data(), staging.data());
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(state->owned.data(), staging.data(), staging.size(),
+                                                cudaMemcpyHostToDevice, stream));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  } else {
+    DecodeAttentionWorkspace::State& w = *workspace->state_;
+    // The staging memory is reused: the previous plan's copy out of it must be done. It was
+    // queued before that plan's kernels, so this waits for a copy, not for attention.
+    if (w.copy_pending) {
+      SLUICE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(w.copied.get()));
+      w.copy_pending = false;
+    }
+    if (w.copied.get() == nullptr) {
+      SLUICE_ASSIGN_OR_RETURN(w.copied, CudaEvent::Create());
+    }
+    // Growing frees the old device block with cudaFree, which waits for the device.
+    SLUICE_RETURN_IF_ERROR(w.device.Reserve(arrays.bytes()));
+    SLUICE_RETURN_IF_ERROR(w.staging.Reserve(std::max<int64_t>(1, arrays.upload_bytes())));
+    arrays.Place(w.device.data(), w.staging.data());
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        w.device.data(), w.staging.data(), arrays.upload_bytes(), cudaMemcpyHostToDevice, stream));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(w.copied.get(), stream));
+    w.copy_pending = true;
+  }
   return DecodeAttentionPlan(std::move(state));
 }
 
@@ -259,7 +326,8 @@ absl::Status DecodeAttentionPlan::Run(const float* q, float* out, cudaStream_t s
   return absl::OkStatus();
 }
 
-absl::Status PagedAttention(const PagedAttentionParams& p, cudaStream_t stream) {
+absl::Status PagedAttention(const PagedAttentionParams& p, cudaStream_t stream,
+                            DecodeAttentionWorkspace* workspace) {
   const int64_t recent_offsets[2] = {0, p.recent_tokens};
   SLUICE_ASSIGN_OR_RETURN(DecodeAttentionPlan plan,
                           DecodeAttentionPlan::Create({.batch = 1,
@@ -277,11 +345,11 @@ absl::Status PagedAttention(const PagedAttentionParams& p, cudaStream_t stream) 
                                                        .recent_offsets = recent_offsets,
                                                        .recent_k = p.recent_k,
                                                        .recent_v = p.recent_v},
-                                                      stream));
+                                                      stream, workspace));
   SLUICE_RETURN_IF_ERROR(
       plan.Run(p.q, p.out, stream, p.page_scores, p.recent_scores, p.scores_per_head));
-  // The plan's device memory goes with it: let the kernels finish first.
-  SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  // Without a workspace the plan's device memory goes with it: let the kernels finish first.
+  if (workspace == nullptr) SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return absl::OkStatus();
 }
 

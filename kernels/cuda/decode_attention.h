@@ -9,6 +9,11 @@
 //
 //   SLUICE_ASSIGN_OR_RETURN(DecodeAttentionPlan plan, DecodeAttentionPlan::Create(batch_desc));
 //   SLUICE_RETURN_IF_ERROR(plan.Run(q, out, stream));   // as often as the pages stay the same
+//
+// A decode loop builds one plan per step over a DecodeAttentionWorkspace: the plan's arrays
+// then live in the workspace's device memory, its metadata goes over in one asynchronous copy
+// from the workspace's pinned staging, and once the workspace has grown to the largest step
+// nothing is allocated and nothing waits for the stream.
 #ifndef SLUICE_KERNELS_CUDA_DECODE_ATTENTION_H_
 #define SLUICE_KERNELS_CUDA_DECODE_ATTENTION_H_
 
@@ -50,13 +55,33 @@ struct DecodeBatch {
   int32_t pages_per_chunk = 0;
 };
 
-// Device copies of a batch's page table, work split and workspace. Move-only; frees its device
-// memory when destroyed. Build once per step (or once for a benchmark), run many times.
+// Device and pinned host memory that plans are built in, grown to the largest plan and kept.
+// Use it from one stream: a plan built over it is valid until the next Create over it.
+class DecodeAttentionWorkspace {
+ public:
+  DecodeAttentionWorkspace();
+  DecodeAttentionWorkspace(DecodeAttentionWorkspace&&) noexcept;
+  DecodeAttentionWorkspace& operator=(DecodeAttentionWorkspace&&) noexcept;
+  ~DecodeAttentionWorkspace();
+
+  // Bytes of device memory held.
+  int64_t device_bytes() const;
+
+ private:
+  friend class DecodeAttentionPlan;
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// Device copies of a batch's page table, work split and workspace. Move-only. Without a
+// workspace it owns its device memory (freed when destroyed) and Create waits for its copies.
+// Build once per step (or once for a benchmark), run many times.
 class DecodeAttentionPlan {
  public:
   // InvalidArgument for shapes the kernels do not take (head_dim not a multiple of 32 or over
   // 256, a page not 16-byte aligned, more than kMaxDecodeTiers tiers); errors of the CUDA calls.
-  static absl::StatusOr<DecodeAttentionPlan> Create(const DecodeBatch& batch, cudaStream_t stream);
+  static absl::StatusOr<DecodeAttentionPlan> Create(const DecodeBatch& batch, cudaStream_t stream,
+                                                    DecodeAttentionWorkspace* workspace = nullptr);
   DecodeAttentionPlan(DecodeAttentionPlan&&) noexcept;
   DecodeAttentionPlan& operator=(DecodeAttentionPlan&&) noexcept;
   ~DecodeAttentionPlan();
@@ -76,8 +101,10 @@ class DecodeAttentionPlan {
   std::unique_ptr<State> state_;
 };
 
-// Backend::PagedAttention on the GPU: one sequence, host metadata, device data.
-absl::Status PagedAttention(const PagedAttentionParams& p, cudaStream_t stream);
+// Backend::PagedAttention on the GPU: one sequence, host metadata, device data. With a
+// workspace, the plan is built in it and the call returns without waiting for the kernels.
+absl::Status PagedAttention(const PagedAttentionParams& p, cudaStream_t stream,
+                            DecodeAttentionWorkspace* workspace = nullptr);
 
 }  // namespace sluice::kernels::cuda
 

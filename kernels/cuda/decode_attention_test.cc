@@ -64,8 +64,17 @@ struct Case {
   int batch, heads, kv_heads, d, max_pages, chunk;
 };
 
-// One batch of random sequences over every tier kind, against the reference per sequence.
-void CheckBatch(const Case& c, std::mt19937_64& rng, uint64_t seed) {
+#ifdef SLUICE_CUDA_EMU
+using PlanCost = sluice::emu::RuntimeCounters;
+#else
+struct PlanCost {};
+#endif
+
+// One batch of random sequences over every tier kind, against the reference per sequence; the
+// plan built in `workspace` when one is given. Under the emulation, *cost gets the runtime calls
+// of the plan's Create and Run.
+void CheckBatch(const Case& c, std::mt19937_64& rng, uint64_t seed,
+                DecodeAttentionWorkspace* workspace = nullptr, PlanCost* cost = nullptr) {
   SCOPED_TRACE(::testing::Message() << "batch=" << c.batch << " heads=" << c.heads << "/"
                                     << c.kv_heads << " d=" << c.d << " seed=" << seed);
   const std::vector<KvTierFormat> formats = Formats(c.d);
@@ -164,6 +173,9 @@ void CheckBatch(const Case& c, std::mt19937_64& rng, uint64_t seed) {
   }
   const DeviceArray<float> dq = OnGpu(q), drk = OnGpu(rk), drv = OnGpu(rv);
   const DeviceArray<float> dout = OnGpu(std::vector<float>(q.size(), NAN));
+#ifdef SLUICE_CUDA_EMU
+  const PlanCost before = sluice::emu::Counters();
+#endif
   auto plan = DecodeAttentionPlan::Create({.batch = c.batch,
                                            .q_tokens = 1,
                                            .heads = c.heads,
@@ -180,9 +192,12 @@ void CheckBatch(const Case& c, std::mt19937_64& rng, uint64_t seed) {
                                            .recent_k = drk.data(),
                                            .recent_v = drv.data(),
                                            .pages_per_chunk = c.chunk},
-                                          nullptr);
+                                          nullptr, workspace);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_TRUE(plan->Run(dq.data(), dout.data(), nullptr).ok());
+#ifdef SLUICE_CUDA_EMU
+  if (cost != nullptr) *cost = sluice::emu::Counters() - before;
+#endif
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> got(q.size());
   ASSERT_EQ(cudaMemcpy(got.data(), dout.data(), got.size() * 4, cudaMemcpyDeviceToHost),
@@ -206,6 +221,30 @@ TEST(DecodeAttentionPlan, SmallBatchMatchesReference) {
   const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
   CheckBatch({2, 4, 1, 64, 3, 1}, rng, seed);
+}
+
+// Plans built one after another in one workspace (a decode loop's steps) give the right results,
+// and once the workspace has grown, building one allocates nothing and waits for nothing (the
+// emulation counts the runtime calls).
+TEST(DecodeAttentionPlan, PlansInAWorkspaceAllocateOnce) {
+  if (absl::Status gpu = CudaDeviceAvailable(); !gpu.ok()) GTEST_SKIP() << gpu;
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  DecodeAttentionWorkspace workspace;
+  CheckBatch({5, 32, 8, 128, 12, 1}, rng, seed, &workspace);
+  const int64_t grown = workspace.device_bytes();
+  ASSERT_GT(grown, 0);
+  for (const Case c : {Case{2, 4, 1, 64, 3, 1}, Case{3, 9, 3, 64, 4, 0}}) {
+    PlanCost cost;
+    CheckBatch(c, rng, seed, &workspace, &cost);
+    EXPECT_EQ(workspace.device_bytes(), grown);
+#ifdef SLUICE_CUDA_EMU
+    EXPECT_EQ(cost.device_allocations, 0);
+    EXPECT_EQ(cost.device_frees, 0);
+    EXPECT_EQ(cost.host_allocations, 0);
+    EXPECT_EQ(cost.blocking_calls, 0);
+#endif
+  }
 }
 
 // Shapes are checked before any CUDA call: this runs without a GPU too.

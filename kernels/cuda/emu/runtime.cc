@@ -51,6 +51,7 @@ struct State {
   std::unordered_map<const void*, int> max_dynamic_shared;
   cudaError_t last_error = cudaSuccess;
   int device = 0;
+  RuntimeCounters counters;
 };
 
 State& S() {
@@ -99,8 +100,19 @@ bool IsDevice(const void* p) {
   return a != nullptr && a->device;
 }
 
+void CountBlocking() {
+  State& s = S();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  ++s.counters.blocking_calls;
+}
+
 cudaError_t Allocate(void** ptr, size_t bytes, bool device) {
   if (ptr == nullptr) return Fail(cudaErrorInvalidValue, "cudaMalloc with a null result pointer");
+  {
+    State& s = S();
+    std::lock_guard<std::recursive_mutex> lock(s.mu);
+    ++(device ? s.counters.device_allocations : s.counters.host_allocations);
+  }
   void* p = nullptr;
   if (posix_memalign(&p, kAlignment, bytes == 0 ? 1 : bytes) != 0) {
     *ptr = nullptr;
@@ -116,6 +128,11 @@ cudaError_t Allocate(void** ptr, size_t bytes, bool device) {
 
 cudaError_t Release(void* ptr, bool device, const char* api) {
   if (ptr == nullptr) return cudaSuccess;
+  if (device) {
+    State& s = S();
+    std::lock_guard<std::recursive_mutex> lock(s.mu);
+    ++s.counters.device_frees;
+  }
   Drain();  // cudaFree waits for the device
   State& s = S();
   std::lock_guard<std::recursive_mutex> lock(s.mu);
@@ -181,6 +198,12 @@ bool IsPinned(const void* p, size_t bytes) {
 }
 
 }  // namespace
+
+RuntimeCounters Counters() {
+  State& s = S();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  return s.counters;
+}
 
 bool CheckDeviceRange(const void* p, size_t bytes, const char* what, bool pinned_ok) {
   State& s = S();
@@ -364,6 +387,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
 }
 
 cudaError_t cudaDeviceSynchronize() {
+  sluice::emu::CountBlocking();
   sluice::emu::Drain();
   return cudaSuccess;
 }
@@ -389,6 +413,7 @@ cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
 cudaError_t cudaFreeHost(void* ptr) { return sluice::emu::Release(ptr, false, "cudaFreeHost"); }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  sluice::emu::CountBlocking();
   if (cudaError_t e = sluice::emu::CheckCopy(dst, src, bytes, &kind, "cudaMemcpy");
       e != cudaSuccess) {
     return e;
@@ -423,6 +448,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 }
 
 cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
+  sluice::emu::CountBlocking();
   if (bytes > 0 && !CheckDeviceRange(ptr, bytes, "cudaMemset")) return cudaErrorInvalidValue;
   sluice::emu::Drain();
   if (bytes > 0) std::memset(ptr, value, bytes);
@@ -456,6 +482,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  sluice::emu::CountBlocking();
   (void)stream;
   sluice::emu::Drain();
   return cudaSuccess;

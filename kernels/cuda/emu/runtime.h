@@ -134,6 +134,21 @@ const char* cudaGetErrorName(cudaError_t error);
 
 namespace sluice::emu {
 
+// Counts of runtime calls since the process started, for tests of what a code path allocates
+// or waits for.
+struct RuntimeCounters {
+  int64_t device_allocations = 0;  // cudaMalloc
+  int64_t device_frees = 0;        // cudaFree
+  int64_t host_allocations = 0;    // cudaMallocHost
+  int64_t blocking_calls = 0;      // stream / device synchronizations, cudaMemcpy, cudaMemset
+
+  RuntimeCounters operator-(const RuntimeCounters& o) const {
+    return {device_allocations - o.device_allocations, device_frees - o.device_frees,
+            host_allocations - o.host_allocations, blocking_calls - o.blocking_calls};
+  }
+};
+RuntimeCounters Counters();
+
 // What the emulation keeps per kernel function (cudaFuncSetAttribute).
 cudaError_t SetFunctionAttribute(const void* func, cudaFuncAttribute attr, int value);
 int MaxDynamicShared(const void* func);
