@@ -197,40 +197,10 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
     state->max_keys = std::max(state->max_keys, slots + recent);
   }
 
-  // Chunks: runs of pages_per_chunk pages (by default enough for about two waves of the GPU),
-  // then the recent tokens, per bh.
-  int device = 0;
-  SLUICE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  int sms = 0;
-  SLUICE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  int32_t per_chunk = b.pages_per_chunk;
-  if (per_chunk <= 0) {
-    per_chunk = std::max<int32_t>(
-        4, static_cast<int32_t>((page_count + 6 * sms - 1) / std::max(1, 6 * sms)));
-  }
-  std::vector<DecodeChunk> chunks;
-  std::vector<int32_t> chunk_offsets = {0};
-  for (int64_t bh = 0; bh < bh_count; ++bh) {
-    int32_t key = 0;
-    for (int32_t i = b.page_offsets[bh]; i < b.page_offsets[bh + 1]; i += per_chunk) {
-      const int32_t end = std::min(b.page_offsets[bh + 1], i + per_chunk);
-      chunks.push_back(
-          {.bh = static_cast<int32_t>(bh), .page_begin = i, .page_end = end, .key_base = key});
-      for (int32_t j = i; j < end; ++j) key += b.pages[j].slots;
-    }
-    const int64_t seq = bh / b.kv_heads;
-    chunks.push_back(
-        {.bh = static_cast<int32_t>(bh),
-         .recent_begin = 0,
-         .recent_end = static_cast<int32_t>(b.recent_offsets[seq + 1] - b.recent_offsets[seq])});
-    chunk_offsets.push_back(static_cast<int32_t>(chunks.size()));
-  }
-
   p.page_buffer_bytes = static_cast<int32_t>(page_buffer);
   p.unit_buffer_bytes = static_cast<int32_t>(unit_buffer);
   p.meta_floats = static_cast<int32_t>(meta_floats);
   p.view_tokens = static_cast<int32_t>(view_tokens);
-  p.chunk_count = static_cast<int32_t>(chunks.size());
   p.bh_count = static_cast<int32_t>(bh_count);
   p.q_tokens = static_cast<int32_t>(b.q_tokens);
   p.heads = static_cast<int32_t>(b.heads);
@@ -245,7 +215,10 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
   state->rows_per_block = 1;
   while (state->rows_per_block < 8 && state->rows_per_block < rows) state->rows_per_block *= 2;
 
-  int optin = 0;
+  int device = 0;
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  int sms = 0, optin = 0;
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   SLUICE_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   const size_t smem = DecodeSharedBytes(p, state->rows_per_block);
@@ -255,6 +228,42 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
         "the device allows %d",
         smem, page_buffer, optin));
   }
+  int per_sm = 0;
+  SLUICE_CUDA_RETURN_IF_ERROR(DecodeBlocksPerSm(p, state->rows_per_block, &per_sm));
+
+  // Split-K: each bh's pages in chunks of near-equal size, then one chunk of its recent tokens.
+  // By default the chunk size makes the page blocks about one full wave of the GPU (SMs x
+  // blocks per SM, from the occupancy calculator): fewer chunks leave SMs idle, more pay for
+  // partial states and the merge. A bh's n pages go in ceil(n / size) chunks whose sizes differ
+  // by at most one page. (Folding the recent tokens into the last page chunk saves a block per
+  // bh, but as written it made the chunk kernel spill on sm_80: left for its rebuild.)
+  const int64_t row_groups = (rows + state->rows_per_block - 1) / state->rows_per_block;
+  const int64_t wave = std::max<int64_t>(1, int64_t{sms} * std::max(1, per_sm));
+  int64_t per_chunk = b.pages_per_chunk;
+  if (per_chunk <= 0) {
+    per_chunk = std::max<int64_t>(1, (page_count * row_groups + wave - 1) / wave);
+  }
+  std::vector<DecodeChunk> chunks;
+  std::vector<int32_t> chunk_offsets = {0};
+  for (int64_t bh = 0; bh < bh_count; ++bh) {
+    const int32_t first = b.page_offsets[bh], n = b.page_offsets[bh + 1] - first;
+    const int64_t pieces = (n + per_chunk - 1) / per_chunk;
+    int32_t key = 0;
+    for (int64_t k = 0; k < pieces; ++k) {
+      const int32_t begin = first + static_cast<int32_t>(n * k / pieces);
+      const int32_t end = first + static_cast<int32_t>(n * (k + 1) / pieces);
+      chunks.push_back(
+          {.bh = static_cast<int32_t>(bh), .page_begin = begin, .page_end = end, .key_base = key});
+      for (int32_t j = begin; j < end; ++j) key += b.pages[j].slots;
+    }
+    const int64_t seq = bh / b.kv_heads;
+    chunks.push_back(
+        {.bh = static_cast<int32_t>(bh),
+         .recent_begin = 0,
+         .recent_end = static_cast<int32_t>(b.recent_offsets[seq + 1] - b.recent_offsets[seq])});
+    chunk_offsets.push_back(static_cast<int32_t>(chunks.size()));
+  }
+  p.chunk_count = static_cast<int32_t>(chunks.size());
 
   arrays.Upload(&p.pages, b.pages, page_count);
   arrays.Upload(&p.chunks, chunks.data(), chunks.size());

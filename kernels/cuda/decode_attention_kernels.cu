@@ -581,6 +581,37 @@ size_t DecodeSharedBytes(const DecodeKernelParams& p, int rows_per_block) {
   return static_cast<size_t>(SmemBytes(p, rows_per_block));
 }
 
+namespace {
+template <int R>
+cudaError_t BlocksPerSm(const DecodeKernelParams& p, int* blocks) {
+  const int64_t smem = SmemBytes(p, R);
+  if (smem > 48 * 1024) {
+    if (cudaError_t e = cudaFuncSetAttribute(
+            ChunkKernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+        e != cudaSuccess) {
+      return e;
+    }
+  }
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, ChunkKernel<R>, kDecodeThreads,
+                                                       static_cast<size_t>(smem));
+}
+}  // namespace
+
+cudaError_t DecodeBlocksPerSm(const DecodeKernelParams& p, int rows_per_block, int* blocks) {
+  switch (rows_per_block) {
+    case 1:
+      return BlocksPerSm<1>(p, blocks);
+    case 2:
+      return BlocksPerSm<2>(p, blocks);
+    case 4:
+      return BlocksPerSm<4>(p, blocks);
+    case 8:
+      return BlocksPerSm<8>(p, blocks);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
 cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, int rows_per_block,
                                   cudaStream_t stream) {
   cudaError_t e;

@@ -101,6 +101,9 @@ struct DecodeKernelParams {
 
 // Shared memory one block needs with `rows_per_block` (1, 2, 4 or 8) rows.
 size_t DecodeSharedBytes(const DecodeKernelParams& p, int rows_per_block);
+// How many chunk-kernel blocks with `rows_per_block` rows fit on one SM at once (the CUDA
+// occupancy calculator, for this shared memory and the kernel's registers).
+cudaError_t DecodeBlocksPerSm(const DecodeKernelParams& p, int rows_per_block, int* blocks);
 
 // Enqueues the chunk kernel and the merge on `stream`.
 cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, int rows_per_block,
