@@ -560,19 +560,30 @@ __global__ void ScoreKernel(const __grid_constant__ DecodeKernelParams p, int64_
   }
 }
 
+// The chunk kernel's shared memory for `p`, with the kernel allowed that much past 48 KiB.
+template <int R>
+cudaError_t AllowShared(const DecodeKernelParams& p, int64_t* smem) {
+  *smem = SmemBytes(p, R);
+  if (*smem <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(ChunkKernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(*smem));
+}
+
 template <int R>
 cudaError_t LaunchRows(const DecodeKernelParams& p, cudaStream_t stream) {
-  const int64_t smem = SmemBytes(p, R);
-  if (smem > 48 * 1024) {
-    if (cudaError_t e = cudaFuncSetAttribute(
-            ChunkKernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-        e != cudaSuccess) {
-      return e;
-    }
-  }
+  int64_t smem = 0;
+  if (cudaError_t e = AllowShared<R>(p, &smem); e != cudaSuccess) return e;
   const dim3 grid(p.chunk_count, (p.rows + R - 1) / R);
   SLUICE_LAUNCH(grid, kDecodeThreads, smem, stream, ChunkKernel<R>)(p);
   return cudaGetLastError();
+}
+
+template <int R>
+cudaError_t BlocksPerSm(const DecodeKernelParams& p, int* blocks) {
+  int64_t smem = 0;
+  if (cudaError_t e = AllowShared<R>(p, &smem); e != cudaSuccess) return e;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, ChunkKernel<R>, kDecodeThreads,
+                                                       static_cast<size_t>(smem));
 }
 
 }  // namespace
@@ -580,22 +591,6 @@ cudaError_t LaunchRows(const DecodeKernelParams& p, cudaStream_t stream) {
 size_t DecodeSharedBytes(const DecodeKernelParams& p, int rows_per_block) {
   return static_cast<size_t>(SmemBytes(p, rows_per_block));
 }
-
-namespace {
-template <int R>
-cudaError_t BlocksPerSm(const DecodeKernelParams& p, int* blocks) {
-  const int64_t smem = SmemBytes(p, R);
-  if (smem > 48 * 1024) {
-    if (cudaError_t e = cudaFuncSetAttribute(
-            ChunkKernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-        e != cudaSuccess) {
-      return e;
-    }
-  }
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, ChunkKernel<R>, kDecodeThreads,
-                                                       static_cast<size_t>(smem));
-}
-}  // namespace
 
 cudaError_t DecodeBlocksPerSm(const DecodeKernelParams& p, int rows_per_block, int* blocks) {
   switch (rows_per_block) {
