@@ -51,6 +51,10 @@ ABSL_FLAG(std::string, shapes, "llama3-8b,smollm2", "attention shapes");
 ABSL_FLAG(int, reps, 20, "timed repetitions per configuration (median reported)");
 ABSL_FLAG(int, pool_pages, 16384, "distinct pages per tier");
 ABSL_FLAG(bool, memory, true, "run the allocation and compaction benchmark");
+ABSL_FLAG(int, roofline_mib, 2048, "MiB of the device-to-device copy that measures HBM bandwidth");
+ABSL_FLAG(std::string, memory_batches, "8,16,32,64,128,256",
+          "sequences per decode step in the memory benchmark");
+ABSL_FLAG(int, memory_layers, 32, "layers per sequence in the memory benchmark");
 
 namespace sluice::bench {
 namespace {
@@ -97,8 +101,7 @@ absl::StatusOr<double> TimeMedianUs(cudaStream_t stream, int reps, Fn fn) {
   return times[times.size() / 2];
 }
 
-absl::StatusOr<double> MeasureHbmGbps(cudaStream_t stream) {
-  const size_t bytes = size_t{2} << 30;
+absl::StatusOr<double> MeasureHbmGbps(cudaStream_t stream, size_t bytes) {
   DeviceMemory src, dst;
   SLUICE_RETURN_IF_ERROR(src.Reserve(bytes));
   SLUICE_RETURN_IF_ERROR(dst.Reserve(bytes));
@@ -346,9 +349,11 @@ absl::Status Run() {
   cudaStream_t stream;
   SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int reps = absl::GetFlag(FLAGS_reps);
-  SLUICE_ASSIGN_OR_RETURN(const double hbm, MeasureHbmGbps(stream));
-  std::printf("device: %s, %d SMs, L2 %d MiB; HBM roofline (2 GiB copy): %.0f GB/s\n",
-              device.c_str(), prop.multiProcessorCount, prop.l2CacheSize >> 20, hbm);
+  const int roofline_mib = absl::GetFlag(FLAGS_roofline_mib);
+  SLUICE_ASSIGN_OR_RETURN(
+      const double hbm, MeasureHbmGbps(stream, size_t{static_cast<unsigned>(roofline_mib)} << 20));
+  std::printf("device: %s, %d SMs, L2 %d MiB; HBM roofline (%d MiB copy): %.0f GB/s\n",
+              device.c_str(), prop.multiProcessorCount, prop.l2CacheSize >> 20, roofline_mib, hbm);
   SLUICE_ASSIGN_OR_RETURN(const auto sdpa, ReadSdpa(absl::GetFlag(FLAGS_sdpa_json)));
   SLUICE_ASSIGN_OR_RETURN(const std::vector<int> batches,
                           ParseIntList(absl::GetFlag(FLAGS_batches)));
@@ -465,11 +470,12 @@ absl::Status Run() {
                                 {"shape", shape.name},
                                 {"hbm_gbps", hbm}};
           auto plan = kc::DecodeAttentionPlan::Create(desc, stream);
-          absl::StatusOr<double> us = plan.status();
-          if (plan.ok()) {
-            us = TimeMedianUs(stream, reps,
-                              [&]() { return plan->Run(As<float>(q), As<float>(out), stream); });
-          }
+          // (A StatusOr made from an OK status aborts: time only a plan that was built.)
+          const absl::StatusOr<double> us =
+              plan.ok()
+                  ? TimeMedianUs(stream, reps,
+                                 [&]() { return plan->Run(As<float>(q), As<float>(out), stream); })
+                  : absl::StatusOr<double>(plan.status());
           const std::string key = absl::StrFormat("%s/%d/%d", shape.name, batch, context);
           const double sdpa_us = sdpa.contains(key) ? sdpa.at(key) : NAN;
           if (!us.ok()) {
@@ -517,6 +523,8 @@ absl::Status Run() {
     MemoryBenchOptions options;
     options.warmup = 1;
     options.repeats = 5;
+    SLUICE_ASSIGN_OR_RETURN(options.batches, ParseIntList(absl::GetFlag(FLAGS_memory_batches)));
+    options.layers = absl::GetFlag(FLAGS_memory_layers);
     SLUICE_ASSIGN_OR_RETURN(memory, RunMemoryBench(options));
     // Memory management against a decode step of Llama-3-8B at the memory bench's context:
     // 32 layers of sluice attention (measured above, where that batch was) plus one read of the
