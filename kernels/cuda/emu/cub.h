@@ -93,7 +93,7 @@ class BlockScan {
     T acc = initial;
     for (int i = 0; i < me; ++i) acc = op(acc, s_.values[i]);
     output = acc;
-    aggregate = Total(op, me);
+    aggregate = Total(op);
   }
   template <typename Op>
   void InclusiveScan(T input, T& output, Op op) {
@@ -106,7 +106,7 @@ class BlockScan {
     T acc = s_.values[0];
     for (int i = 1; i <= me; ++i) acc = op(acc, s_.values[i]);
     output = acc;
-    aggregate = Total(op, me);
+    aggregate = Total(op);
   }
 
  private:
@@ -117,7 +117,7 @@ class BlockScan {
     return me;
   }
   template <typename Op>
-  T Total(Op op, int) {
+  T Total(Op op) {
     T acc = s_.values[0];
     for (int i = 1; i < kThreads; ++i) acc = op(acc, s_.values[i]);
     return acc;
