@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
@@ -87,7 +88,7 @@ int64_t DecodeAttentionWorkspace::device_bytes() const { return state_->device.s
 struct DecodeAttentionPlan::State {
   DeviceArray<uint8_t> owned;  // the plan's arrays when it has no workspace
   DecodeKernelParams params;
-  int rows_per_block = 1;
+  DecodeKernelChoice kernel;
   int64_t page_bytes_read = 0;
   int64_t max_keys = 0;
   int64_t total_slots = 0;
@@ -102,6 +103,10 @@ DecodeAttentionPlan::~DecodeAttentionPlan() = default;
 
 int64_t DecodeAttentionPlan::chunks() const { return state_->params.chunk_count; }
 int64_t DecodeAttentionPlan::page_bytes_read() const { return state_->page_bytes_read; }
+std::string DecodeAttentionPlan::kernel() const {
+  const int bits = state_->kernel.kivi_bits;
+  return bits == 0 ? "generic" : absl::StrCat("kivi", bits);
+}
 
 absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
     const DecodeBatch& b, cudaStream_t stream, DecodeAttentionWorkspace* workspace) {
@@ -211,9 +216,9 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
   p.scale = b.scale;
   p.recent_k = b.recent_k;
   p.recent_v = b.recent_v;
-  // Rows per block: the smallest of 1, 2, 4, 8 that holds a kv-head's rows, else 8.
-  state->rows_per_block = 1;
-  while (state->rows_per_block < 8 && state->rows_per_block < rows) state->rows_per_block *= 2;
+  state->kernel =
+      ChooseDecodeKernel(p.tiers, p.tier_count, static_cast<int>(d), static_cast<int>(rows));
+  const bool fold_recent = state->kernel.kivi_bits != 0;
 
   int device = 0;
   SLUICE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
@@ -221,7 +226,7 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
   SLUICE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   SLUICE_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const size_t smem = DecodeSharedBytes(p, state->rows_per_block);
+  const size_t smem = DecodeSharedBytes(p, state->kernel);
   if (smem > static_cast<size_t>(optin)) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "decode attention: a block needs %d bytes of shared memory (pages of up to %d bytes); "
@@ -229,15 +234,15 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
         smem, page_buffer, optin));
   }
   int per_sm = 0;
-  SLUICE_CUDA_RETURN_IF_ERROR(DecodeBlocksPerSm(p, state->rows_per_block, &per_sm));
+  SLUICE_CUDA_RETURN_IF_ERROR(DecodeBlocksPerSm(p, state->kernel, &per_sm));
 
-  // Split-K: each bh's pages in chunks of near-equal size, then one chunk of its recent tokens.
-  // By default the chunk size makes the page blocks about one full wave of the GPU (SMs x
-  // blocks per SM, from the occupancy calculator): fewer chunks leave SMs idle, more pay for
-  // partial states and the merge. A bh's n pages go in ceil(n / size) chunks whose sizes differ
-  // by at most one page. (Folding the recent tokens into the last page chunk saves a block per
-  // bh, but as written it made the chunk kernel spill on sm_80: left for its rebuild.)
-  const int64_t row_groups = (rows + state->rows_per_block - 1) / state->rows_per_block;
+  // Split-K: each bh's pages in chunks of near-equal size; its recent tokens go in the last of
+  // them (KIVI kernel) or in a chunk of their own (generic kernel). By default the chunk size
+  // makes the page blocks about one full wave of the GPU (SMs x blocks per SM, from the
+  // occupancy calculator): fewer chunks leave SMs idle, more pay for partial states and the
+  // merge. A bh's n pages go in ceil(n / size) chunks whose sizes differ by at most one page.
+  const int64_t row_groups =
+      (rows + state->kernel.rows_per_block - 1) / state->kernel.rows_per_block;
   const int64_t wave = std::max<int64_t>(1, int64_t{sms} * std::max(1, per_sm));
   int64_t per_chunk = b.pages_per_chunk;
   if (per_chunk <= 0) {
@@ -257,10 +262,15 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
       for (int32_t j = begin; j < end; ++j) key += b.pages[j].slots;
     }
     const int64_t seq = bh / b.kv_heads;
-    chunks.push_back(
-        {.bh = static_cast<int32_t>(bh),
-         .recent_begin = 0,
-         .recent_end = static_cast<int32_t>(b.recent_offsets[seq + 1] - b.recent_offsets[seq])});
+    const int32_t recent = static_cast<int32_t>(b.recent_offsets[seq + 1] - b.recent_offsets[seq]);
+    if (!fold_recent || pieces == 0) {
+      chunks.push_back({.bh = static_cast<int32_t>(bh),
+                        .page_begin = first + n,
+                        .page_end = first + n,
+                        .key_base = key});
+    }
+    chunks.back().recent_begin = 0;
+    chunks.back().recent_end = recent;
     chunk_offsets.push_back(static_cast<int32_t>(chunks.size()));
   }
   p.chunk_count = static_cast<int32_t>(chunks.size());
@@ -327,7 +337,7 @@ absl::Status DecodeAttentionPlan::Run(const float* q, float* out, cudaStream_t s
   p.page_scores = page_scores;
   p.recent_scores = recent_scores;
   p.scores_per_head = scores_per_head;
-  SLUICE_CUDA_RETURN_IF_ERROR(LaunchDecodeAttention(p, state_->rows_per_block, stream));
+  SLUICE_CUDA_RETURN_IF_ERROR(LaunchDecodeAttention(p, state_->kernel, stream));
   if (scores) {
     SLUICE_CUDA_RETURN_IF_ERROR(
         LaunchDecodeScores(p, state_->max_keys, state_->total_slots, state_->recent, stream));

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -92,6 +93,9 @@ class DecodeAttentionPlan {
                    float* recent_scores = nullptr, bool scores_per_head = false) const;
 
   int64_t chunks() const;
+  // The chunk kernel it runs: "kivi4" or "kivi2" (kernels/cuda/decode_attention_kernels.h), or
+  // "generic".
+  std::string kernel() const;
   // Bytes of page data the kernels read per Run (whole pages as loaded).
   int64_t page_bytes_read() const;
 

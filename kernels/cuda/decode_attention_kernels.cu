@@ -560,6 +560,480 @@ __global__ void ScoreKernel(const __grid_constant__ DecodeKernelParams p, int64_
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The KIVI kernel: one page format, every size a compile-time constant (FlashInfer's decode
+// dispatch: the runtime sizes pick an instantiation).
+//
+// Keys are B-bit codes per channel over G-token groups (the group is the key tile: byte
+// q * G + t of a tile holds channels q * P + s of its token t at bits s * B, P = 8 / B); values
+// are B-bit codes per token with a scale and zero per GV channels (byte j of a token's row holds
+// channels j + s * RB, RB = D * B / 8). Scales and zeros leave the inner loops:
+//   logit[r, t] = sum_c q[r, c] (kz[g, c] + ks[g, c] code[c, t])         (g: t's token group)
+//               = sum_c qs[g, c, r] code[c, t] + kb[g, r],    qs = q ks,  kb = sum_c q kz
+//   out[r, c]   = sum_t w[r, t] (vz[t, g] + vs[t, g] code[t, c])         (g: c's channel group)
+//               = sum_t ps[t, g, r] code[t, c] + vb[r, g],    ps = w vs,  vb = sum_t w vz
+// so the page loops hold only FMAs and the code-to-float conversion, which is exact and costs
+// one LOP3 and one FADD: a code at bits [o, o + B) of a 32-bit word with o + B <= 23, masked
+// and ORed into the bits of 2^23, is the float 2^23 + code * 2^o; subtracting 2^23 leaves
+// code * 2^o. Codes in a word's upper half are read from the word shifted right by 16, so
+// o = 8 * (byte & 1) + B * s < 16, and the 2^o goes into qs (per channel), the logits (per
+// token: odd bytes of a key word) and the output (per channel).
+//
+// Work of one block (128 threads, kKiviRows = 4 query rows) per page:
+//   tables     warp w: token groups w, w + 4, ...; lanes over channels: qs and kb
+//   scores     items (4 tokens, 32 channels): 4 x 4 fp32 sums, partial over the 32 channels
+//   reduce     thread per token: the slices' sums + kb, masked by the valid bits
+//   softmax    warp r: row r's running max and sum, weights, ps and vb
+//   values     thread (32-bit word j of every row, token split): R x 4 x P fp32 sums, kept in
+//              registers across pages; the splits add up once per chunk.
+template <int D, int B, int G, int GV>
+struct Kivi {
+  static constexpr int kP = 8 / B;                         // codes per byte
+  static constexpr int kRowBytes = D * B / 8;              // one token's value codes
+  static constexpr int kSlices = D / 32;                   // key channel slices of an item
+  static constexpr int kSliceBytes = 32 / kP;              // a slice's bytes per token
+  static constexpr int kWords = kRowBytes / 4;             // 32-bit words per value row
+  static constexpr int kSplits = kDecodeThreads / kWords;  // token splits of the values
+  static constexpr int kVGroups = D / GV;                  // value channel groups
+  static_assert(B == 2 || B == 4, "2- or 4-bit codes");
+  static_assert(D % 32 == 0 && kWords > 0 && kDecodeThreads % kWords == 0, "head_dim");
+  static_assert(G % 4 == 0 && GV % 4 == 0 && D % GV == 0, "groups");
+  static_assert(kKiviRows == 4 && kWarps == kKiviRows, "one warp per query row, float4 rows");
+};
+
+// 2^e for |e| < 127, a constant once the loops around it are unrolled.
+__host__ __device__ constexpr float Pow2(int e) {
+  return e >= 0 ? static_cast<float>(1u << e) : 1.f / static_cast<float>(1u << -e);
+}
+
+// (a & b) | c in one instruction. Written as C++, ptxas splits it into two LOP3s when b and c
+// are both immediates (an instruction takes one); PTX's lop3 keeps it one, with c in a register.
+__device__ __forceinline__ uint32_t AndOr(uint32_t a, uint32_t b, uint32_t c) {
+#ifdef __CUDA_ARCH__
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+#else
+  return (a & b) | c;
+#endif
+}
+
+// The code at bits [o, o + B) of `w` (o + B <= 23) times 2^o, exactly.
+template <int B>
+__device__ __forceinline__ float Field(uint32_t w, int o) {
+  return __uint_as_float(AndOr(w, ((1u << B) - 1) << o, 0x4B000000u)) - 8388608.f;
+}
+
+// Bit offset of value code s of byte b in a 32-bit word (or its upper half shifted down).
+template <int B>
+__host__ __device__ constexpr int FieldOffset(int b, int s) {
+  return (b & 1) * 8 + s * B;
+}
+
+// Shared memory of one KIVI block, in order. vt (view_tokens) is a multiple of 4, at least
+// the page's slots and kRecentView.
+struct KiviSmem {
+  uint8_t* pages;  // [2, page_stride]
+  int64_t page_stride;
+  float* q;       // [D, R], pre-scaled
+  float* qs;      // [groups, D, R]: q * key scale * 2^-(B * (c % P))
+  float* kb;      // [groups, R]: sum_c q * key zero
+  float* sc;      // [slices, R, vt]: partial logits; row r of slice 0 then the logits, weights
+  float* ps;      // [vt, VG, R]: weight * value scale
+  float* vb;      // [R, VG]: sum_t weight * value zero, over the chunk so far
+  float* red;     // [R, D]: the chunk's output, summed over the token splits
+  float* m;       // [R]
+  float* l;       // [R]
+  float* factor;  // [R]
+};
+
+template <class K>
+__host__ __device__ inline int64_t KiviSmemBytes(const DecodeKernelParams& p, int64_t d) {
+  const int64_t R = kKiviRows, groups = p.tiers[0].layout.tokens / kKiviKeyTokens;
+  int64_t b = 2 * Align16(p.page_buffer_bytes);
+  b += Align16(d * R * 4) + Align16(groups * d * R * 4) + Align16(groups * R * 4);
+  b += Align16(K::kSlices * R * p.view_tokens * 4);
+  b += Align16(int64_t{p.view_tokens} * K::kVGroups * R * 4);
+  b += Align16(R * K::kVGroups * 4) + Align16(R * d * 4) + 3 * Align16(R * 4);
+  return b;
+}
+
+template <class K, int D>
+__device__ __forceinline__ KiviSmem CarveKivi(uint8_t* base, const DecodeKernelParams& p) {
+  constexpr int R = kKiviRows;
+  const int groups = p.tiers[0].layout.tokens / kKiviKeyTokens;
+  KiviSmem s;
+  uint8_t* at = base;
+  auto take = [&](int64_t bytes) {
+    uint8_t* r = at;
+    at += Align16(bytes);
+    return reinterpret_cast<float*>(r);
+  };
+  s.page_stride = Align16(p.page_buffer_bytes);
+  s.pages = reinterpret_cast<uint8_t*>(take(2 * s.page_stride));
+  s.q = take(D * R * 4);
+  s.qs = take(int64_t{groups} * D * R * 4);
+  s.kb = take(int64_t{groups} * R * 4);
+  s.sc = take(int64_t{K::kSlices} * R * p.view_tokens * 4);
+  s.ps = take(int64_t{p.view_tokens} * K::kVGroups * R * 4);
+  s.vb = take(R * K::kVGroups * 4);
+  s.red = take(R * D * 4);
+  s.m = take(R * 4);
+  s.l = take(R * 4);
+  s.factor = take(R * 4);
+  return s;
+}
+
+__device__ __forceinline__ float4 Scale4(float4 a, float x) {
+  return make_float4(a.x * x, a.y * x, a.z * x, a.w * x);
+}
+__device__ __forceinline__ float Lane4(const float4& a, int r) {
+  return r == 0 ? a.x : r == 1 ? a.y : r == 2 ? a.z : a.w;
+}
+
+// Row `warp`'s online-softmax step over the n logits in sc (weights replace them). With value
+// meta (a page): ps and the row's vb term too.
+template <class K, bool kPage>
+__device__ __forceinline__ void KiviSoftmax(const KiviSmem& s, int vt, int n, const uint16_t* vm,
+                                            int page_tokens) {
+  constexpr int R = kKiviRows, VG = K::kVGroups;
+  const int r = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* x = s.sc + r * vt;
+  float mx = -INFINITY;
+  for (int t = lane; t < n; t += 32) mx = fmaxf(mx, x[t]);
+  mx = WarpMax(mx);
+  const float m_old = s.m[r], m_new = fmaxf(m_old, mx);
+  float sum = 0.f, zs[VG];
+#pragma unroll
+  for (int g = 0; g < VG; ++g) zs[g] = 0.f;
+  for (int t = lane; t < n; t += 32) {
+    const float logit = x[t];
+    const bool live = logit != -INFINITY;
+    const float w = live ? expf(logit - m_new) : 0.f;
+    x[t] = w;
+    sum += w;
+    if constexpr (kPage) {
+#pragma unroll
+      for (int g = 0; g < VG; ++g) {
+        const float vs = HalfBits(vm[g * page_tokens + t]);
+        const float vz = HalfBits(vm[(VG + g) * page_tokens + t]);
+        s.ps[(t * VG + g) * R + r] = live ? w * vs : 0.f;
+        zs[g] += live ? w * vz : 0.f;
+      }
+    }
+  }
+  sum = WarpSum(sum);
+  if constexpr (kPage) {
+#pragma unroll
+    for (int g = 0; g < VG; ++g) zs[g] = WarpSum(zs[g]);
+  }
+  if (lane == 0) {
+    const float f = m_new == -INFINITY ? 1.f : expf(m_old - m_new);
+    s.factor[r] = f;
+    s.l[r] = s.l[r] * f + sum;
+    s.m[r] = m_new;
+#pragma unroll
+    for (int g = 0; g < VG; ++g) s.vb[r * VG + g] = s.vb[r * VG + g] * f + zs[g];
+  }
+}
+
+// The value accumulators [R][4 bytes][P codes] of a thread, scaled by the rows' factors.
+template <class K>
+__device__ __forceinline__ void KiviRescale(const KiviSmem& s, float (&acc)[kKiviRows][4][K::kP]) {
+  const float4 f = *reinterpret_cast<const float4*>(s.factor);
+#pragma unroll
+  for (int r = 0; r < kKiviRows; ++r) {
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+#pragma unroll
+      for (int c = 0; c < K::kP; ++c) acc[r][b][c] *= Lane4(f, r);
+    }
+  }
+}
+
+// One page in shared memory: its n slots (page_tokens in the layout) into the running softmax
+// and the value accumulators. Ends synchronized.
+template <class K, int D, int G, int GV>
+__device__ __forceinline__ void KiviPage(const DecodeKernelParams& p, const KiviSmem& s,
+                                         const uint8_t* page, int n, int rows_here, float* logits,
+                                         int row0, float (&acc)[kKiviRows][4][K::kP], int word,
+                                         int split, const int (&vgroup)[K::kP]) {
+  constexpr int R = kKiviRows, P = K::kP, VG = K::kVGroups;
+  constexpr int B = 8 / P;
+  const KvPageLayout& L = p.tiers[0].layout;
+  const int NL = L.tokens, vt = p.view_tokens;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  // Tables of the page's key groups: qs and kb.
+  const uint16_t* km = reinterpret_cast<const uint16_t*>(page + L.k_meta);
+  const float lane_pow = Pow2(-B * (lane % P));  // channel lane + 32 i has c % P == lane % P
+  const int groups = (n + G - 1) / G;
+  for (int g = warp; g < groups; g += kWarps) {
+    float bias[R] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) {
+      const int c = lane + 32 * i;
+      const float ks = HalfBits(km[g * 2 * D + c]) * lane_pow;
+      const float kz = HalfBits(km[g * 2 * D + D + c]);
+      const float4 qv = *reinterpret_cast<const float4*>(s.q + c * R);
+      *reinterpret_cast<float4*>(s.qs + (g * D + c) * R) = Scale4(qv, ks);
+#pragma unroll
+      for (int r = 0; r < R; ++r) bias[r] = fmaf(Lane4(qv, r), kz, bias[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) bias[r] = WarpSum(bias[r]);
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) s.kb[g * R + r] = bias[r];
+    }
+  }
+  __syncthreads();
+
+  // Partial logits: item (4 tokens, 32 channels).
+  const uint8_t* kc = page + L.k_codes;
+  const int quads = (n + 3) / 4;
+  for (int item = threadIdx.x; item < quads * K::kSlices; item += kDecodeThreads) {
+    const int slice = item % K::kSlices, t0 = (item / K::kSlices) * 4;
+    const int tile = t0 / G;  // the key group
+    const uint8_t* codes = kc + tile * (G * K::kRowBytes) + slice * (K::kSliceBytes * G) + t0 % G;
+    const float* qs = s.qs + (tile * D + slice * 32) * R;
+    float a[4][R];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) a[i][r] = 0.f;
+    }
+#pragma unroll
+    for (int qq = 0; qq < K::kSliceBytes; ++qq) {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(codes + qq * G);
+      const uint32_t hi = w >> 16;
+#pragma unroll
+      for (int c = 0; c < P; ++c) {
+        const float4 qv = *reinterpret_cast<const float4*>(qs + (qq * P + c) * R);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float x = Field<B>(i < 2 ? w : hi, (i & 1) * 8 + c * B);
+#pragma unroll
+          for (int r = 0; r < R; ++r) a[i][r] = fmaf(Lane4(qv, r), x, a[i][r]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      // Tokens 1 and 3 of the word sit 8 bits up.
+      *reinterpret_cast<float4*>(s.sc + (slice * R + r) * vt + t0) =
+          make_float4(a[0][r], a[1][r] * Pow2(-8), a[2][r], a[3][r] * Pow2(-8));
+    }
+  }
+  __syncthreads();
+
+  // Logits: the slices' sums plus kb, masked.
+  const uint64_t* valid = reinterpret_cast<const uint64_t*>(page + L.valid);
+  for (int t = threadIdx.x; t < n; t += kDecodeThreads) {
+    const bool live = (valid[t >> 6] >> (t & 63)) & 1;
+    const float* kb = s.kb + (t / G) * R;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float x = kb[r];
+#pragma unroll
+      for (int sl = 0; sl < K::kSlices; ++sl) x += s.sc[(sl * R + r) * vt + t];
+      x = live && r < rows_here ? x : -INFINITY;
+      s.sc[r * vt + t] = x;
+      if (logits != nullptr && r < rows_here)
+        logits[static_cast<int64_t>(t) * p.rows + row0 + r] = x;
+    }
+  }
+  __syncthreads();
+
+  KiviSoftmax<K, true>(s, vt, n, reinterpret_cast<const uint16_t*>(page + L.v_meta), NL);
+  __syncthreads();
+
+  // Values: word `word` of every row, tokens split, R x 4 x P sums in registers.
+  KiviRescale<K>(s, acc);
+  const uint8_t* vc = page + L.v_codes + 4 * word;
+  for (int t = split; t < n; t += K::kSplits) {
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(vc + t * K::kRowBytes);
+    const uint32_t hi = w >> 16;
+#pragma unroll
+    for (int c = 0; c < P; ++c) {
+      const float4 pw = *reinterpret_cast<const float4*>(s.ps + (t * VG + vgroup[c]) * R);
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const float x = Field<B>(b < 2 ? w : hi, FieldOffset<B>(b, c));
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][b][c] = fmaf(Lane4(pw, r), x, acc[r][b][c]);
+      }
+    }
+  }
+  __syncthreads();
+}
+
+template <int D, int B, int G, int GV>
+__global__ void __launch_bounds__(kDecodeThreads)
+    KiviChunkKernel(const __grid_constant__ DecodeKernelParams p) {
+  using K = Kivi<D, B, G, GV>;
+  constexpr int R = kKiviRows, P = K::kP, VG = K::kVGroups;
+  SLUICE_DYNAMIC_SHARED(smem_raw, uint8_t);
+  const KiviSmem s = CarveKivi<K, D>(smem_raw, p);
+  const DecodeChunk chunk = p.chunks[blockIdx.x];
+  const int row0 = blockIdx.y * R, rows_here = min(R, p.rows - row0);
+  const int b = chunk.bh / p.kv_heads, kvh = chunk.bh % p.kv_heads;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int vt = p.view_tokens;
+
+  // The rows' queries, pre-scaled, as [D, R]; one thread per channel.
+  static_assert(D <= kDecodeThreads, "a thread per channel");
+  if (threadIdx.x < D) {
+    const int c = threadIdx.x;
+    float x[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int row = row0 + r, tq = row / p.group, h = kvh * p.group + row % p.group;
+      x[r] =
+          r < rows_here
+              ? p.q[((static_cast<int64_t>(b) * p.q_tokens + tq) * p.heads + h) * D + c] * p.scale
+              : 0.f;
+      s.red[r * D + c] = 0.f;
+    }
+    *reinterpret_cast<float4*>(s.q + c * R) = make_float4(x[0], x[1], x[2], x[3]);
+  }
+  if (threadIdx.x < R) {
+    s.m[threadIdx.x] = -INFINITY;
+    s.l[threadIdx.x] = 0.f;
+  }
+  if (threadIdx.x < R * VG) s.vb[threadIdx.x] = 0.f;
+
+  // This thread's share of the values: word `word` of each row (channels 4 word + byte +
+  // c * RB), tokens split, split + kSplits, ...
+  const int word = threadIdx.x % K::kWords, split = threadIdx.x / K::kWords;
+  int vgroup[P];
+#pragma unroll
+  for (int c = 0; c < P; ++c) vgroup[c] = (4 * word + c * K::kRowBytes) / GV;
+  float acc[R][4][P];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int c = 0; c < P; ++c) acc[r][i][c] = 0.f;
+    }
+  }
+  __syncthreads();
+
+  float* logits = p.logits == nullptr
+                      ? nullptr
+                      : p.logits + static_cast<int64_t>(p.key_offsets[chunk.bh]) * p.rows;
+  const int load_bytes = p.tiers[0].load_bytes;
+  if (chunk.page_begin < chunk.page_end) {
+    LoadPage(s.pages, p.pages[chunk.page_begin].data, load_bytes);
+  }
+  int key_base = chunk.key_base;
+  for (int pi = chunk.page_begin; pi < chunk.page_end; ++pi) {
+    const int buf = (pi - chunk.page_begin) & 1;
+    if (pi + 1 < chunk.page_end) {
+      LoadPage(s.pages + (buf ^ 1) * s.page_stride, p.pages[pi + 1].data, load_bytes);
+      __pipeline_wait_prior(1);
+    } else {
+      __pipeline_wait_prior(0);
+    }
+    __syncthreads();
+    const int n = p.pages[pi].slots;
+    KiviPage<K, D, G, GV>(p, s, s.pages + buf * s.page_stride, n, rows_here,
+                          logits ? logits + static_cast<int64_t>(key_base) * p.rows : nullptr, row0,
+                          acc, word, split, vgroup);
+    key_base += n;
+  }
+
+  // The recent (fp32) tokens, kRecentView at a time: causal per query token.
+  if (chunk.recent_begin >= 0) {
+    // The last recent key each row sees.
+    const int rcount = static_cast<int>(p.recent_offsets[b + 1] - p.recent_offsets[b]);
+    int limit[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      limit[r] = r < rows_here ? rcount - p.q_tokens + (row0 + r) / p.group : -1;
+    }
+    const int64_t base = p.recent_offsets[b];
+    const int key0 = p.key_offsets[chunk.bh + 1] - p.key_offsets[chunk.bh] - rcount;
+    for (int i0 = chunk.recent_begin; i0 < chunk.recent_end; i0 += kRecentView) {
+      const int n = min(chunk.recent_end - i0, kRecentView);
+      for (int j = warp; j < n; j += kWarps) {
+        const float* k = p.recent_k + ((base + i0 + j) * p.kv_heads + kvh) * D;
+        float a[R] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < D / 32; ++i) {
+          const int c = lane + 32 * i;
+          const float x = k[c];
+          const float4 qv = *reinterpret_cast<const float4*>(s.q + c * R);
+#pragma unroll
+          for (int r = 0; r < R; ++r) a[r] = fmaf(Lane4(qv, r), x, a[r]);
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float x = WarpSum(a[r]);
+          const float logit = i0 + j <= limit[r] ? x : -INFINITY;
+          if (lane == 0) {
+            s.sc[r * vt + j] = logit;
+            if (logits != nullptr && r < rows_here) {
+              logits[static_cast<int64_t>(key0 + i0 + j) * p.rows + row0 + r] = logit;
+            }
+          }
+        }
+      }
+      __syncthreads();
+      KiviSoftmax<K, false>(s, vt, n, nullptr, 0);
+      __syncthreads();
+      KiviRescale<K>(s, acc);
+      for (int t = split; t < n; t += K::kSplits) {
+        const float* v = p.recent_v + ((base + i0 + t) * p.kv_heads + kvh) * D + 4 * word;
+        float w[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) w[r] = s.sc[r * vt + t];
+#pragma unroll
+        for (int c = 0; c < P; ++c) {
+          const float4 vv = *reinterpret_cast<const float4*>(v + c * K::kRowBytes);
+#pragma unroll
+          for (int bb = 0; bb < 4; ++bb) {
+            // In the accumulators' units: value times 2^offset of its code.
+            const float x = Lane4(vv, bb) * Pow2(FieldOffset<B>(bb, c));
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r][bb][c] = fmaf(w[r], x, acc[r][bb][c]);
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+
+  // The splits' sums, back in value units, then the chunk's partial state.
+#pragma unroll
+  for (int c = 0; c < P; ++c) {
+#pragma unroll
+    for (int bb = 0; bb < 4; ++bb) {
+      const int ch = 4 * word + bb + c * K::kRowBytes;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        atomicAdd(&s.red[r * D + ch], acc[r][bb][c] * Pow2(-FieldOffset<B>(bb, c)));
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < D) {
+    const int c = threadIdx.x;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r < rows_here) {
+        p.part_acc[(static_cast<int64_t>(blockIdx.x) * p.rows + row0 + r) * D + c] =
+            s.red[r * D + c] + s.vb[r * VG + c / GV];
+      }
+    }
+  }
+  if (threadIdx.x < rows_here) {
+    p.part_m[static_cast<int64_t>(blockIdx.x) * p.rows + row0 + threadIdx.x] = s.m[threadIdx.x];
+    p.part_l[static_cast<int64_t>(blockIdx.x) * p.rows + row0 + threadIdx.x] = s.l[threadIdx.x];
+  }
+}
+
 // The chunk kernel's shared memory for `p`, with the kernel allowed that much past 48 KiB.
 template <int R>
 cudaError_t AllowShared(const DecodeKernelParams& p, int64_t* smem) {
@@ -586,14 +1060,72 @@ cudaError_t BlocksPerSm(const DecodeKernelParams& p, int* blocks) {
                                                        static_cast<size_t>(smem));
 }
 
-}  // namespace
-
-size_t DecodeSharedBytes(const DecodeKernelParams& p, int rows_per_block) {
-  return static_cast<size_t>(SmemBytes(p, rows_per_block));
+// The KIVI instantiations: head_dim 64 or 128, 2- or 4-bit codes. `f(kernel, shared bytes)`.
+template <typename F>
+cudaError_t WithKivi(const DecodeKernelParams& p, int bits, F&& f) {
+  constexpr int G = kKiviKeyTokens, GV = kKiviValueChannels;
+  const auto go = [&](auto kernel, auto k) {
+    using K = decltype(k);
+    const int64_t smem = KiviSmemBytes<K>(p, p.head_dim);
+    if (smem > 48 * 1024) {
+      const cudaError_t e = cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      if (e != cudaSuccess) return e;
+    }
+    return f(kernel, smem);
+  };
+  if (p.head_dim == 128 && bits == 4)
+    return go(KiviChunkKernel<128, 4, G, GV>, Kivi<128, 4, G, GV>{});
+  if (p.head_dim == 128 && bits == 2)
+    return go(KiviChunkKernel<128, 2, G, GV>, Kivi<128, 2, G, GV>{});
+  if (p.head_dim == 64 && bits == 4) return go(KiviChunkKernel<64, 4, G, GV>, Kivi<64, 4, G, GV>{});
+  if (p.head_dim == 64 && bits == 2) return go(KiviChunkKernel<64, 2, G, GV>, Kivi<64, 2, G, GV>{});
+  return cudaErrorInvalidValue;
 }
 
-cudaError_t DecodeBlocksPerSm(const DecodeKernelParams& p, int rows_per_block, int* blocks) {
-  switch (rows_per_block) {
+}  // namespace
+
+DecodeKernelChoice ChooseDecodeKernel(const DecodeTier* tiers, int tier_count, int d, int rows) {
+  DecodeKernelChoice k;
+  if (tier_count == 1 && !tiers[0].huffman && (d == 64 || d == 128)) {
+    const KvQuantSpec& ks = tiers[0].format.k;
+    const KvQuantSpec& vs = tiers[0].format.v;
+    const bool kivi = ks.codec == KvCodec::kInt && ks.grouping == KvGrouping::kPerChannel &&
+                      ks.group == kKiviKeyTokens && vs.codec == KvCodec::kInt &&
+                      vs.grouping == KvGrouping::kPerToken && vs.group == kKiviValueChannels &&
+                      ks.bits == vs.bits && (ks.bits == 2 || ks.bits == 4) &&
+                      tiers[0].layout.k_tile == kKiviKeyTokens;
+    if (kivi) {
+      k.kivi_bits = ks.bits;
+      k.rows_per_block = kKiviRows;
+      return k;
+    }
+  }
+  // The generic kernel: the smallest of 1, 2, 4, 8 rows that holds a kv-head's rows, else 8.
+  while (k.rows_per_block < 8 && k.rows_per_block < rows) k.rows_per_block *= 2;
+  return k;
+}
+
+size_t DecodeSharedBytes(const DecodeKernelParams& p, DecodeKernelChoice k) {
+  if (k.kivi_bits != 0) {
+    int64_t bytes = 0;
+    const cudaError_t e = WithKivi(p, k.kivi_bits, [&](auto, int64_t smem) {
+      bytes = smem;
+      return cudaSuccess;
+    });
+    return e == cudaSuccess ? static_cast<size_t>(bytes) : 0;
+  }
+  return static_cast<size_t>(SmemBytes(p, k.rows_per_block));
+}
+
+cudaError_t DecodeBlocksPerSm(const DecodeKernelParams& p, DecodeKernelChoice k, int* blocks) {
+  if (k.kivi_bits != 0) {
+    return WithKivi(p, k.kivi_bits, [&](auto kernel, int64_t smem) {
+      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kDecodeThreads,
+                                                           static_cast<size_t>(smem));
+    });
+  }
+  switch (k.rows_per_block) {
     case 1:
       return BlocksPerSm<1>(p, blocks);
     case 2:
@@ -607,24 +1139,32 @@ cudaError_t DecodeBlocksPerSm(const DecodeKernelParams& p, int rows_per_block, i
   }
 }
 
-cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, int rows_per_block,
+cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, DecodeKernelChoice k,
                                   cudaStream_t stream) {
   cudaError_t e;
-  switch (rows_per_block) {
-    case 1:
-      e = LaunchRows<1>(p, stream);
-      break;
-    case 2:
-      e = LaunchRows<2>(p, stream);
-      break;
-    case 4:
-      e = LaunchRows<4>(p, stream);
-      break;
-    case 8:
-      e = LaunchRows<8>(p, stream);
-      break;
-    default:
-      return cudaErrorInvalidValue;
+  if (k.kivi_bits != 0) {
+    e = WithKivi(p, k.kivi_bits, [&](auto kernel, int64_t smem) {
+      const dim3 grid(p.chunk_count, (p.rows + kKiviRows - 1) / kKiviRows);
+      SLUICE_LAUNCH(grid, kDecodeThreads, smem, stream, kernel)(p);
+      return cudaGetLastError();
+    });
+  } else {
+    switch (k.rows_per_block) {
+      case 1:
+        e = LaunchRows<1>(p, stream);
+        break;
+      case 2:
+        e = LaunchRows<2>(p, stream);
+        break;
+      case 4:
+        e = LaunchRows<4>(p, stream);
+        break;
+      case 8:
+        e = LaunchRows<8>(p, stream);
+        break;
+      default:
+        return cudaErrorInvalidValue;
+    }
   }
   if (e != cudaSuccess) return e;
   SLUICE_LAUNCH(p.bh_count, 256, 0, stream, MergeKernel)(p);

@@ -38,7 +38,8 @@ struct DecodeTier {
   bool huffman = false;
 };
 
-// A run of one (sequence, kv-head)'s pages, or (recent_begin >= 0) its recent tokens.
+// A run of one (sequence, kv-head)'s pages, or (recent_begin >= 0) its recent tokens. For the
+// KIVI kernel a chunk may hold both: its pages, then the recent tokens.
 struct DecodeChunk {
   int32_t bh = 0;          // sequence * kv_heads + kv-head
   int32_t page_begin = 0;  // [page_begin, page_end) of DecodeKernelParams::pages
@@ -99,14 +100,33 @@ struct DecodeKernelParams {
   bool scores_per_head = false;
 };
 
-// Shared memory one block needs with `rows_per_block` (1, 2, 4 or 8) rows.
-size_t DecodeSharedBytes(const DecodeKernelParams& p, int rows_per_block);
-// How many chunk-kernel blocks with `rows_per_block` rows fit on one SM at once (the CUDA
-// occupancy calculator, for this shared memory and the kernel's registers).
-cudaError_t DecodeBlocksPerSm(const DecodeKernelParams& p, int rows_per_block, int* blocks);
+// Which chunk kernel runs a plan.
+//  - generic: any tiers, formats read at run time; `rows_per_block` (1, 2, 4 or 8) query rows
+//    per block;
+//  - KIVI (kivi_bits 2 or 4): one fixed-width tier with int keys per channel over
+//    kKiviKeyTokens-token groups and int values per token over kKiviValueChannels-channel
+//    groups, both with kivi_bits bits, head_dim 64 or 128 (the sluice, kivi4, kivi2 and minikv
+//    presets), every size a compile-time constant; kKiviRows query rows per block, and the
+//    recent tokens in the last chunk of each (sequence, kv-head).
+struct DecodeKernelChoice {
+  int rows_per_block = 1;
+  int kivi_bits = 0;
+};
+inline constexpr int kKiviRows = 4;
+inline constexpr int kKiviKeyTokens = 32;
+inline constexpr int kKiviValueChannels = 32;
+
+// The KIVI kernel when `tier` (head_dim d) is its format, else the generic one for `rows`.
+DecodeKernelChoice ChooseDecodeKernel(const DecodeTier* tiers, int tier_count, int d, int rows);
+
+// Shared memory one block of the chosen kernel needs.
+size_t DecodeSharedBytes(const DecodeKernelParams& p, DecodeKernelChoice k);
+// How many blocks of the chosen chunk kernel fit on one SM at once (the CUDA occupancy
+// calculator, for this shared memory and the kernel's registers).
+cudaError_t DecodeBlocksPerSm(const DecodeKernelParams& p, DecodeKernelChoice k, int* blocks);
 
 // Enqueues the chunk kernel and the merge on `stream`.
-cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, int rows_per_block,
+cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, DecodeKernelChoice k,
                                   cudaStream_t stream);
 // Then, with logits (batch 1): adds each key's weights to page_scores / recent_scores.
 // max_keys bounds any bh's keys; total_slots is page_scores' row length; recent the recent tokens.

@@ -33,11 +33,19 @@ DeviceArray<T> OnGpu(const std::vector<T>& host) {
   return std::move(*a);
 }
 
-std::vector<KvTierFormat> Formats(int d) {
+// Every tier kind in one plan (the generic kernel), or with kivi_bits one KIVI tier (the KIVI
+// kernel: sluice and kivi4 with 4 bits, kivi2 and minikv with 2).
+std::vector<KvTierFormat> Formats(int d, int kivi_bits = 0) {
   const auto i = [](int bits, KvGrouping g, int group, int levels = 0) {
     return KvQuantSpec{
         .codec = KvCodec::kInt, .bits = bits, .grouping = g, .group = group, .levels = levels};
   };
+  if (kivi_bits != 0) {
+    return {{.k = i(kivi_bits, KvGrouping::kPerChannel, 32),
+             .v = i(kivi_bits, KvGrouping::kPerToken, 32),
+             .head_dim = d,
+             .page_bytes = 16384}};
+  }
   return {
       // sluice: int4 keys per channel over 32 tokens, int4 values per 32 channels.
       {.k = i(4, KvGrouping::kPerChannel, 32),
@@ -62,6 +70,7 @@ std::vector<KvTierFormat> Formats(int d) {
 
 struct Case {
   int batch, heads, kv_heads, d, max_pages, chunk;
+  int kivi_bits = 0;
 };
 
 #ifdef SLUICE_CUDA_EMU
@@ -75,17 +84,18 @@ struct PlanCost {};
 // of the plan's Create and Run.
 void CheckBatch(const Case& c, std::mt19937_64& rng, uint64_t seed,
                 DecodeAttentionWorkspace* workspace = nullptr, PlanCost* cost = nullptr) {
-  SCOPED_TRACE(::testing::Message() << "batch=" << c.batch << " heads=" << c.heads << "/"
-                                    << c.kv_heads << " d=" << c.d << " seed=" << seed);
-  const std::vector<KvTierFormat> formats = Formats(c.d);
+  SCOPED_TRACE(::testing::Message()
+               << "batch=" << c.batch << " heads=" << c.heads << "/" << c.kv_heads << " d=" << c.d
+               << " kivi=" << c.kivi_bits << " seed=" << seed);
+  const std::vector<KvTierFormat> formats = Formats(c.d, c.kivi_bits);
   std::vector<KvPageLayout> layouts;
   for (const KvTierFormat& f : formats) layouts.push_back(ComputePageLayout(f).value());
   std::vector<KvCodebooks> books(formats.size());
   const std::vector<float> sample_k = testing::RandomFloats(rng, 256 * c.d, -2, 2);
   const std::vector<float> sample_v = testing::RandomFloats(rng, 256 * c.d, -2, 2);
-  auto owned = testing::CodebooksFromRows(formats[3], sample_k.data(), sample_v.data(), 256);
+  auto owned = testing::CodebooksFromRows(Formats(c.d)[3], sample_k.data(), sample_v.data(), 256);
   ASSERT_TRUE(owned.ok()) << owned.status();
-  books[3] = (*owned)->view();
+  if (c.kivi_bits == 0) books[3] = (*owned)->view();
 
   std::vector<std::vector<uint8_t>> host_pages;
   std::vector<KvPageRef> pages;  // host data pointers, for the reference
@@ -194,6 +204,7 @@ void CheckBatch(const Case& c, std::mt19937_64& rng, uint64_t seed,
                                            .pages_per_chunk = c.chunk},
                                           nullptr, workspace);
   ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->kernel(), c.kivi_bits == 0 ? "generic" : "kivi" + std::to_string(c.kivi_bits));
   ASSERT_TRUE(plan->Run(dq.data(), dout.data(), nullptr).ok());
 #ifdef SLUICE_CUDA_EMU
   if (cost != nullptr) *cost = sluice::emu::Counters() - before;
@@ -215,12 +226,26 @@ TEST(DecodeAttentionPlan, BatchMatchesReferencePerSequence) {
   }
 }
 
-// A small batch (the ThreadSanitizer run of the emulation takes this one).
+// The KIVI kernel: 4- and 2-bit pages, head_dim 128 and 64, GQA groups of 4 (Llama-3), 3
+// (SmolLM2), 1 and 6 (two row blocks), pages in chunks of 1 to the plan's choice, partly
+// filled pages, dead slots, and sequences with no pages (recent tokens only).
+TEST(DecodeAttentionPlan, KiviKernelMatchesReference) {
+  if (absl::Status gpu = CudaDeviceAvailable(); !gpu.ok()) GTEST_SKIP() << gpu;
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  for (const Case c : {Case{3, 32, 8, 128, 5, 1, 4}, Case{3, 9, 3, 64, 6, 0, 4},
+                       Case{2, 8, 8, 128, 3, 2, 2}, Case{2, 12, 2, 64, 7, 0, 2}}) {
+    CheckBatch(c, rng, seed);
+  }
+}
+
+// A small batch of each kernel (the ThreadSanitizer run of the emulation takes this one).
 TEST(DecodeAttentionPlan, SmallBatchMatchesReference) {
   if (absl::Status gpu = CudaDeviceAvailable(); !gpu.ok()) GTEST_SKIP() << gpu;
   const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
   CheckBatch({2, 4, 1, 64, 3, 1}, rng, seed);
+  CheckBatch({2, 4, 1, 64, 3, 1, 4}, rng, seed);
 }
 
 // Plans built one after another in one workspace (a decode loop's steps) give the right results,

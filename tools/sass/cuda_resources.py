@@ -6,8 +6,8 @@ Runs `cuobjdump -res-usage` and `cuobjdump -sass` on the nvcc archives (lib<name
 real build outputs: sm_80 and sm_90a cubins), and records for every kernel and arch: registers,
 stack frame, static shared memory, local-memory instructions (STL/LDL and their bytes), the
 instruction mix of the whole function and of each hot (innermost) loop, and integer-division
-sequences (in loops too). Then the issue-bound model (issue_model.py) of ChunkKernel<4> on every
-KV preset's pages at Llama-3-8B shapes, from a -lineinfo build of the same source
+sequences (in loops too). Then the issue-bound model (issue_model.py) of the decode kernel the
+plan picks for each KV preset (KiviChunkKernel for KIVI pages, ChunkKernel<4> for the rest) on its pages at Llama-3-8B shapes, from a -lineinfo build of the same source
 (nvdisasm -gi) whose instruction stream must equal the production archive's.
 
 Prints a table and, with --out, writes JSON. cuda_resources_test.py applies the gates to the
@@ -30,7 +30,7 @@ import issue_model  # noqa: E402
 import sass_parse  # noqa: E402
 
 # The decode kernel: gates on divisions in its loops apply to every R.
-CHUNK_KERNEL = re.compile(r"^ChunkKernel<\d+>$")
+CHUNK_KERNEL = re.compile(r"^(Kivi)?ChunkKernel<[0-9, ]+>$")
 TARGET_SHARE = 0.70  # of HBM, 4-bit sluice pages at Llama-3-8B shapes (the decode issue)
 SHARE_PRESETS = ("sluice", "fp16")
 
@@ -179,50 +179,63 @@ def _stream(fn: sass_parse.Function) -> List[Tuple[int, str, Optional[int]]]:
 
 def model(lineinfo_cubin: str, production: List[sass_parse.Function], source: str,
           layouts: dict, tools: Dict[str, str]) -> dict:
-    """The issue-bound model on every preset's tiers (issue_model.py)."""
+    """The issue-bound model on every preset's tiers (issue_model.py), each with the kernel the
+    decode plan runs on it (issue_model.model_for)."""
     listing = _run([tools["nvdisasm"], "-gi", "-c", lineinfo_cubin])
     names = demangle([f.name for f in production], tools["c++filt"])
-    want = [f for f in production if f.arch == "sm_90a"
-            and issue_model.KERNEL.fullmatch(short_name(names[f.name]))]
-    if len(want) != 1:
-        raise ToolError(f"{issue_model.KERNEL.pattern} sm_90a: found {len(want)} in the archive")
-    prod = want[0]
-    li = [f for f in sass_parse.parse_sass(listing) if f.name == prod.name]
-    if len(li) != 1 or _stream(li[0]) != _stream(prod):
-        raise ToolError(
-            "the -lineinfo build of decode_attention_kernels.cu differs from the production "
-            "archive (or lacks ChunkKernel<4>): its line info cannot describe the real SASS. "
-            "Keep tools/sass/nvcc_lineinfo.bzl's flags equal to third_party/cuda.bzl's.")
-    matched, unmatched = issue_model.match(li[0], source)
-    if unmatched:
-        raise issue_model.ModelError(
-            "issue model: loops inside the page loop that no row of issue_model.py describes: " +
-            ", ".join(f"{s.loop.start:#x} (source lines {s.path})" for s in unmatched))
-    out = {"kernel": f"{issue_model.KERNEL.pattern} sm_90a", "head_dim": layouts["head_dim"],
+    lineinfo = sass_parse.parse_sass(listing)
+    matched = {}
+    kernels = []
+    for km in issue_model.MODELS:
+        want = [f for f in production if f.arch == "sm_90a"
+                and short_name(names[f.name]) == km.kernel]
+        if len(want) != 1:
+            raise ToolError(f"{km.kernel} sm_90a: found {len(want)} in the archive")
+        prod = want[0]
+        li = [f for f in lineinfo if f.name == prod.name]
+        if len(li) != 1 or _stream(li[0]) != _stream(prod):
+            raise ToolError(
+                "the -lineinfo build of decode_attention_kernels.cu differs from the production "
+                f"archive (or lacks {km.kernel}): its line info cannot describe the real SASS. "
+                "Keep tools/sass/nvcc_lineinfo.bzl's flags equal to third_party/cuda.bzl's.")
+        rows, unmatched = issue_model.match(li[0], source, km)
+        if unmatched:
+            raise issue_model.ModelError(
+                f"issue model: loops inside {km.kernel}'s page loop that no row of "
+                "issue_model.py describes: " +
+                ", ".join(f"{s.loop.start:#x} (source lines {s.path})" for s in unmatched))
+        matched[km.kernel] = rows
+        kernels.append({"kernel": f"{km.kernel} sm_90a",
+                        "loops": [{"row": m.row.key, "level": m.level, "phase": m.row.phase,
+                                   "versions": [{"unroll": u, "instructions": n}
+                                                for u, n in m.versions],
+                                   "copies": m.copies} for m in rows]})
+    out = {"kernels": kernels, "head_dim": layouts["head_dim"],
            "page_bytes": layouts["page_bytes"],
            "machine": {"hbm_bytes_per_s": issue_model.HBM_BYTES_PER_S, "sms": issue_model.SMS,
                        "issue_per_sm_per_cycle": issue_model.ISSUE_PER_SM,
                        "clock_hz": issue_model.CLOCK_HZ},
-           "loops": [{"row": m.row.key, "level": m.level, "phase": m.row.phase,
-                      "versions": [{"unroll": u, "instructions": n} for u, n in m.versions],
-                      "copies": m.copies} for m in matched],
            "presets": [], "target_share": TARGET_SHARE}
     for p in layouts["presets"]:
         for t in p["tiers"]:
             if "error" in t:
                 continue
+            km = issue_model.model_for(t)
             page = issue_model.Page(t, layouts["head_dim"])
-            phases = issue_model.page_cost(matched, page)
+            phases = issue_model.page_cost(matched[km.kernel], page)
             total = sum(phases.values())
             bw, share = issue_model.predict(total, page.load_bytes)
             out["presets"].append({
                 "preset": p["name"], "tier": t["tier"], "format": t["format"]["name"],
+                "kernel": km.kernel,
                 "tokens": t["layout"]["tokens"], "bytes_per_page": page.load_bytes,
                 "instructions_per_page": round(total),
                 "by_phase": {k: round(v) for k, v in phases.items() if v},
                 "predicted_bytes_per_s": bw, "predicted_share": round(share, 4)})
     out["predicted_share"] = {r["preset"]: r["predicted_share"] for r in out["presets"]
                               if r["preset"] in SHARE_PRESETS and r["tier"] == "high"}
+    out["predicted_kernel"] = {r["preset"]: r["kernel"] for r in out["presets"]
+                               if r["preset"] in SHARE_PRESETS and r["tier"] == "high"}
     return out
 
 
@@ -242,7 +255,7 @@ def violations(records: List[dict], issue: dict) -> List[dict]:
     share = issue["predicted_share"].get("sluice")
     if share is not None and share < TARGET_SHARE:
         out.append({"library": "//kernels/cuda:decode_attention_kernels",
-                    "kernel": "ChunkKernel<4>", "arch": "sm_90a",
+                    "kernel": issue["predicted_kernel"]["sluice"], "arch": "sm_90a",
                     "rule": "sluice_share_below_%.2f" % TARGET_SHARE, "value": round(share, 3)})
     return out
 
@@ -320,18 +333,20 @@ def table(result: dict) -> str:
     lines.append("(stack/stl/ldl in bytes; div: integer divisions in loops / in all)")
     issue = result["issue_model"]
     lines.append("")
-    lines.append("Issue bound of %s, head_dim %d, %d-byte pages (H100 SXM: %d SMs x %d issue x "
-                 "%.2f GHz; HBM %.2f TB/s):" % (
-                     issue["kernel"], issue["head_dim"], issue["page_bytes"],
+    lines.append("Issue bound of the decode kernels (sm_90a), head_dim %d, %d-byte pages (H100 "
+                 "SXM: %d SMs x %d issue x %.2f GHz; HBM %.2f TB/s):" % (
+                     issue["head_dim"], issue["page_bytes"],
                      issue_model.SMS, issue_model.ISSUE_PER_SM, issue_model.CLOCK_HZ / 1e9,
                      issue_model.HBM_BYTES_PER_S / 1e12))
     phases = ["load", "meta", "score", "softmax", "rescale", "accumulate", "decode", "overhead"]
-    lines.append("%-12s %-4s %-44s %6s %6s %8s %s %7s %6s" % (
-        "preset", "tier", "format", "tokens", "bytes", "instr",
+    lines.append("%-12s %-4s %-44s %-8s %6s %6s %8s %s %7s %6s" % (
+        "preset", "tier", "format", "kernel", "tokens", "bytes", "instr",
         " ".join("%7s" % p[:7] for p in phases), "TB/s", "share"))
     for r in issue["presets"]:
-        lines.append("%-12s %-4s %-44s %6d %6d %8d %s %7.3f %6.3f" % (
-            r["preset"], r["tier"], r["format"][:44], r["tokens"], r["bytes_per_page"],
+        kernel = r["kernel"].split(",")[1].strip() if "Kivi" in r["kernel"] else "generic"
+        lines.append("%-12s %-4s %-44s %-8s %6d %6d %8d %s %7.3f %6.3f" % (
+            r["preset"], r["tier"], r["format"][:44],
+            "kivi" + kernel if kernel != "generic" else kernel, r["tokens"], r["bytes_per_page"],
             r["instructions_per_page"],
             " ".join("%7d" % r["by_phase"].get(p, 0) for p in phases),
             r["predicted_bytes_per_s"] / 1e12, r["predicted_share"]))

@@ -289,11 +289,12 @@ def _function_span(lines: List[str], name: str) -> Tuple[int, int]:
     raise ModelError(f"{SOURCE}: no definition of {name}() (update ANCHORS in issue_model.py)")
 
 
-def anchor_lines(source: str) -> Dict[str, int]:
-    """1-based line of each ANCHORS entry in the kernel source."""
+def anchor_lines(source: str, anchors: Optional[Dict[str, Tuple[str, str, int]]] = None
+                 ) -> Dict[str, int]:
+    """1-based line of each anchor (default: ANCHORS) in the kernel source."""
     lines = source.splitlines(keepends=True)
     out = {}
-    for key, (fn, text, nth) in ANCHORS.items():
+    for key, (fn, text, nth) in (ANCHORS if anchors is None else anchors).items():
         first, last = _function_span(lines, fn)
         hits = [i for i in range(first, last + 1) if text in lines[i]]
         if len(hits) <= nth:
@@ -339,15 +340,20 @@ class Matched:
     addrs: List[int]
 
 
-def match(fn: sass_parse.Function, source: str) -> Tuple[List[Matched], List[SassLoop]]:
-    """Every table row with its SASS loops, and the SASS loops inside the page loop that no row
-    describes. Raises ModelError when a row finds no loop or its signature does not fit."""
-    lines = anchor_lines(source)
+def match(fn: sass_parse.Function, source: str, km: Optional["KernelModel"] = None
+          ) -> Tuple[List[Matched], List[SassLoop]]:
+    """Every table row of the kernel model `km` (default: the generic kernel's) with its SASS
+    loops, and the SASS loops inside the page loop that no row describes. Raises ModelError when
+    a row finds no loop or its signature does not fit."""
+    km = GENERIC if km is None else km
+    lines = anchor_lines(source, km.anchors)
     sass_loops = loop_paths(fn)
     page = (lines["page"],)
-    prefixes = {"page": [page], "view": [page, page + (lines["unit"],)]}
+    prefixes = {"page": [page]}
+    if km.view_rows:
+        prefixes["view"] = [page, page + (lines["unit"],)]
     used, out = set(), []
-    for level, rows in (("page", PAGE_ROWS), ("view", VIEW_ROWS)):
+    for level, rows in (("page", km.page_rows), ("view", km.view_rows)):
         for row in rows:
             for prefix in prefixes[level]:
                 want = prefix + tuple(lines[a] for a in row.path)
@@ -414,3 +420,128 @@ def predict(instructions: float, page_bytes: int) -> Tuple[float, float]:
     seconds = instructions / ISSUE_PER_S
     bw = page_bytes / seconds if seconds > 0 else math.inf
     return bw, min(1.0, bw / HBM_BYTES_PER_S)
+
+
+# The KIVI kernel (KiviChunkKernel<D, B, 32, 32>, decode_attention_kernels.cu): one page format,
+# every size a compile-time constant, so the static counts are the executed ones. All its loops
+# run per page; trips from the page's slots (a full page), D and B.
+KIVI_ANCHORS = {
+    "page": ("KiviChunkKernel", "for (int pi = chunk.page_begin;", 0),
+    "load": ("LoadPage", "for (int i = threadIdx.x * 16;", 0),
+    "tables": ("KiviPage", "for (int g = warp; g < groups; g += kWarps)", 0),
+    "scores": ("KiviPage", "for (int item = threadIdx.x; item < quads * K::kSlices;", 0),
+    "reduce": ("KiviPage", "for (int t = threadIdx.x; t < n; t += kDecodeThreads)", 0),
+    "softmax_max": ("KiviSoftmax", "for (int t = lane; t < n; t += 32)", 0),
+    "softmax_exp": ("KiviSoftmax", "for (int t = lane; t < n; t += 32)", 1),
+    "values": ("KiviPage", "for (int t = split; t < n; t += K::kSplits)", 0),
+}
+
+
+@dataclasses.dataclass
+class KiviShape:
+    """The KIVI kernel's work split for one page (KiviPage): n slots, head_dim d, B-bit codes."""
+    n: int
+    d: int
+    bits: int
+
+    @property
+    def per(self) -> int:
+        return 8 // self.bits
+
+    @property
+    def slices(self) -> int:  # K::kSlices
+        return self.d // 32
+
+    @property
+    def words(self) -> int:  # K::kWords
+        return self.d * self.bits // 8 // 4
+
+    @property
+    def splits(self) -> int:  # K::kSplits
+        return THREADS // self.words
+
+    def value_trips(self) -> Trips:
+        """`for (t = split; t < n; t += kSplits)`, split = threadIdx.x / kWords: a warp runs as
+        many iterations as its smallest split."""
+        out = []
+        for w in range(WARPS):
+            s0 = 32 * w // self.words
+            out.append((1, -(-(self.n - s0) // self.splits) if self.n > s0 else 0))
+        return out
+
+
+def _kivi(page: "Page") -> KiviShape:
+    f = page.tier["format"]
+    return KiviShape(page.tier["layout"]["tokens"], page.d, f["k"]["bits"])
+
+
+KIVI_ROWS = [
+    # Straight-line code of the page loop (rescale, softmax's reductions, barriers), per warp.
+    Row("page", (), "overhead", lambda p: [(WARPS, 1)]),
+    Row("load", ("load",), "load", lambda p: [(1, k) for k in strided(p.load_bytes // 16)],
+        ("LDGSTS", 1)),
+    # Warp w: key groups w, w + 4, ...: qs (one float4 store per channel) and kb (R warp sums
+    # of 5 shuffles).
+    Row("tables", ("tables",), "meta",
+        lambda p: [(1, -(-(_kivi(p).n // 32 - w) // WARPS)) for w in range(WARPS)
+                   if _kivi(p).n // 32 > w],
+        ("SHFL", 5 * ROWS_PER_BLOCK)),
+    # Items (4 tokens, 32 channels): 4 x 32 x R FMAs each.
+    Row("scores", ("scores",), "score",
+        lambda p: [(1, k) for k in strided(-(-_kivi(p).n // 4) * _kivi(p).slices)],
+        ("FFMA", 4 * 32 * ROWS_PER_BLOCK)),
+    # Thread per token: the slices' sums, R logits stored.
+    Row("reduce", ("reduce",), "score", lambda p: [(1, k) for k in strided(_kivi(p).n)],
+        ("STS", ROWS_PER_BLOCK)),
+    # Warp r: row r.
+    Row("softmax_max", ("softmax_max",), "softmax",
+        lambda p: [(ROWS_PER_BLOCK, -(-_kivi(p).n // 32))], ("FMNMX", 1)),
+    Row("softmax_exp", ("softmax_exp",), "softmax",
+        lambda p: [(ROWS_PER_BLOCK, -(-_kivi(p).n // 32))], ("MUFU.EX2", 1)),
+    # Thread (word, split): per token R x 4 x P FMAs.
+    Row("values", ("values",), "accumulate", lambda p: _kivi(p).value_trips(), ("FFMA", 0)),
+]
+
+
+@dataclasses.dataclass
+class KernelModel:
+    """One kernel's loop table: its demangled name, anchors, and page- and view-level rows."""
+    kernel: str
+    anchors: Dict[str, Tuple[str, str, int]]
+    page_rows: List[Row]
+    view_rows: List[Row]
+    applies: Callable[[dict], bool]  # to a page_layouts tier
+
+
+def _is_kivi(tier: dict, d: int, bits: int) -> bool:
+    f = tier["format"]
+    k, v = f["k"], f["v"]
+    return ("unit_layout" not in tier and f.get("head_dim", d) == d and k["codec"] == "int" and
+            k["grouping"] == "channel" and k["group"] == 32 and v["codec"] == "int" and
+            v["grouping"] == "token" and v["group"] == 32 and k["bits"] == bits and
+            v["bits"] == bits)
+
+
+def _kivi_rows(bits: int) -> List[Row]:
+    """KIVI_ROWS with the signatures of this instantiation."""
+    per = 8 // bits
+    out = []
+    for r in KIVI_ROWS:
+        if r.key == "values":
+            r = dataclasses.replace(r, sig=("FFMA", ROWS_PER_BLOCK * 4 * per))
+        out.append(r)
+    return out
+
+
+GENERIC = KernelModel("ChunkKernel<%d>" % ROWS_PER_BLOCK, ANCHORS, PAGE_ROWS, VIEW_ROWS,
+                      lambda tier: True)
+KIVI_HEAD_DIM = 128
+MODELS = [KernelModel("KiviChunkKernel<%d, %d, 32, 32>" % (KIVI_HEAD_DIM, b), KIVI_ANCHORS,
+                      _kivi_rows(b), [],
+                      lambda tier, b=b: _is_kivi(tier, KIVI_HEAD_DIM, b)) for b in (4, 2)]
+MODELS.append(GENERIC)
+
+
+def model_for(tier: dict) -> KernelModel:
+    """The kernel the decode plan runs on pages of this tier (ChooseDecodeKernel)."""
+    return next(m for m in MODELS if m.applies(tier))
