@@ -9,7 +9,7 @@
 # cuBLAS is not bundled (its libraries are hundreds of MiB): accept.sh finds the GPU machine's own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets=(//kernels:backend_ops_test //kernels/cuda:decode_attention_test
+targets=(//kernels:backend_ops_test //kernels/cuda:warp_mma_test //kernels/cuda:decode_attention_test
   //kvstore/cuda:gpu_page_allocator_test
   //kvstore/cuda:gpu_compaction_test //bench/gpu:gpu_bench)
 bazel build --jobs="${SLUICE_JOBS:-2}" "${targets[@]}"

@@ -76,12 +76,14 @@ PY
 }
 
 tests=(
+  "warp_mma_test"
   "decode_attention_test"
   "backend_ops_test --gtest_filter=*/cuda"
   "gpu_page_allocator_test"
   "gpu_compaction_test"
 )
 small_tests=(
+  "warp_mma_test"
   "backend_ops_test --gtest_filter=*/cuda"
   "decode_attention_test --gtest_filter=*Small*"
   "gpu_page_allocator_test --gtest_filter=-*Large*"

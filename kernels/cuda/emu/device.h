@@ -105,13 +105,18 @@ void SyncThreads(const char* file, int line);
 enum class BlockReduceOp { kCount, kAnd, kOr };
 int SyncThreadsReduce(int predicate, BlockReduceOp op, const char* file, int line);
 
-enum class WarpOp { kSync, kShflIdx, kShflUp, kShflDown, kShflXor, kBallot, kAny, kAll };
+enum class WarpOp { kSync, kShflIdx, kShflUp, kShflDown, kShflXor, kBallot, kAny, kAll, kMma };
 // A warp collective over the lanes in `mask`; returns the lane's result bits (the shuffled
 // value, or the ballot / any / all).
 uint64_t WarpCollective(unsigned mask, WarpOp op, uint64_t value, int arg, int width,
                         const char* file, int line);
 // Lanes of the calling thread's warp that have not exited.
 unsigned ActiveMask();
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 with d as C and D: the whole warp meets
+// here, each lane with its fragments in PTX's layout (a: four f16x2 of A, row-major 16 x 16;
+// b: two f16x2 of B, 16 x 8; d: four f32 of C, then D). Products and sums in fp32.
+void MmaM16N8K16(const uint32_t (&a)[4], const uint32_t (&b)[2], float (&d)[4], const char* file,
+                 int line);
 
 // This block's copy of the shared variable declared at `tag` (one per declaration), `bytes`
 // long, poisoned on first use in the block.
@@ -290,6 +295,14 @@ inline unsigned __brev(unsigned x) {
   x = ((x >> 2) & 0x33333333u) | ((x & 0x33333333u) << 2);
   x = ((x >> 4) & 0x0f0f0f0fu) | ((x & 0x0f0f0f0fu) << 4);
   return __builtin_bswap32(x);
+}
+// Byte s of the 8 bytes {y, x} (x the low 4) for each selector nibble of the result's 4 bytes.
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const uint64_t bytes = (uint64_t{y} << 32) | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i)
+    r |= static_cast<unsigned>((bytes >> (((s >> (4 * i)) & 7) * 8)) & 0xff) << (8 * i);
+  return r;
 }
 inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift) {
   const unsigned s = shift & 31;

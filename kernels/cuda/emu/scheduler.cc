@@ -1,6 +1,7 @@
 #include "kernels/cuda/emu/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -14,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/emu/fiber.h"
+#include "kernels/cuda/emu/fp_types.h"
 
 namespace sluice::emu {
 namespace {
@@ -48,6 +50,9 @@ struct EmuThread {
   int arg = 0;
   int width = kWarpSize;
   uint64_t result = 0;
+  // mma.sync: the lane's A and B fragments and its C, then D.
+  uint32_t mma_ab[6] = {};
+  float mma_cd[4] = {};
   // Asynchronous copies: the open group, then committed groups, oldest first.
   std::vector<PendingCopy> open;
   std::deque<std::vector<PendingCopy>> committed;
@@ -156,6 +161,42 @@ std::vector<std::unique_ptr<Fiber>>& FiberPool() {
   return *pool;
 }
 
+// D = A B + C of one m16n8k16 mma over the 32 lanes starting at `lane0`, fragments in PTX's
+// layout (groupID g = lane / 4, t = lane % 4): A rows g and g + 8, columns 2t, 2t + 1 (+ 8);
+// B rows 2t, 2t + 1 (+ 8), column g; C/D rows g and g + 8, columns 2t, 2t + 1.
+void ResolveMma(EmuThread* lane0) {
+  float a[16][16], bm[16][8], c[16][8];
+  const auto half = [](uint32_t r, int hi) {
+    return HalfBitsToFloat(static_cast<uint16_t>(hi ? r >> 16 : r & 0xffff));
+  };
+  for (int k = 0; k < kWarpSize; ++k) {
+    const EmuThread& l = lane0[k];
+    const int g = k / 4, t = k % 4;
+    for (int j = 0; j < 2; ++j) {
+      a[g][2 * t + j] = half(l.mma_ab[0], j);
+      a[g + 8][2 * t + j] = half(l.mma_ab[1], j);
+      a[g][2 * t + 8 + j] = half(l.mma_ab[2], j);
+      a[g + 8][2 * t + 8 + j] = half(l.mma_ab[3], j);
+      bm[2 * t + j][g] = half(l.mma_ab[4], j);
+      bm[2 * t + 8 + j][g] = half(l.mma_ab[5], j);
+      c[g][2 * t + j] = l.mma_cd[j];
+      c[g + 8][2 * t + j] = l.mma_cd[2 + j];
+    }
+  }
+  for (int k = 0; k < kWarpSize; ++k) {
+    EmuThread& l = lane0[k];
+    const int g = k / 4, t = k % 4;
+    for (int i = 0; i < 4; ++i) {
+      const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+      float sum = c[row][col];
+      for (int kk = 0; kk < 16; ++kk) sum = std::fma(a[row][kk], bm[kk][col], sum);
+      l.mma_cd[i] = sum;
+    }
+    l.result = 0;
+    l.wait = Wait::kRunnable;
+  }
+}
+
 // Releases every warp collective whose named lanes have all arrived. Returns whether any did.
 bool ReleaseWarps(BlockRun& b) {
   bool released = false;
@@ -201,6 +242,16 @@ bool ReleaseWarps(BlockRun& b) {
               "lane %d at %s:%d (mask 0x%08x)",
               l, first.file, first.line, mask, k, o.file, o.line, o.mask));
         }
+      }
+      if (first.op == WarpOp::kMma) {
+        if (mask != 0xffffffffu || lanes != kWarpSize) {
+          g_current = &first;
+          Fault(absl::StrFormat("mma.sync at %s:%d needs the whole warp (mask 0x%08x, %d lanes)",
+                                first.file, first.line, mask, lanes));
+        }
+        ResolveMma(&b.threads[w0]);
+        released = true;
+        continue;
       }
       unsigned ballot = 0;
       int votes = 0, members = 0;
@@ -486,6 +537,17 @@ uint64_t WarpCollective(unsigned mask, WarpOp op, uint64_t value, int arg, int w
   t.fiber->Yield();
   TsanAcquire(sync);
   return t.result;
+}
+
+void MmaM16N8K16(const uint32_t (&a)[4], const uint32_t (&b)[2], float (&d)[4], const char* file,
+                 int line) {
+  EmuThread& t = Current("mma.sync");
+  for (int i = 0; i < 4; ++i) t.mma_ab[i] = a[i];
+  t.mma_ab[4] = b[0];
+  t.mma_ab[5] = b[1];
+  for (int i = 0; i < 4; ++i) t.mma_cd[i] = d[i];
+  WarpCollective(0xffffffffu, WarpOp::kMma, 0, 0, kWarpSize, file, line);
+  for (int i = 0; i < 4; ++i) d[i] = t.mma_cd[i];
 }
 
 unsigned ActiveMask() {
