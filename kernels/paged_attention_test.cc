@@ -21,6 +21,7 @@ using testing::GuardedBuffer;
 struct Case {
   int64_t q_tokens, heads, kv_heads, head_dim, recent, max_pages;
   bool two_tiers;
+  bool kivi = false;  // one KIVI tier (the sluice preset's: the CUDA backend's KIVI kernel)
 };
 
 KvTierFormat High(int64_t d) {
@@ -36,6 +37,15 @@ KvTierFormat Low(int64_t d) {
       .head_dim = static_cast<int32_t>(d),
       .page_bytes = 4096,
       .token_meta = true};
+}
+
+// The sluice preset's format: int4 keys per channel over 32 tokens, int4 values per 32 channels.
+KvTierFormat Kivi(int64_t d) {
+  return {
+      .k = {.codec = KvCodec::kInt, .bits = 4, .grouping = KvGrouping::kPerChannel, .group = 32},
+      .v = {.codec = KvCodec::kInt, .bits = 4, .grouping = KvGrouping::kPerToken, .group = 32},
+      .head_dim = static_cast<int32_t>(d),
+      .page_bytes = 8192};
 }
 
 // kvcomp's format: Huffman-coded units of 32 tokens.
@@ -56,17 +66,21 @@ class PagedAttentionTest : public testing::OpTest<Op::kPagedAttention> {};
 TEST_P(PagedAttentionTest, MatchesReference) {
   const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
-  const std::vector<Case> cases = {Case{1, 9, 3, 64, 1, 5, true},  Case{1, 8, 2, 128, 40, 3, true},
-                                   Case{2, 4, 4, 32, 2, 4, false}, Case{1, 16, 1, 64, 3, 9, true},
-                                   Case{7, 9, 3, 64, 20, 3, true}, Case{3, 6, 3, 64, 3, 0, false},
-                                   Case{8, 6, 3, 64, 5, 0, false}};
+  const std::vector<Case> cases = {
+      Case{1, 9, 3, 64, 1, 5, true},          Case{1, 8, 2, 128, 40, 3, true},
+      Case{2, 4, 4, 32, 2, 4, false},         Case{1, 16, 1, 64, 3, 9, true},
+      Case{7, 9, 3, 64, 20, 3, true},         Case{3, 6, 3, 64, 3, 0, false},
+      Case{8, 6, 3, 64, 5, 0, false},         Case{1, 9, 3, 64, 1, 5, false, true},
+      Case{2, 8, 2, 128, 40, 4, false, true}, Case{1, 32, 8, 128, 3, 3, false, true}};
   for (const Case& c : cases) {
-    SCOPED_TRACE(::testing::Message()
-                 << "q_tokens=" << c.q_tokens << " heads=" << c.heads << "/" << c.kv_heads
-                 << " d=" << c.head_dim << " recent=" << c.recent << " seed=" << seed);
-    // Tier formats: either f16 only, or int8/int4 high, int2 low and Huffman-coded.
+    SCOPED_TRACE(::testing::Message() << "q_tokens=" << c.q_tokens << " heads=" << c.heads << "/"
+                                      << c.kv_heads << " d=" << c.head_dim << " recent=" << c.recent
+                                      << " kivi=" << c.kivi << " seed=" << seed);
+    // Tier formats: f16 only, int8/int4 high, int2 low and Huffman-coded, or KIVI int4.
     std::vector<KvTierFormat> formats;
-    if (c.two_tiers) {
+    if (c.kivi) {
+      formats = {Kivi(c.head_dim)};
+    } else if (c.two_tiers) {
       formats = {High(c.head_dim), Low(c.head_dim), Coded(c.head_dim)};
     } else {
       formats = {{.head_dim = static_cast<int32_t>(c.head_dim), .page_bytes = 4096}};

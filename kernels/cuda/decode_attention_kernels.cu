@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/decode_attention_kernels.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/warp_mma.cuh"
 
 namespace sluice::kernels::cuda {
 namespace {
@@ -562,141 +563,138 @@ __global__ void ScoreKernel(const __grid_constant__ DecodeKernelParams p, int64_
 
 // ---------------------------------------------------------------------------------------------
 // The KIVI kernel: one page format, every size a compile-time constant (FlashInfer's decode
-// dispatch: the runtime sizes pick an instantiation).
+// dispatch: the runtime sizes pick an instantiation), both products on the tensor cores.
 //
-// Keys are B-bit codes per channel over G-token groups (the group is the key tile: byte
-// q * G + t of a tile holds channels q * P + s of its token t at bits s * B, P = 8 / B); values
-// are B-bit codes per token with a scale and zero per GV channels (byte j of a token's row holds
-// channels j + s * RB, RB = D * B / 8). Scales and zeros leave the inner loops:
+// Keys are B-bit codes per channel over 32-token groups (a group is a key tile: byte q * 32 + t
+// holds channels q * P + s of its token t at bits s * B, P = 8 / B); values are B-bit codes per
+// token with a scale and zero per 32 channels (byte j of a token's row holds channels j + s * RB,
+// RB = D * B / 8). Scales and zeros leave the products:
 //   logit[r, t] = sum_c q[r, c] (kz[g, c] + ks[g, c] code[c, t])         (g: t's token group)
-//               = sum_c qs[g, c, r] code[c, t] + kb[g, r],    qs = q ks,  kb = sum_c q kz
-//   out[r, c]   = sum_t w[r, t] (vz[t, g] + vs[t, g] code[t, c])         (g: c's channel group)
-//               = sum_t ps[t, g, r] code[t, c] + vb[r, g],    ps = w vs,  vb = sum_t w vz
-// so the page loops hold only FMAs and the code-to-float conversion, which is exact and costs
-// one LOP3 and one FADD: a code at bits [o, o + B) of a 32-bit word with o + B <= 23, masked
-// and ORed into the bits of 2^23, is the float 2^23 + code * 2^o; subtracting 2^23 leaves
-// code * 2^o. Codes in a word's upper half are read from the word shifted right by 16, so
-// o = 8 * (byte & 1) + B * s < 16, and the 2^o goes into qs (per channel), the logits (per
-// token: odd bytes of a key word) and the output (per channel).
+//               = sum_c code[t, c] kq[g, c, r] + kb[g, r],    kq = q ks,  kb = sum_c q kz
+//   out[r, c]   = sum_t w[r, t] (vz[t, h] + vs[t, h] code[t, c])         (h: c's channel group)
+//               = sum_t code[t, c] ps[t, h, r] + vb[r, h],    ps = w vs,  vb = sum_t w vz
+// Both sums run as mma.sync m16n8k16 (warp_mma.cuh) with the codes as A, exact in fp16 (a code
+// masked into the mantissa of 1024 by one LOP3, 1024 subtracted by one HSUB2, both lanes of an
+// f16x2 at once), and kq or ps as B in two fp16 parts, hi = fp16(x) and lo = fp16(x - hi),
+// side by side in B's 8 columns (4 query rows each): hi + lo carries about 22 bits, so logits
+// and outputs match the fp32 reference to ~1e-6 relative. Before the split, kq and ps are scaled
+// by a power of two that puts their largest value just under 2^14 (fp16 ends at 65504), and
+// every code position's 2^(bit offset) is folded into kq or into the output.
 //
-// Work of one block (128 threads, kKiviRows = 4 query rows) per page:
-//   tables     warp w: token groups w, w + 4, ...; lanes over channels: qs and kb
-//   scores     items (4 tokens, 32 channels): 4 x 4 fp32 sums, partial over the 32 channels
-//   reduce     thread per token: the slices' sums + kb, masked by the valid bits
-//   softmax    warp r: row r's running max and sum, weights, ps and vb
-//   values     thread (32-bit word j of every row, token split): R x 4 x P fp32 sums, kept in
-//              registers across pages; the splits add up once per chunk.
+// Per page (128 threads, kKiviRows = 4 query rows):
+//   keys     warp w: token groups w, w + 4, ...: the group's kq (fp16 parts) and kb, then per 8
+//            key bytes (32 tokens x 8 P channels) 2 loads, 8 PRMT, P/2 x (8 LOP3 + 8 HSUB2,
+//            2 mma); logits to shared memory
+//   softmax  warp r: row r's running max and sum, weights, vb; warp 0 the page's value scale
+//   weights  thread per 2 tokens: ps (fp16 parts) for every row and value group
+//   values   warp w: 16-token slices w, w + 4, ...: per slice 4 loads per 32 value bytes, 8 PRMT,
+//            4P x (LOP3 + HSUB2), 2P mma into D/16 accumulator tiles kept in registers across
+//            pages (each warp its own), rescaled by the softmax per page.
 template <int D, int B, int G, int GV>
 struct Kivi {
-  static constexpr int kP = 8 / B;                         // codes per byte
-  static constexpr int kRowBytes = D * B / 8;              // one token's value codes
-  static constexpr int kSlices = D / 32;                   // key channel slices of an item
-  static constexpr int kSliceBytes = 32 / kP;              // a slice's bytes per token
-  static constexpr int kWords = kRowBytes / 4;             // 32-bit words per value row
-  static constexpr int kSplits = kDecodeThreads / kWords;  // token splits of the values
-  static constexpr int kVGroups = D / GV;                  // value channel groups
+  static constexpr int kP = 8 / B;                      // codes per byte
+  static constexpr int kRowBytes = D * B / 8;           // one token's value codes
+  static constexpr int kKeyByteGroups = D / kP / 8;     // 8-byte column groups of a key tile
+  static constexpr int kValueColumns = kRowBytes / 32;  // 32-byte columns of a value row
+  static constexpr int kValueTiles = D / 16;            // accumulator tiles of 16 channels
+  static constexpr int kVGroups = D / GV;               // value channel groups
   static_assert(B == 2 || B == 4, "2- or 4-bit codes");
-  static_assert(D % 32 == 0 && kWords > 0 && kDecodeThreads % kWords == 0, "head_dim");
-  static_assert(G % 4 == 0 && GV % 4 == 0 && D % GV == 0, "groups");
-  static_assert(kKiviRows == 4 && kWarps == kKiviRows, "one warp per query row, float4 rows");
+  static_assert(G == 32 && GV == 32, "32-token key groups, 32-channel value groups");
+  static_assert(D % 64 == 0 && kValueColumns >= 1, "value rows of whole 32-byte columns");
+  static_assert(kKiviRows == 4 && kWarps == kKiviRows, "one warp per query row");
 };
 
 // 2^e for |e| < 127, a constant once the loops around it are unrolled.
 __host__ __device__ constexpr float Pow2(int e) {
   return e >= 0 ? static_cast<float>(1u << e) : 1.f / static_cast<float>(1u << -e);
 }
-
-// (a & b) | c in one instruction. Written as C++, ptxas splits it into two LOP3s when b and c
-// are both immediates (an instruction takes one); PTX's lop3 keeps it one, with c in a register.
-__device__ __forceinline__ uint32_t AndOr(uint32_t a, uint32_t b, uint32_t c) {
-#ifdef __CUDA_ARCH__
-  uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-#else
-  return (a & b) | c;
-#endif
+// 2^e for -126 <= e <= 127 at run time.
+__device__ __forceinline__ float Pow2Bits(int e) { return __int_as_float((127 + e) << 23); }
+// The power of two that scales a nonnegative x to below 2^14, within [-60, 60].
+__device__ __forceinline__ int ScaleExponent(float x) {
+  const int e = (__float_as_int(x) >> 23) - 127;  // floor(log2 x) for a normal x
+  return min(max(13 - e, -60), 60);
 }
 
-// The code at bits [o, o + B) of `w` (o + B <= 23) times 2^o, exactly.
+constexpr uint32_t kHalf1024 = 0x64006400u;  // f16x2 {1024, 1024}
+
+// The f16x2 of the two B-bit codes at bits [lo, lo + B) and [16 + hi, 16 + hi + B) of x, times
+// 2^lo and 2^hi, exactly (codes times at most 2^6 stay below 1024).
 template <int B>
-__device__ __forceinline__ float Field(uint32_t w, int o) {
-  return __uint_as_float(AndOr(w, ((1u << B) - 1) << o, 0x4B000000u)) - 8388608.f;
+__device__ __forceinline__ uint32_t CodePair(uint32_t x, int lo, int hi) {
+  constexpr uint32_t m = (1u << B) - 1;
+  return SubHalf2(AndOr(x, (m << lo) | (m << (16 + hi)), kHalf1024), kHalf1024);
 }
 
-// Bit offset of value code s of byte b in a 32-bit word (or its upper half shifted down).
-template <int B>
-__host__ __device__ constexpr int FieldOffset(int b, int s) {
-  return (b & 1) * 8 + s * B;
+// Splits x (two floats) into fp16 parts: *hi = fp16(x), *lo = fp16(x - hi).
+__device__ __forceinline__ void SplitHalf2(float x0, float x1, uint32_t* hi, uint32_t* lo) {
+  *hi = PackHalf2(x0, x1);
+  *lo = PackHalf2(x0 - LowHalf(*hi), x1 - LowHalf(*hi >> 16));
 }
 
-// Shared memory of one KIVI block, in order. vt (view_tokens) is a multiple of 4, at least
-// the page's slots and kRecentView.
+// Shared memory of one KIVI block, in order. vt (view_tokens) is a multiple of 16, at least the
+// page's slots and kRecentView.
 struct KiviSmem {
   uint8_t* pages;  // [2, page_stride]
   int64_t page_stride;
   float* q;       // [D, R], pre-scaled
-  float* qs;      // [groups, D, R]: q * key scale * 2^-(B * (c % P))
-  float* kb;      // [groups, R]: sum_c q * key zero
-  float* sc;      // [slices, R, vt]: partial logits; row r of slice 0 then the logits, weights
-  float* ps;      // [vt, VG, R]: weight * value scale
+  uint32_t* kq;   // [warps, 2 parts, R, D / 2]: f16x2 of kq for channels (2i, 2i + 1)
+  uint32_t* ps;   // [VG, 2 parts, R, vt / 2]: f16x2 of ps for tokens (2i, 2i + 1)
+  float* sc;      // [R, vt]: logits, then weights
   float* vb;      // [R, VG]: sum_t weight * value zero, over the chunk so far
-  float* red;     // [R, D]: the chunk's output, summed over the token splits
+  float* red;     // [R, D]: the chunk's output
   float* m;       // [R]
   float* l;       // [R]
   float* factor;  // [R]
+  float* misc;    // [8]: |q| max per warp [0, 4); the page's value exponent [4], the last [5]
 };
 
 template <class K>
 __host__ __device__ inline int64_t KiviSmemBytes(const DecodeKernelParams& p, int64_t d) {
-  const int64_t R = kKiviRows, groups = p.tiers[0].layout.tokens / kKiviKeyTokens;
+  const int64_t R = kKiviRows, vt = p.view_tokens;
   int64_t b = 2 * Align16(p.page_buffer_bytes);
-  b += Align16(d * R * 4) + Align16(groups * d * R * 4) + Align16(groups * R * 4);
-  b += Align16(K::kSlices * R * p.view_tokens * 4);
-  b += Align16(int64_t{p.view_tokens} * K::kVGroups * R * 4);
-  b += Align16(R * K::kVGroups * 4) + Align16(R * d * 4) + 3 * Align16(R * 4);
+  b += Align16(d * R * 4) + Align16(int64_t{kWarps} * 2 * R * d * 2);
+  b += Align16(K::kVGroups * 2 * R * vt * 2) + Align16(R * vt * 4);
+  b += Align16(R * K::kVGroups * 4) + Align16(R * d * 4) + 3 * Align16(R * 4) + Align16(8 * 4);
   return b;
 }
 
 template <class K, int D>
 __device__ __forceinline__ KiviSmem CarveKivi(uint8_t* base, const DecodeKernelParams& p) {
   constexpr int R = kKiviRows;
-  const int groups = p.tiers[0].layout.tokens / kKiviKeyTokens;
+  const int64_t vt = p.view_tokens;
   KiviSmem s;
   uint8_t* at = base;
   auto take = [&](int64_t bytes) {
     uint8_t* r = at;
     at += Align16(bytes);
-    return reinterpret_cast<float*>(r);
+    return r;
   };
   s.page_stride = Align16(p.page_buffer_bytes);
-  s.pages = reinterpret_cast<uint8_t*>(take(2 * s.page_stride));
-  s.q = take(D * R * 4);
-  s.qs = take(int64_t{groups} * D * R * 4);
-  s.kb = take(int64_t{groups} * R * 4);
-  s.sc = take(int64_t{K::kSlices} * R * p.view_tokens * 4);
-  s.ps = take(int64_t{p.view_tokens} * K::kVGroups * R * 4);
-  s.vb = take(R * K::kVGroups * 4);
-  s.red = take(R * D * 4);
-  s.m = take(R * 4);
-  s.l = take(R * 4);
-  s.factor = take(R * 4);
+  s.pages = take(2 * s.page_stride);
+  s.q = reinterpret_cast<float*>(take(D * R * 4));
+  s.kq = reinterpret_cast<uint32_t*>(take(int64_t{kWarps} * 2 * R * D * 2));
+  s.ps = reinterpret_cast<uint32_t*>(take(K::kVGroups * 2 * R * vt * 2));
+  s.sc = reinterpret_cast<float*>(take(R * vt * 4));
+  s.vb = reinterpret_cast<float*>(take(R * K::kVGroups * 4));
+  s.red = reinterpret_cast<float*>(take(R * D * 4));
+  s.m = reinterpret_cast<float*>(take(R * 4));
+  s.l = reinterpret_cast<float*>(take(R * 4));
+  s.factor = reinterpret_cast<float*>(take(R * 4));
+  s.misc = reinterpret_cast<float*>(take(8 * 4));
   return s;
 }
 
-__device__ __forceinline__ float4 Scale4(float4 a, float x) {
-  return make_float4(a.x * x, a.y * x, a.z * x, a.w * x);
-}
 __device__ __forceinline__ float Lane4(const float4& a, int r) {
   return r == 0 ? a.x : r == 1 ? a.y : r == 2 ? a.z : a.w;
 }
 
-// Row `warp`'s online-softmax step over the n logits in sc (weights replace them). With value
-// meta (a page): ps and the row's vb term too.
+// Row `warp`'s online-softmax step over the n logits in sc (weights replace them), and the
+// row's vb. With value meta (a page), vb gains sum_t w vz.
 template <class K, bool kPage>
 __device__ __forceinline__ void KiviSoftmax(const KiviSmem& s, int vt, int n, const uint16_t* vm,
                                             int page_tokens) {
-  constexpr int R = kKiviRows, VG = K::kVGroups;
+  constexpr int VG = K::kVGroups;
   const int r = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* x = s.sc + r * vt;
   float mx = -INFINITY;
@@ -705,7 +703,7 @@ __device__ __forceinline__ void KiviSoftmax(const KiviSmem& s, int vt, int n, co
   const float m_old = s.m[r], m_new = fmaxf(m_old, mx);
   float sum = 0.f, zs[VG];
 #pragma unroll
-  for (int g = 0; g < VG; ++g) zs[g] = 0.f;
+  for (int h = 0; h < VG; ++h) zs[h] = 0.f;
   for (int t = lane; t < n; t += 32) {
     const float logit = x[t];
     const bool live = logit != -INFINITY;
@@ -714,18 +712,15 @@ __device__ __forceinline__ void KiviSoftmax(const KiviSmem& s, int vt, int n, co
     sum += w;
     if constexpr (kPage) {
 #pragma unroll
-      for (int g = 0; g < VG; ++g) {
-        const float vs = HalfBits(vm[g * page_tokens + t]);
-        const float vz = HalfBits(vm[(VG + g) * page_tokens + t]);
-        s.ps[(t * VG + g) * R + r] = live ? w * vs : 0.f;
-        zs[g] += live ? w * vz : 0.f;
+      for (int h = 0; h < VG; ++h) {
+        zs[h] += live ? w * HalfBits(vm[(VG + h) * page_tokens + t]) : 0.f;
       }
     }
   }
   sum = WarpSum(sum);
   if constexpr (kPage) {
 #pragma unroll
-    for (int g = 0; g < VG; ++g) zs[g] = WarpSum(zs[g]);
+    for (int h = 0; h < VG; ++h) zs[h] = WarpSum(zs[h]);
   }
   if (lane == 0) {
     const float f = m_new == -INFINITY ? 1.f : expf(m_old - m_new);
@@ -733,216 +728,268 @@ __device__ __forceinline__ void KiviSoftmax(const KiviSmem& s, int vt, int n, co
     s.l[r] = s.l[r] * f + sum;
     s.m[r] = m_new;
 #pragma unroll
-    for (int g = 0; g < VG; ++g) s.vb[r * VG + g] = s.vb[r * VG + g] * f + zs[g];
+    for (int h = 0; h < VG; ++h) s.vb[r * VG + h] = s.vb[r * VG + h] * f + zs[h];
   }
 }
 
-// The value accumulators [R][4 bytes][P codes] of a thread, scaled by the rows' factors.
+// The value accumulators of a warp: kValueTiles tiles of 16 channels x 8 columns (4 rows, hi and
+// lo part), PTX's accumulator layout.
 template <class K>
-__device__ __forceinline__ void KiviRescale(const KiviSmem& s, float (&acc)[kKiviRows][4][K::kP]) {
-  const float4 f = *reinterpret_cast<const float4*>(s.factor);
-#pragma unroll
-  for (int r = 0; r < kKiviRows; ++r) {
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-#pragma unroll
-      for (int c = 0; c < K::kP; ++c) acc[r][b][c] *= Lane4(f, r);
-    }
-  }
-}
+using KiviAcc = float[K::kValueTiles][4];
 
 // One page in shared memory: its n slots (page_tokens in the layout) into the running softmax
 // and the value accumulators. Ends synchronized.
-template <class K, int D, int G, int GV>
+template <class K, int D>
 __device__ __forceinline__ void KiviPage(const DecodeKernelParams& p, const KiviSmem& s,
                                          const uint8_t* page, int n, int rows_here, float* logits,
-                                         int row0, float (&acc)[kKiviRows][4][K::kP], int word,
-                                         int split, const int (&vgroup)[K::kP]) {
-  constexpr int R = kKiviRows, P = K::kP, VG = K::kVGroups;
-  constexpr int B = 8 / P;
+                                         int row0, KiviAcc<K>& acc) {
+  constexpr int R = kKiviRows, P = K::kP, VG = K::kVGroups, B = 8 / P, G = kKiviKeyTokens;
   const KvPageLayout& L = p.tiers[0].layout;
   const int NL = L.tokens, vt = p.view_tokens;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, tq = lane % 4;
+  const int part = g / 4, brow = g % 4;  // this lane's B column: (hi or lo part, row)
 
-  // Tables of the page's key groups: qs and kb.
+  // ---- Keys: warp w takes token groups w, w + 4, ...
   const uint16_t* km = reinterpret_cast<const uint16_t*>(page + L.k_meta);
-  const float lane_pow = Pow2(-B * (lane % P));  // channel lane + 32 i has c % P == lane % P
+  const uint64_t* valid = reinterpret_cast<const uint64_t*>(page + L.valid);
+  uint32_t* kq = s.kq + warp * (2 * R * D / 2);
+  const float qmax = fmaxf(fmaxf(s.misc[0], s.misc[1]), fmaxf(s.misc[2], s.misc[3]));
   const int groups = (n + G - 1) / G;
-  for (int g = warp; g < groups; g += kWarps) {
+  for (int gi = warp; gi < groups; gi += kWarps) {
+    // kq in fp16 parts, scaled by 2^e (e from the largest |q| * |ks|), and kb.
+    const uint32_t* ks2 = reinterpret_cast<const uint32_t*>(km + gi * 2 * D);
+    const uint32_t* kz2 = reinterpret_cast<const uint32_t*>(km + gi * 2 * D + D);
+    uint32_t ksw[D / 64];
+    float kmax = 0.f;
+#pragma unroll
+    for (int j = 0; j < D / 64; ++j) {
+      ksw[j] = ks2[lane + 32 * j];  // channels 2 (lane + 32 j) and + 1
+      kmax = fmaxf(kmax, fmaxf(fabsf(LowHalf(ksw[j])), fabsf(LowHalf(ksw[j] >> 16))));
+    }
+    kmax = WarpMax(kmax);
+    const int e = ScaleExponent(kmax * qmax);
     float bias[R] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int i = 0; i < D / 32; ++i) {
-      const int c = lane + 32 * i;
-      const float ks = HalfBits(km[g * 2 * D + c]) * lane_pow;
-      const float kz = HalfBits(km[g * 2 * D + D + c]);
-      const float4 qv = *reinterpret_cast<const float4*>(s.q + c * R);
-      *reinterpret_cast<float4*>(s.qs + (g * D + c) * R) = Scale4(qv, ks);
+    for (int j = 0; j < D / 64; ++j) {
+      const int c = 2 * (lane + 32 * j);
+      // Code positions: channel c sits B * (c % P) bits up in its byte.
+      const float s0 = LowHalf(ksw[j]) * Pow2Bits(e - B * (c % P));
+      const float s1 = LowHalf(ksw[j] >> 16) * Pow2Bits(e - B * ((c + 1) % P));
+      const uint32_t z = kz2[lane + 32 * j];
+      const float z0 = LowHalf(z), z1 = LowHalf(z >> 16);
+      const float4 q0 = *reinterpret_cast<const float4*>(s.q + c * R);
+      const float4 q1 = *reinterpret_cast<const float4*>(s.q + (c + 1) * R);
 #pragma unroll
-      for (int r = 0; r < R; ++r) bias[r] = fmaf(Lane4(qv, r), kz, bias[r]);
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) bias[r] = WarpSum(bias[r]);
-    if (lane == 0) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) s.kb[g * R + r] = bias[r];
-    }
-  }
-  __syncthreads();
-
-  // Partial logits: item (4 tokens, 32 channels).
-  const uint8_t* kc = page + L.k_codes;
-  const int quads = (n + 3) / 4;
-  for (int item = threadIdx.x; item < quads * K::kSlices; item += kDecodeThreads) {
-    const int slice = item % K::kSlices, t0 = (item / K::kSlices) * 4;
-    const int tile = t0 / G;  // the key group
-    const uint8_t* codes = kc + tile * (G * K::kRowBytes) + slice * (K::kSliceBytes * G) + t0 % G;
-    const float* qs = s.qs + (tile * D + slice * 32) * R;
-    float a[4][R];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) a[i][r] = 0.f;
-    }
-#pragma unroll
-    for (int qq = 0; qq < K::kSliceBytes; ++qq) {
-      const uint32_t w = *reinterpret_cast<const uint32_t*>(codes + qq * G);
-      const uint32_t hi = w >> 16;
-#pragma unroll
-      for (int c = 0; c < P; ++c) {
-        const float4 qv = *reinterpret_cast<const float4*>(qs + (qq * P + c) * R);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float x = Field<B>(i < 2 ? w : hi, (i & 1) * 8 + c * B);
-#pragma unroll
-          for (int r = 0; r < R; ++r) a[i][r] = fmaf(Lane4(qv, r), x, a[i][r]);
-        }
+      for (int r = 0; r < R; ++r) {
+        uint32_t hi, lo;
+        SplitHalf2(Lane4(q0, r) * s0, Lane4(q1, r) * s1, &hi, &lo);
+        kq[(0 * R + r) * (D / 2) + c / 2] = hi;
+        kq[(1 * R + r) * (D / 2) + c / 2] = lo;
+        bias[r] = fmaf(Lane4(q0, r), z0, fmaf(Lane4(q1, r), z1, bias[r]));
       }
     }
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      // Tokens 1 and 3 of the word sit 8 bits up.
-      *reinterpret_cast<float4*>(s.sc + (slice * R + r) * vt + t0) =
-          make_float4(a[0][r], a[1][r] * Pow2(-8), a[2][r], a[3][r] * Pow2(-8));
+    for (int r = 0; r < R; ++r) bias[r] = WarpSum(bias[r]);
+    __syncwarp();
+
+    // Logits of the group's 32 tokens: M tile 0 rows (g, g + 8) are tokens (4g, 4g + 1), tile
+    // 1 rows are (4g + 2, 4g + 3); K pairs tq and tq + 4 are key bytes q0 + tq and q0 + tq + 4.
+    const uint8_t* tile = page + L.k_codes + gi * (G * K::kRowBytes) + 4 * g;
+    const uint32_t* kqb = kq + (part * R + brow) * (D / 2);
+    float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int bg = 0; bg < K::kKeyByteGroups; ++bg) {
+      const int q0 = 8 * bg;
+      const uint32_t wa = *reinterpret_cast<const uint32_t*>(tile + (q0 + tq) * G);
+      const uint32_t wb = *reinterpret_cast<const uint32_t*>(tile + (q0 + tq + 4) * G);
+      uint32_t xa[4], xb[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        xa[k] = __byte_perm(wa, 0, k * 0x1111);  // byte k of the word in every byte
+        xb[k] = __byte_perm(wb, 0, k * 0x1111);
+      }
+#pragma unroll
+      for (int j = 0; j < P / 2; ++j) {
+        // K pair (2 kp, 2 kp + 1) is channels P (q0 + kp) + 2 j and + 1.
+        const int lo = B * 2 * j, hi = B * (2 * j + 1);
+        const uint32_t a0[4] = {CodePair<B>(xa[0], lo, hi), CodePair<B>(xa[1], lo, hi),
+                                CodePair<B>(xb[0], lo, hi), CodePair<B>(xb[1], lo, hi)};
+        const uint32_t a1[4] = {CodePair<B>(xa[2], lo, hi), CodePair<B>(xa[3], lo, hi),
+                                CodePair<B>(xb[2], lo, hi), CodePair<B>(xb[3], lo, hi)};
+        const uint32_t b[2] = {kqb[(P * (q0 + tq) + 2 * j) / 2],
+                               kqb[(P * (q0 + tq + 4) + 2 * j) / 2]};
+        MmaF16(d0, a0, b);
+        MmaF16(d1, a1, b);
+      }
+    }
+    // Columns (2 tq, 2 tq + 1) hold part tq / 2 of rows 2 (tq % 2) and + 1: add the other part.
+    float sum[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      sum[i] = d0[i] + __shfl_xor_sync(0xffffffffu, d0[i], 2);
+      sum[4 + i] = d1[i] + __shfl_xor_sync(0xffffffffu, d1[i], 2);
+    }
+    if (tq < 2) {
+      const float unscale = Pow2Bits(-e);
+      // This lane's rows 2 tq and 2 tq + 1 (selected, not indexed: registers stay registers).
+      const float kb[2] = {tq == 0 ? bias[0] : bias[2], tq == 0 ? bias[1] : bias[3]};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        // i: tile i / 4; within it rows g (i % 4 < 2) or g + 8, column 2 tq + i % 2.
+        const int t = gi * G + 4 * g + 2 * (i / 4) + (i % 4) / 2, r = 2 * tq + i % 2;
+        const bool live = t < n && ((valid[t >> 6] >> (t & 63)) & 1);
+        const float x = live && r < rows_here ? fmaf(sum[i], unscale, kb[i % 2]) : -INFINITY;
+        s.sc[r * vt + t] = x;
+        if (logits != nullptr && r < rows_here && t < n) {
+          logits[static_cast<int64_t>(t) * p.rows + row0 + r] = x;
+        }
+      }
+    }
+    __syncwarp();
+  }
+  __syncthreads();
+
+  // ---- Softmax per row; warp 0 also finds the page's largest value scale (fp16 bits of
+  // nonnegative halves order as integers).
+  const uint16_t* vm = reinterpret_cast<const uint16_t*>(page + L.v_meta);
+  KiviSoftmax<K, true>(s, vt, n, vm, NL);
+  if (warp == 0) {
+    uint32_t top = 0;
+    for (int t = lane; t < n; t += 32) {
+#pragma unroll
+      for (int h = 0; h < VG; ++h) top = max(top, uint32_t{vm[h * NL + t]} & 0x7fffu);
+    }
+    for (int o = 16; o > 0; o >>= 1) top = max(top, __shfl_xor_sync(0xffffffffu, top, o));
+    if (lane == 0) {
+      s.misc[5] = s.misc[4];
+      s.misc[4] = __int_as_float(ScaleExponent(HalfBits(static_cast<uint16_t>(top))));
     }
   }
   __syncthreads();
 
-  // Logits: the slices' sums plus kb, masked.
-  const uint64_t* valid = reinterpret_cast<const uint64_t*>(page + L.valid);
-  for (int t = threadIdx.x; t < n; t += kDecodeThreads) {
-    const bool live = (valid[t >> 6] >> (t & 63)) & 1;
-    const float* kb = s.kb + (t / G) * R;
+  // ---- ps in fp16 parts, two tokens per thread, zero past the slots up to a multiple of 16.
+  const int ev = __float_as_int(s.misc[4]);
+  const float vscale = Pow2Bits(ev);
+  const int pairs = (n + 15) / 16 * 8;
+  for (int i = threadIdx.x; i < pairs; i += kDecodeThreads) {
+    const int t = 2 * i;
+    float w0[R], w1[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      float x = kb[r];
+      w0[r] = t < n ? s.sc[r * vt + t] : 0.f;
+      w1[r] = t + 1 < n ? s.sc[r * vt + t + 1] : 0.f;
+    }
 #pragma unroll
-      for (int sl = 0; sl < K::kSlices; ++sl) x += s.sc[(sl * R + r) * vt + t];
-      x = live && r < rows_here ? x : -INFINITY;
-      s.sc[r * vt + t] = x;
-      if (logits != nullptr && r < rows_here)
-        logits[static_cast<int64_t>(t) * p.rows + row0 + r] = x;
+    for (int h = 0; h < VG; ++h) {
+      const uint32_t vs = t < n ? *reinterpret_cast<const uint32_t*>(vm + h * NL + t) : 0u;
+      const float v0 = LowHalf(vs) * vscale, v1 = LowHalf(vs >> 16) * vscale;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        uint32_t hi, lo;
+        // A dead slot's weight is 0 and its scale may be anything: keep it out.
+        SplitHalf2(w0[r] > 0.f ? w0[r] * v0 : 0.f, w1[r] > 0.f ? w1[r] * v1 : 0.f, &hi, &lo);
+        s.ps[((h * 2 + 0) * R + r) * (vt / 2) + i] = hi;
+        s.ps[((h * 2 + 1) * R + r) * (vt / 2) + i] = lo;
+      }
     }
   }
   __syncthreads();
 
-  KiviSoftmax<K, true>(s, vt, n, reinterpret_cast<const uint16_t*>(page + L.v_meta), NL);
-  __syncthreads();
-
-  // Values: word `word` of every row, tokens split, R x 4 x P sums in registers.
-  KiviRescale<K>(s, acc);
-  const uint8_t* vc = page + L.v_codes + 4 * word;
-  for (int t = split; t < n; t += K::kSplits) {
-    const uint32_t w = *reinterpret_cast<const uint32_t*>(vc + t * K::kRowBytes);
-    const uint32_t hi = w >> 16;
+  // ---- Values: warp w takes 16-token slices w, w + 4, ... First the softmax factor and the
+  // change of value scale on the accumulators (column 2 tq + i % 2 is row (2 tq + i % 2) % 4).
+  {
+    const float rescale = Pow2Bits(ev - __float_as_int(s.misc[5]));
+    const float f0 = s.factor[(2 * tq) % 4] * rescale, f1 = s.factor[(2 * tq + 1) % 4] * rescale;
 #pragma unroll
-    for (int c = 0; c < P; ++c) {
-      const float4 pw = *reinterpret_cast<const float4*>(s.ps + (t * VG + vgroup[c]) * R);
+    for (int mt = 0; mt < K::kValueTiles; ++mt) {
+      acc[mt][0] *= f0;
+      acc[mt][1] *= f1;
+      acc[mt][2] *= f0;
+      acc[mt][3] *= f1;
+    }
+  }
+  const uint8_t* vc = page + L.v_codes + 4 * g;
+  const int slices = (n + 15) / 16;
+  for (int sl = warp; sl < slices; sl += kWarps) {
+    // K pairs tq and tq + 4 are tokens (2 tq, 2 tq + 1) and (2 tq + 8, 2 tq + 9) of the slice.
+    const int t0 = 16 * sl + 2 * tq;
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const float x = Field<B>(b < 2 ? w : hi, FieldOffset<B>(b, c));
+    for (int col = 0; col < K::kValueColumns; ++col) {
+      const uint8_t* at = vc + 32 * col;
+      const uint32_t w0 = *reinterpret_cast<const uint32_t*>(at + t0 * K::kRowBytes);
+      const uint32_t w1 = *reinterpret_cast<const uint32_t*>(at + (t0 + 1) * K::kRowBytes);
+      const uint32_t w2 = *reinterpret_cast<const uint32_t*>(at + (t0 + 8) * K::kRowBytes);
+      const uint32_t w3 = *reinterpret_cast<const uint32_t*>(at + (t0 + 9) * K::kRowBytes);
+      uint32_t x01[4], x23[4];
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r][b][c] = fmaf(Lane4(pw, r), x, acc[r][b][c]);
+      for (int k = 0; k < 4; ++k) {
+        // Byte k of the first token in bytes 0-1, of the second in bytes 2-3.
+        const uint32_t sel = k * 0x11 + (4 + k) * 0x1100;
+        x01[k] = __byte_perm(w0, w1, sel);
+        x23[k] = __byte_perm(w2, w3, sel);
+      }
+#pragma unroll
+      for (int c = 0; c < P; ++c) {
+        // Channels 32 col + 4 g + k + c RB: value group col + c RB / 32.
+        const int h = col + c * K::kRowBytes / 32;
+        const uint32_t* psb = s.ps + ((h * 2 + part) * R + brow) * (vt / 2);
+        const uint32_t b[2] = {psb[t0 / 2], psb[t0 / 2 + 4]};
+#pragma unroll
+        for (int k0 = 0; k0 < 4; k0 += 2) {
+          // Tile rows g and g + 8: channels with byte k0 and k0 + 1.
+          const uint32_t a[4] = {
+              CodePair<B>(x01[k0], B * c, B * c), CodePair<B>(x01[k0 + 1], B * c, B * c),
+              CodePair<B>(x23[k0], B * c, B * c), CodePair<B>(x23[k0 + 1], B * c, B * c)};
+          MmaF16(acc[(col * P + c) * 2 + k0 / 2], a, b);
+        }
       }
     }
   }
   __syncthreads();
 }
 
-template <int D, int B, int G, int GV>
-__global__ void __launch_bounds__(kDecodeThreads)
-    KiviChunkKernel(const __grid_constant__ DecodeKernelParams p) {
-  using K = Kivi<D, B, G, GV>;
-  constexpr int R = kKiviRows, P = K::kP, VG = K::kVGroups;
-  SLUICE_DYNAMIC_SHARED(smem_raw, uint8_t);
-  const KiviSmem s = CarveKivi<K, D>(smem_raw, p);
+// After a KIVI chunk's pages: the accumulators into shared memory, the recent tokens, the
+// chunk's partial state. Takes what it needs afresh from the chunk (fewer registers live across
+// the page loop).
+template <class K, int D>
+__device__ __forceinline__ void KiviFinish(const DecodeKernelParams& p, const KiviSmem& s,
+                                           KiviAcc<K>& acc) {
+  constexpr int R = kKiviRows, P = K::kP, VG = K::kVGroups, B = 8 / P, GV = kKiviValueChannels;
   const DecodeChunk chunk = p.chunks[blockIdx.x];
   const int row0 = blockIdx.y * R, rows_here = min(R, p.rows - row0);
   const int b = chunk.bh / p.kv_heads, kvh = chunk.bh % p.kv_heads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int vt = p.view_tokens;
-
-  // The rows' queries, pre-scaled, as [D, R]; one thread per channel.
-  static_assert(D <= kDecodeThreads, "a thread per channel");
-  if (threadIdx.x < D) {
-    const int c = threadIdx.x;
-    float x[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int row = row0 + r, tq = row / p.group, h = kvh * p.group + row % p.group;
-      x[r] =
-          r < rows_here
-              ? p.q[((static_cast<int64_t>(b) * p.q_tokens + tq) * p.heads + h) * D + c] * p.scale
-              : 0.f;
-      s.red[r * D + c] = 0.f;
-    }
-    *reinterpret_cast<float4*>(s.q + c * R) = make_float4(x[0], x[1], x[2], x[3]);
-  }
-  if (threadIdx.x < R) {
-    s.m[threadIdx.x] = -INFINITY;
-    s.l[threadIdx.x] = 0.f;
-  }
-  if (threadIdx.x < R * VG) s.vb[threadIdx.x] = 0.f;
-
-  // This thread's share of the values: word `word` of each row (channels 4 word + byte +
-  // c * RB), tokens split, split + kSplits, ...
-  const int word = threadIdx.x % K::kWords, split = threadIdx.x / K::kWords;
-  int vgroup[P];
-#pragma unroll
-  for (int c = 0; c < P; ++c) vgroup[c] = (4 * word + c * K::kRowBytes) / GV;
-  float acc[R][4][P];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-      for (int c = 0; c < P; ++c) acc[r][i][c] = 0.f;
-    }
-  }
-  __syncthreads();
-
   float* logits = p.logits == nullptr
                       ? nullptr
                       : p.logits + static_cast<int64_t>(p.key_offsets[chunk.bh]) * p.rows;
-  const int load_bytes = p.tiers[0].load_bytes;
-  if (chunk.page_begin < chunk.page_end) {
-    LoadPage(s.pages, p.pages[chunk.page_begin].data, load_bytes);
-  }
-  int key_base = chunk.key_base;
-  for (int pi = chunk.page_begin; pi < chunk.page_end; ++pi) {
-    const int buf = (pi - chunk.page_begin) & 1;
-    if (pi + 1 < chunk.page_end) {
-      LoadPage(s.pages + (buf ^ 1) * s.page_stride, p.pages[pi + 1].data, load_bytes);
-      __pipeline_wait_prior(1);
-    } else {
-      __pipeline_wait_prior(0);
+
+  // The warps' accumulators into red, in value units: tile (col, c, k0 / 2) rows g and g + 8
+  // are channels 32 col + 4 g + k0 (+ 1) + c RB, scaled by 2^(B c) and the page's 2^ev;
+  // columns 2 tq + i % 2 are part tq / 2 of row (2 tq + i % 2) % 4.
+  {
+    const int g = lane / 4, tq = lane % 4;
+    const float unscale = Pow2Bits(-__float_as_int(s.misc[4]));
+#pragma unroll
+    for (int col = 0; col < K::kValueColumns; ++col) {
+#pragma unroll
+      for (int c = 0; c < P; ++c) {
+#pragma unroll
+        for (int k0 = 0; k0 < 4; k0 += 2) {
+          const float* d = acc[(col * P + c) * 2 + k0 / 2];
+          const int ch = 32 * col + 4 * g + k0 + c * K::kRowBytes;
+          const float u = unscale * Pow2(-B * c);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int r = (2 * tq + i % 2) % 4;
+            atomicAdd(&s.red[r * D + ch + i / 2], d[i] * u);
+          }
+        }
+      }
     }
-    __syncthreads();
-    const int n = p.pages[pi].slots;
-    KiviPage<K, D, G, GV>(p, s, s.pages + buf * s.page_stride, n, rows_here,
-                          logits ? logits + static_cast<int64_t>(key_base) * p.rows : nullptr, row0,
-                          acc, word, split, vgroup);
-    key_base += n;
   }
+  __syncthreads();
 
   // The recent (fp32) tokens, kRecentView at a time: causal per query token.
   if (chunk.recent_begin >= 0) {
@@ -983,41 +1030,24 @@ __global__ void __launch_bounds__(kDecodeThreads)
       __syncthreads();
       KiviSoftmax<K, false>(s, vt, n, nullptr, 0);
       __syncthreads();
-      KiviRescale<K>(s, acc);
-      for (int t = split; t < n; t += K::kSplits) {
-        const float* v = p.recent_v + ((base + i0 + t) * p.kv_heads + kvh) * D + 4 * word;
-        float w[R];
+      if (threadIdx.x < D) {
+        const int c = threadIdx.x;
+        float o[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) w[r] = s.sc[r * vt + t];
+        for (int r = 0; r < R; ++r) o[r] = s.red[r * D + c] * s.factor[r];
+        for (int t = 0; t < n; ++t) {
+          const float x = p.recent_v[((base + i0 + t) * p.kv_heads + kvh) * D + c];
 #pragma unroll
-        for (int c = 0; c < P; ++c) {
-          const float4 vv = *reinterpret_cast<const float4*>(v + c * K::kRowBytes);
-#pragma unroll
-          for (int bb = 0; bb < 4; ++bb) {
-            // In the accumulators' units: value times 2^offset of its code.
-            const float x = Lane4(vv, bb) * Pow2(FieldOffset<B>(bb, c));
-#pragma unroll
-            for (int r = 0; r < R; ++r) acc[r][bb][c] = fmaf(w[r], x, acc[r][bb][c]);
-          }
+          for (int r = 0; r < R; ++r) o[r] = fmaf(s.sc[r * vt + t], x, o[r]);
         }
+#pragma unroll
+        for (int r = 0; r < R; ++r) s.red[r * D + c] = o[r];
       }
       __syncthreads();
     }
   }
 
-  // The splits' sums, back in value units, then the chunk's partial state.
-#pragma unroll
-  for (int c = 0; c < P; ++c) {
-#pragma unroll
-    for (int bb = 0; bb < 4; ++bb) {
-      const int ch = 4 * word + bb + c * K::kRowBytes;
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        atomicAdd(&s.red[r * D + ch], acc[r][bb][c] * Pow2(-FieldOffset<B>(bb, c)));
-      }
-    }
-  }
-  __syncthreads();
+  // The chunk's partial state.
   if (threadIdx.x < D) {
     const int c = threadIdx.x;
 #pragma unroll
@@ -1032,6 +1062,77 @@ __global__ void __launch_bounds__(kDecodeThreads)
     p.part_m[static_cast<int64_t>(blockIdx.x) * p.rows + row0 + threadIdx.x] = s.m[threadIdx.x];
     p.part_l[static_cast<int64_t>(blockIdx.x) * p.rows + row0 + threadIdx.x] = s.l[threadIdx.x];
   }
+}
+
+template <int D, int B, int G, int GV>
+__global__ void __launch_bounds__(kDecodeThreads)
+    KiviChunkKernel(const __grid_constant__ DecodeKernelParams p) {
+  using K = Kivi<D, B, G, GV>;
+  constexpr int R = kKiviRows, VG = K::kVGroups;
+  SLUICE_DYNAMIC_SHARED(smem_raw, uint8_t);
+  const KiviSmem s = CarveKivi<K, D>(smem_raw, p);
+  const DecodeChunk chunk = p.chunks[blockIdx.x];
+  const int row0 = blockIdx.y * R, rows_here = min(R, p.rows - row0);
+  const int b = chunk.bh / p.kv_heads, kvh = chunk.bh % p.kv_heads;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  // The rows' queries, pre-scaled, as [D, R]; one thread per channel; |q| max per warp.
+  static_assert(D <= kDecodeThreads, "a thread per channel");
+  float qabs = 0.f;
+  if (threadIdx.x < D) {
+    const int c = threadIdx.x;
+    float x[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int row = row0 + r, tq = row / p.group, h = kvh * p.group + row % p.group;
+      x[r] =
+          r < rows_here
+              ? p.q[((static_cast<int64_t>(b) * p.q_tokens + tq) * p.heads + h) * D + c] * p.scale
+              : 0.f;
+      qabs = fmaxf(qabs, fabsf(x[r]));
+      s.red[r * D + c] = 0.f;
+    }
+    *reinterpret_cast<float4*>(s.q + c * R) = make_float4(x[0], x[1], x[2], x[3]);
+  }
+  qabs = WarpMax(qabs);
+  if (lane == 0) s.misc[warp] = qabs;
+  if (threadIdx.x < R) {
+    s.m[threadIdx.x] = -INFINITY;
+    s.l[threadIdx.x] = 0.f;
+  }
+  if (threadIdx.x < R * VG) s.vb[threadIdx.x] = 0.f;
+  if (threadIdx.x == 0) s.misc[4] = __int_as_float(0);
+  KiviAcc<K> acc;
+#pragma unroll
+  for (int mt = 0; mt < K::kValueTiles; ++mt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[mt][i] = 0.f;
+  }
+  __syncthreads();
+
+  float* logits = p.logits == nullptr
+                      ? nullptr
+                      : p.logits + static_cast<int64_t>(p.key_offsets[chunk.bh]) * p.rows;
+  const int load_bytes = p.tiers[0].load_bytes;
+  if (chunk.page_begin < chunk.page_end) {
+    LoadPage(s.pages, p.pages[chunk.page_begin].data, load_bytes);
+  }
+  int key_base = chunk.key_base;
+  for (int pi = chunk.page_begin; pi < chunk.page_end; ++pi) {
+    const int buf = (pi - chunk.page_begin) & 1;
+    if (pi + 1 < chunk.page_end) {
+      LoadPage(s.pages + (buf ^ 1) * s.page_stride, p.pages[pi + 1].data, load_bytes);
+      __pipeline_wait_prior(1);
+    } else {
+      __pipeline_wait_prior(0);
+    }
+    __syncthreads();
+    const int n = p.pages[pi].slots;
+    KiviPage<K, D>(p, s, s.pages + buf * s.page_stride, n, rows_here,
+                   logits ? logits + static_cast<int64_t>(key_base) * p.rows : nullptr, row0, acc);
+    key_base += n;
+  }
+  KiviFinish<K, D>(p, s, acc);
 }
 
 // The chunk kernel's shared memory for `p`, with the kernel allowed that much past 48 KiB.
@@ -1079,7 +1180,6 @@ cudaError_t WithKivi(const DecodeKernelParams& p, int bits, F&& f) {
   if (p.head_dim == 128 && bits == 2)
     return go(KiviChunkKernel<128, 2, G, GV>, Kivi<128, 2, G, GV>{});
   if (p.head_dim == 64 && bits == 4) return go(KiviChunkKernel<64, 4, G, GV>, Kivi<64, 4, G, GV>{});
-  if (p.head_dim == 64 && bits == 2) return go(KiviChunkKernel<64, 2, G, GV>, Kivi<64, 2, G, GV>{});
   return cudaErrorInvalidValue;
 }
 
@@ -1087,13 +1187,15 @@ cudaError_t WithKivi(const DecodeKernelParams& p, int bits, F&& f) {
 
 DecodeKernelChoice ChooseDecodeKernel(const DecodeTier* tiers, int tier_count, int d, int rows) {
   DecodeKernelChoice k;
-  if (tier_count == 1 && !tiers[0].huffman && (d == 64 || d == 128)) {
+  if (tier_count == 1 && !tiers[0].huffman) {
     const KvQuantSpec& ks = tiers[0].format.k;
     const KvQuantSpec& vs = tiers[0].format.v;
     const bool kivi = ks.codec == KvCodec::kInt && ks.grouping == KvGrouping::kPerChannel &&
                       ks.group == kKiviKeyTokens && vs.codec == KvCodec::kInt &&
                       vs.grouping == KvGrouping::kPerToken && vs.group == kKiviValueChannels &&
-                      ks.bits == vs.bits && (ks.bits == 2 || ks.bits == 4) &&
+                      ks.bits == vs.bits &&
+                      // Value rows of whole 32-byte columns: 128 channels at 2 or 4 bits, 64 at 4.
+                      ((d == 128 && (ks.bits == 2 || ks.bits == 4)) || (d == 64 && ks.bits == 4)) &&
                       tiers[0].layout.k_tile == kKiviKeyTokens;
     if (kivi) {
       k.kivi_bits = ks.bits;

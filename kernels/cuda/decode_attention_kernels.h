@@ -105,9 +105,10 @@ struct DecodeKernelParams {
 //    per block;
 //  - KIVI (kivi_bits 2 or 4): one fixed-width tier with int keys per channel over
 //    kKiviKeyTokens-token groups and int values per token over kKiviValueChannels-channel
-//    groups, both with kivi_bits bits, head_dim 64 or 128 (the sluice, kivi4, kivi2 and minikv
-//    presets), every size a compile-time constant; kKiviRows query rows per block, and the
-//    recent tokens in the last chunk of each (sequence, kv-head).
+//    groups, both with kivi_bits bits, head_dim 128 (2 or 4 bits) or 64 (4 bits): the sluice,
+//    kivi4, kivi2 and minikv presets; every size a compile-time constant, both products on the
+//    tensor cores; kKiviRows query rows per block, and the recent tokens in the last chunk of
+//    each (sequence, kv-head).
 struct DecodeKernelChoice {
   int rows_per_block = 1;
   int kivi_bits = 0;

@@ -204,7 +204,9 @@ void CheckBatch(const Case& c, std::mt19937_64& rng, uint64_t seed,
                                            .pages_per_chunk = c.chunk},
                                           nullptr, workspace);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->kernel(), c.kivi_bits == 0 ? "generic" : "kivi" + std::to_string(c.kivi_bits));
+  // The KIVI kernel takes head_dim 128 at 2 or 4 bits and 64 at 4 bits.
+  const bool kivi = c.kivi_bits == 4 || (c.kivi_bits == 2 && c.d == 128);
+  EXPECT_EQ(plan->kernel(), kivi ? "kivi" + std::to_string(c.kivi_bits) : "generic");
   ASSERT_TRUE(plan->Run(dq.data(), dout.data(), nullptr).ok());
 #ifdef SLUICE_CUDA_EMU
   if (cost != nullptr) *cost = sluice::emu::Counters() - before;
@@ -228,13 +230,15 @@ TEST(DecodeAttentionPlan, BatchMatchesReferencePerSequence) {
 
 // The KIVI kernel: 4- and 2-bit pages, head_dim 128 and 64, GQA groups of 4 (Llama-3), 3
 // (SmolLM2), 1 and 6 (two row blocks), pages in chunks of 1 to the plan's choice, partly
-// filled pages, dead slots, and sequences with no pages (recent tokens only).
+// filled pages, dead slots, and sequences with no pages (recent tokens only); 2-bit pages with
+// head_dim 64 go to the generic kernel.
 TEST(DecodeAttentionPlan, KiviKernelMatchesReference) {
   if (absl::Status gpu = CudaDeviceAvailable(); !gpu.ok()) GTEST_SKIP() << gpu;
   const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
-  for (const Case c : {Case{3, 32, 8, 128, 5, 1, 4}, Case{3, 9, 3, 64, 6, 0, 4},
-                       Case{2, 8, 8, 128, 3, 2, 2}, Case{2, 12, 2, 64, 7, 0, 2}}) {
+  for (const Case c :
+       {Case{3, 32, 8, 128, 5, 1, 4}, Case{3, 9, 3, 64, 6, 0, 4}, Case{2, 8, 8, 128, 3, 2, 2},
+        Case{2, 12, 2, 128, 7, 0, 2}, Case{1, 4, 1, 64, 3, 0, 2}}) {
     CheckBatch(c, rng, seed);
   }
 }

@@ -428,12 +428,12 @@ def predict(instructions: float, page_bytes: int) -> Tuple[float, float]:
 KIVI_ANCHORS = {
     "page": ("KiviChunkKernel", "for (int pi = chunk.page_begin;", 0),
     "load": ("LoadPage", "for (int i = threadIdx.x * 16;", 0),
-    "tables": ("KiviPage", "for (int g = warp; g < groups; g += kWarps)", 0),
-    "scores": ("KiviPage", "for (int item = threadIdx.x; item < quads * K::kSlices;", 0),
-    "reduce": ("KiviPage", "for (int t = threadIdx.x; t < n; t += kDecodeThreads)", 0),
+    "keys": ("KiviPage", "for (int gi = warp; gi < groups; gi += kWarps)", 0),
     "softmax_max": ("KiviSoftmax", "for (int t = lane; t < n; t += 32)", 0),
     "softmax_exp": ("KiviSoftmax", "for (int t = lane; t < n; t += 32)", 1),
-    "values": ("KiviPage", "for (int t = split; t < n; t += K::kSplits)", 0),
+    "value_scale": ("KiviPage", "for (int t = lane; t < n; t += 32)", 0),
+    "weights": ("KiviPage", "for (int i = threadIdx.x; i < pairs; i += kDecodeThreads)", 0),
+    "values": ("KiviPage", "for (int sl = warp; sl < slices; sl += kWarps)", 0),
 }
 
 
@@ -445,29 +445,12 @@ class KiviShape:
     bits: int
 
     @property
-    def per(self) -> int:
-        return 8 // self.bits
+    def groups(self) -> int:  # 32-token key groups
+        return -(-self.n // 32)
 
     @property
-    def slices(self) -> int:  # K::kSlices
-        return self.d // 32
-
-    @property
-    def words(self) -> int:  # K::kWords
-        return self.d * self.bits // 8 // 4
-
-    @property
-    def splits(self) -> int:  # K::kSplits
-        return THREADS // self.words
-
-    def value_trips(self) -> Trips:
-        """`for (t = split; t < n; t += kSplits)`, split = threadIdx.x / kWords: a warp runs as
-        many iterations as its smallest split."""
-        out = []
-        for w in range(WARPS):
-            s0 = 32 * w // self.words
-            out.append((1, -(-(self.n - s0) // self.splits) if self.n > s0 else 0))
-        return out
+    def slices(self) -> int:  # 16-token value slices
+        return -(-self.n // 16)
 
 
 def _kivi(page: "Page") -> KiviShape:
@@ -475,31 +458,33 @@ def _kivi(page: "Page") -> KiviShape:
     return KiviShape(page.tier["layout"]["tokens"], page.d, f["k"]["bits"])
 
 
+def _warp_strided(m: int) -> Trips:
+    """`for (i = warp; i < m; i += WARPS)`: warp w runs ceil((m - w) / WARPS) iterations."""
+    return [(1, -(-(m - w) // WARPS)) for w in range(WARPS) if m > w]
+
+
 KIVI_ROWS = [
-    # Straight-line code of the page loop (rescale, softmax's reductions, barriers), per warp.
+    # Straight-line code of the page loop (barriers, the accumulators' rescale, softmax's
+    # reductions, remainders of unrolled loops), per warp.
     Row("page", (), "overhead", lambda p: [(WARPS, 1)]),
     Row("load", ("load",), "load", lambda p: [(1, k) for k in strided(p.load_bytes // 16)],
         ("LDGSTS", 1)),
-    # Warp w: key groups w, w + 4, ...: qs (one float4 store per channel) and kb (R warp sums
-    # of 5 shuffles).
-    Row("tables", ("tables",), "meta",
-        lambda p: [(1, -(-(_kivi(p).n // 32 - w) // WARPS)) for w in range(WARPS)
-                   if _kivi(p).n // 32 > w],
-        ("SHFL", 5 * ROWS_PER_BLOCK)),
-    # Items (4 tokens, 32 channels): 4 x 32 x R FMAs each.
-    Row("scores", ("scores",), "score",
-        lambda p: [(1, k) for k in strided(-(-_kivi(p).n // 4) * _kivi(p).slices)],
-        ("FFMA", 4 * 32 * ROWS_PER_BLOCK)),
-    # Thread per token: the slices' sums, R logits stored.
-    Row("reduce", ("reduce",), "score", lambda p: [(1, k) for k in strided(_kivi(p).n)],
-        ("STS", ROWS_PER_BLOCK)),
+    # Warp w: key groups w, w + 4, ...: kq in fp16 parts, kb, and D / 8 mma for 32 tokens.
+    Row("keys", ("keys",), "score", lambda p: _warp_strided(_kivi(p).groups), ("HMMA", 0)),
     # Warp r: row r.
     Row("softmax_max", ("softmax_max",), "softmax",
         lambda p: [(ROWS_PER_BLOCK, -(-_kivi(p).n // 32))], ("FMNMX", 1)),
     Row("softmax_exp", ("softmax_exp",), "softmax",
         lambda p: [(ROWS_PER_BLOCK, -(-_kivi(p).n // 32))], ("MUFU.EX2", 1)),
-    # Thread (word, split): per token R x 4 x P FMAs.
-    Row("values", ("values",), "accumulate", lambda p: _kivi(p).value_trips(), ("FFMA", 0)),
+    # Warp 0: the page's largest value scale.
+    Row("value_scale", ("value_scale",), "meta", lambda p: [(1, -(-_kivi(p).n // 32))],
+        ("LDS.U16", 0)),
+    # Thread per 2 tokens: ps in fp16 parts for every row and value group (32-bit stores).
+    Row("weights", ("weights",), "meta", lambda p: [(1, k) for k in strided(_kivi(p).slices * 8)],
+        ("STS", 0)),
+    # Warp w: 16-token slices w, w + 4, ...: D / 16 mma each.
+    Row("values", ("values",), "accumulate", lambda p: _warp_strided(_kivi(p).slices),
+        ("HMMA", 0)),
 ]
 
 
@@ -522,22 +507,19 @@ def _is_kivi(tier: dict, d: int, bits: int) -> bool:
             v["bits"] == bits)
 
 
-def _kivi_rows(bits: int) -> List[Row]:
-    """KIVI_ROWS with the signatures of this instantiation."""
-    per = 8 // bits
-    out = []
-    for r in KIVI_ROWS:
-        if r.key == "values":
-            r = dataclasses.replace(r, sig=("FFMA", ROWS_PER_BLOCK * 4 * per))
-        out.append(r)
-    return out
+def _kivi_rows(d: int) -> List[Row]:
+    """KIVI_ROWS with the signatures of an instantiation for head_dim d (4 value groups)."""
+    sigs = {"keys": ("HMMA", d // 8), "values": ("HMMA", d // 16),
+            "value_scale": ("LDS.U16", d // 32),
+            "weights": ("STS", (d // 32) * 2 * ROWS_PER_BLOCK)}
+    return [dataclasses.replace(r, sig=sigs[r.key]) if r.key in sigs else r for r in KIVI_ROWS]
 
 
 GENERIC = KernelModel("ChunkKernel<%d>" % ROWS_PER_BLOCK, ANCHORS, PAGE_ROWS, VIEW_ROWS,
                       lambda tier: True)
 KIVI_HEAD_DIM = 128
 MODELS = [KernelModel("KiviChunkKernel<%d, %d, 32, 32>" % (KIVI_HEAD_DIM, b), KIVI_ANCHORS,
-                      _kivi_rows(b), [],
+                      _kivi_rows(KIVI_HEAD_DIM), [],
                       lambda tier, b=b: _is_kivi(tier, KIVI_HEAD_DIM, b)) for b in (4, 2)]
 MODELS.append(GENERIC)
 
