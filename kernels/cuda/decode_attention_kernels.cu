@@ -577,15 +577,16 @@ __global__ void ScoreKernel(const __grid_constant__ DecodeKernelParams p, int64_
 // masked into the mantissa of 1024 by one LOP3, 1024 subtracted by one HSUB2, both lanes of an
 // f16x2 at once), and kq or ps as B in two fp16 parts, hi = fp16(x) and lo = fp16(x - hi),
 // side by side in B's 8 columns (4 query rows each): hi + lo carries about 22 bits, so logits
-// and outputs match the fp32 reference to ~1e-6 relative. Before the split, kq and ps are scaled
-// by a power of two that puts their largest value just under 2^14 (fp16 ends at 65504), and
-// every code position's 2^(bit offset) is folded into kq or into the output.
+// and outputs match the fp32 reference to ~1e-6 relative. Before the split, kq is scaled by a
+// power of two that puts its largest value just under 2^14 (fp16 ends at 65504); ps needs none
+// (a weight is at most 1, a value scale is an fp16). Every code position's 2^(bit offset) is
+// folded into kq or into the output.
 //
 // Per page (128 threads, kKiviRows = 4 query rows):
 //   keys     warp w: token groups w, w + 4, ...: the group's kq (fp16 parts) and kb, then per 8
 //            key bytes (32 tokens x 8 P channels) 2 loads, 8 PRMT, P/2 x (8 LOP3 + 8 HSUB2,
 //            2 mma); logits to shared memory
-//   softmax  warp r: row r's running max and sum, weights, vb; warp 0 the page's value scale
+//   softmax  warp r: row r's running max and sum, weights, vb
 //   weights  thread per 2 tokens: ps (fp16 parts) for every row and value group
 //   values   warp w: 16-token slices w, w + 4, ...: per slice 4 loads per 32 value bytes, 8 PRMT,
 //            4P x (LOP3 + HSUB2), 2P mma into D/16 accumulator tiles kept in registers across
@@ -848,29 +849,17 @@ __device__ __forceinline__ void KiviPage(const DecodeKernelParams& p, const Kivi
     }
     __syncwarp();
   }
+  // The logits of every key group are in sc before any softmax row reads them.
   __syncthreads();
 
-  // ---- Softmax per row; warp 0 also finds the page's largest value scale (fp16 bits of
-  // nonnegative halves order as integers).
+  // ---- Softmax per row.
   const uint16_t* vm = reinterpret_cast<const uint16_t*>(page + L.v_meta);
   KiviSoftmax<K, true>(s, vt, n, vm, NL);
-  if (warp == 0) {
-    uint32_t top = 0;
-    for (int t = lane; t < n; t += 32) {
-#pragma unroll
-      for (int h = 0; h < VG; ++h) top = max(top, uint32_t{vm[h * NL + t]} & 0x7fffu);
-    }
-    for (int o = 16; o > 0; o >>= 1) top = max(top, __shfl_xor_sync(0xffffffffu, top, o));
-    if (lane == 0) {
-      s.misc[5] = s.misc[4];
-      s.misc[4] = __int_as_float(ScaleExponent(HalfBits(static_cast<uint16_t>(top))));
-    }
-  }
   __syncthreads();
 
   // ---- ps in fp16 parts, two tokens per thread, zero past the slots up to a multiple of 16.
-  const int ev = __float_as_int(s.misc[4]);
-  const float vscale = Pow2Bits(ev);
+  // Unscaled: a weight is at most 1, so ps is at most the value scale, an fp16 itself; parts
+  // below fp16's normal range keep an absolute error under 2^-25.
   const int pairs = (n + 15) / 16 * 8;
   for (int i = threadIdx.x; i < pairs; i += kDecodeThreads) {
     const int t = 2 * i;
@@ -883,7 +872,7 @@ __device__ __forceinline__ void KiviPage(const DecodeKernelParams& p, const Kivi
 #pragma unroll
     for (int h = 0; h < VG; ++h) {
       const uint32_t vs = t < n ? *reinterpret_cast<const uint32_t*>(vm + h * NL + t) : 0u;
-      const float v0 = LowHalf(vs) * vscale, v1 = LowHalf(vs >> 16) * vscale;
+      const float v0 = LowHalf(vs), v1 = LowHalf(vs >> 16);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         uint32_t hi, lo;
@@ -896,11 +885,10 @@ __device__ __forceinline__ void KiviPage(const DecodeKernelParams& p, const Kivi
   }
   __syncthreads();
 
-  // ---- Values: warp w takes 16-token slices w, w + 4, ... First the softmax factor and the
-  // change of value scale on the accumulators (column 2 tq + i % 2 is row (2 tq + i % 2) % 4).
+  // ---- Values: warp w takes 16-token slices w, w + 4, ... First the softmax factor on the
+  // accumulators (column 2 tq + i % 2 is row (2 tq + i % 2) % 4).
   {
-    const float rescale = Pow2Bits(ev - __float_as_int(s.misc[5]));
-    const float f0 = s.factor[(2 * tq) % 4] * rescale, f1 = s.factor[(2 * tq + 1) % 4] * rescale;
+    const float f0 = s.factor[(2 * tq) % 4], f1 = s.factor[(2 * tq + 1) % 4];
 #pragma unroll
     for (int mt = 0; mt < K::kValueTiles; ++mt) {
       acc[mt][0] *= f0;
@@ -966,11 +954,10 @@ __device__ __forceinline__ void KiviFinish(const DecodeKernelParams& p, const Ki
                       : p.logits + static_cast<int64_t>(p.key_offsets[chunk.bh]) * p.rows;
 
   // The warps' accumulators into red, in value units: tile (col, c, k0 / 2) rows g and g + 8
-  // are channels 32 col + 4 g + k0 (+ 1) + c RB, scaled by 2^(B c) and the page's 2^ev;
-  // columns 2 tq + i % 2 are part tq / 2 of row (2 tq + i % 2) % 4.
+  // are channels 32 col + 4 g + k0 (+ 1) + c RB, scaled by 2^(B c); columns 2 tq + i % 2 are
+  // part tq / 2 of row (2 tq + i % 2) % 4.
   {
     const int g = lane / 4, tq = lane % 4;
-    const float unscale = Pow2Bits(-__float_as_int(s.misc[4]));
 #pragma unroll
     for (int col = 0; col < K::kValueColumns; ++col) {
 #pragma unroll
@@ -979,7 +966,7 @@ __device__ __forceinline__ void KiviFinish(const DecodeKernelParams& p, const Ki
         for (int k0 = 0; k0 < 4; k0 += 2) {
           const float* d = acc[(col * P + c) * 2 + k0 / 2];
           const int ch = 32 * col + 4 * g + k0 + c * K::kRowBytes;
-          const float u = unscale * Pow2(-B * c);
+          const float u = Pow2(-B * c);
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const int r = (2 * tq + i % 2) % 4;
@@ -1064,8 +1051,10 @@ __device__ __forceinline__ void KiviFinish(const DecodeKernelParams& p, const Ki
   }
 }
 
+// At least 4 blocks per SM (128 registers a thread at most): ptxas otherwise aims low and
+// spills.
 template <int D, int B, int G, int GV>
-__global__ void __launch_bounds__(kDecodeThreads)
+__global__ void __launch_bounds__(kDecodeThreads, 4)
     KiviChunkKernel(const __grid_constant__ DecodeKernelParams p) {
   using K = Kivi<D, B, G, GV>;
   constexpr int R = kKiviRows, VG = K::kVGroups;
@@ -1101,7 +1090,6 @@ __global__ void __launch_bounds__(kDecodeThreads)
     s.l[threadIdx.x] = 0.f;
   }
   if (threadIdx.x < R * VG) s.vb[threadIdx.x] = 0.f;
-  if (threadIdx.x == 0) s.misc[4] = __int_as_float(0);
   KiviAcc<K> acc;
 #pragma unroll
   for (int mt = 0; mt < K::kValueTiles; ++mt) {

@@ -431,7 +431,6 @@ KIVI_ANCHORS = {
     "keys": ("KiviPage", "for (int gi = warp; gi < groups; gi += kWarps)", 0),
     "softmax_max": ("KiviSoftmax", "for (int t = lane; t < n; t += 32)", 0),
     "softmax_exp": ("KiviSoftmax", "for (int t = lane; t < n; t += 32)", 1),
-    "value_scale": ("KiviPage", "for (int t = lane; t < n; t += 32)", 0),
     "weights": ("KiviPage", "for (int i = threadIdx.x; i < pairs; i += kDecodeThreads)", 0),
     "values": ("KiviPage", "for (int sl = warp; sl < slices; sl += kWarps)", 0),
 }
@@ -476,9 +475,6 @@ KIVI_ROWS = [
         lambda p: [(ROWS_PER_BLOCK, -(-_kivi(p).n // 32))], ("FMNMX", 1)),
     Row("softmax_exp", ("softmax_exp",), "softmax",
         lambda p: [(ROWS_PER_BLOCK, -(-_kivi(p).n // 32))], ("MUFU.EX2", 1)),
-    # Warp 0: the page's largest value scale.
-    Row("value_scale", ("value_scale",), "meta", lambda p: [(1, -(-_kivi(p).n // 32))],
-        ("LDS.U16", 0)),
     # Thread per 2 tokens: ps in fp16 parts for every row and value group (32-bit stores).
     Row("weights", ("weights",), "meta", lambda p: [(1, k) for k in strided(_kivi(p).slices * 8)],
         ("STS", 0)),
@@ -510,7 +506,6 @@ def _is_kivi(tier: dict, d: int, bits: int) -> bool:
 def _kivi_rows(d: int) -> List[Row]:
     """KIVI_ROWS with the signatures of an instantiation for head_dim d (4 value groups)."""
     sigs = {"keys": ("HMMA", d // 8), "values": ("HMMA", d // 16),
-            "value_scale": ("LDS.U16", d // 32),
             "weights": ("STS", (d // 32) * 2 * ROWS_PER_BLOCK)}
     return [dataclasses.replace(r, sig=sigs[r.key]) if r.key in sigs else r for r in KIVI_ROWS]
 
