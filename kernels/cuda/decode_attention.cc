@@ -69,7 +69,39 @@ class PlanArrays {
   std::vector<Item> uploads_, scratch_;
 };
 
+int Log2(int x) {
+  int n = 0;
+  while ((1 << (n + 1)) <= x) ++n;
+  return n;
+}
+
 }  // namespace
+
+DecodeTierConsts MakeDecodeTierConsts(const KvTierFormat& f, const KvPageLayout& l, int d) {
+  DecodeTierConsts c;
+  const KvQuantSpec& k = f.k;
+  const KvQuantSpec& v = f.v;
+  const int kg = k.group == 0 ? d : k.group;
+  if (k.codec == KvCodec::kInt) c.k_per_shift = Log2(8 / k.bits);
+  c.k_groups = d / kg;
+  c.k_group8 = kg % 8 == 0 ? kg / 8 : 0;
+  const int bc = k.grouping == KvGrouping::kBlock ? k.block_channels : 1;
+  c.k_blocks = d / bc;
+  c.k_tile = MakeFastDiv(static_cast<uint32_t>(std::max(1, l.k_tile)));
+  c.k_group = MakeFastDiv(static_cast<uint32_t>(kg));
+  c.k_block = MakeFastDiv(static_cast<uint32_t>(bc));
+  c.k_meta_halves = KvMetaHalves(k, d, l.tokens);
+  const int vg = v.group == 0 ? d : v.group;
+  const bool v_int = v.codec == KvCodec::kInt;
+  c.v_groups = d / vg;
+  c.v_per = v_int ? 8 / v.bits : 1;
+  c.v_cols = v_int ? l.v_row_bytes : d;
+  c.v_splits = std::max(1, kDecodeThreads / c.v_cols);
+  c.v_group = MakeFastDiv(static_cast<uint32_t>(vg));
+  c.v_cols_div = MakeFastDiv(static_cast<uint32_t>(c.v_cols));
+  c.v_meta_halves = KvMetaHalves(v, d, l.tokens);
+  return c;
+}
 
 struct DecodeAttentionWorkspace::State {
   DeviceArray<uint8_t> device;
@@ -162,6 +194,7 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
       dt.load_bytes = static_cast<int32_t>(Align16(dt.layout.bytes_used));
       view_tokens = std::max<int64_t>(view_tokens, dt.layout.tokens);
     }
+    dt.consts = MakeDecodeTierConsts(dt.unit_format, dt.unit_layout, static_cast<int>(d));
     page_buffer = std::max<int64_t>(page_buffer, dt.load_bytes + 16);
     const int n = dt.unit_layout.tokens;
     meta_floats = std::max<int64_t>(
@@ -213,6 +246,9 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
   p.head_dim = static_cast<int32_t>(d);
   p.group = static_cast<int32_t>(g);
   p.rows = static_cast<int32_t>(rows);
+  p.head_dim_div = MakeFastDiv(static_cast<uint32_t>(d));
+  p.head_dim8_div = MakeFastDiv(static_cast<uint32_t>(d / 8));
+  p.group_div = MakeFastDiv(static_cast<uint32_t>(g));
   p.scale = b.scale;
   p.recent_k = b.recent_k;
   p.recent_v = b.recent_v;

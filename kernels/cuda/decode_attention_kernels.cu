@@ -40,6 +40,14 @@ __device__ __forceinline__ float WarpMax(float x) {
 
 __host__ __device__ inline int64_t Align16(int64_t x) { return (x + 15) / 16 * 16; }
 
+// x / f.d (FastDiv, decode_attention_kernels.h): one multiply-high, exact for 0 <= x < 2^32 / d.
+__device__ __forceinline__ int FastDivide(int x, const FastDiv& f) {
+  return f.d == 1 ? x : static_cast<int>(__umulhi(static_cast<uint32_t>(x), f.mul));
+}
+__device__ __forceinline__ int FastMod(int x, const FastDiv& f) {
+  return x - FastDivide(x, f) * static_cast<int>(f.d);
+}
+
 // Shared memory of one block, in order.
 struct Smem {
   uint8_t* pages;  // [2, page_stride]: two page buffers
@@ -95,7 +103,8 @@ struct View {
   int n;                  // tokens: slots [0, n)
   const uint64_t* valid;  // valid bits; token t is bit valid_shift + t
   int valid_shift;
-  int key_base;  // key index of token 0 within the bh's keys
+  int key_base;               // key index of token 0 within the bh's keys
+  const DecodeTierConsts* c;  // of f and l
 };
 
 __device__ __forceinline__ bool Live(const View& v, int t) {
@@ -105,8 +114,8 @@ __device__ __forceinline__ bool Live(const View& v, int t) {
 
 // Converts the view's K and V meta segments to floats: K at meta[0, kh), V at meta[kh, ...).
 __device__ __forceinline__ void ConvertMeta(const View& v, int d, float* meta, int* k_halves) {
-  const int kh = KvMetaHalves(v.f->k, d, v.l->tokens);
-  const int vh = KvMetaHalves(v.f->v, d, v.l->tokens);
+  (void)d;
+  const int kh = v.c->k_meta_halves, vh = v.c->v_meta_halves;
   const uint16_t* km = reinterpret_cast<const uint16_t*>(v.data + v.l->k_meta);
   const uint16_t* vm = reinterpret_cast<const uint16_t*>(v.data + v.l->v_meta);
   for (int i = threadIdx.x; i < kh; i += kDecodeThreads) meta[i] = HalfBits(km[i]);
@@ -123,22 +132,24 @@ __device__ __forceinline__ void ScoreView(const DecodeKernelParams& p, const Sme
   const KvQuantSpec& ks = v.f->k;
   const uint8_t* codes = v.data + v.l->k_codes;
   if (ks.codec == KvCodec::kInt) {
-    const int bits = ks.bits, per = 8 / bits, mask = (1 << bits) - 1;
+    const int shift = v.c->k_per_shift, per = 1 << shift;
+    const int bits = ks.bits, mask = (1 << bits) - 1;
     const int T = v.l->k_tile, rb = v.l->k_row_bytes;
     const int gs = ks.group == 0 ? d : ks.group;
     for (int t = threadIdx.x; t < v.n; t += kDecodeThreads) {
       float acc[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[r] = 0.f;
-      const uint8_t* tile = codes + (t / T) * T * rb + (t % T);
+      const int tile_index = FastDivide(t, v.c->k_tile);
+      const uint8_t* tile = codes + tile_index * T * rb + (t - tile_index * T);
       if (ks.grouping == KvGrouping::kPerToken) {
-        const int groups = d / gs;
+        const int groups = v.c->k_groups;
         for (int gi = 0; gi < groups; ++gi) {
           float part[R];
 #pragma unroll
           for (int r = 0; r < R; ++r) part[r] = 0.f;
           for (int c = gi * gs; c < (gi + 1) * gs; c += per) {
-            const uint32_t byte = tile[(c / per) * T];
+            const uint32_t byte = tile[(c >> shift) * T];
             for (int e = 0; e < per; ++e) {
               const float x = CodeToFloat((byte >> (e * bits)) & mask);
 #pragma unroll
@@ -150,7 +161,7 @@ __device__ __forceinline__ void ScoreView(const DecodeKernelParams& p, const Sme
           for (int r = 0; r < R; ++r) {
             // sum_c q_c (zero + code_c scale) over the group's channels.
             float qs = 0.f;
-            if (gs % 8 == 0) {
+            if (v.c->k_group8 != 0) {
               for (int j = 0; j < gs / 8; ++j) qs += s.qsum[r * (d / 8) + gi * (gs / 8) + j];
             } else {
               for (int c = gi * gs; c < (gi + 1) * gs; ++c) qs += s.q[r * d + c];
@@ -159,16 +170,15 @@ __device__ __forceinline__ void ScoreView(const DecodeKernelParams& p, const Sme
           }
         }
       } else {
-        const int bc = ks.grouping == KvGrouping::kBlock ? ks.block_channels : 1;
-        const int blocks = d / bc;
-        const float* ms = kmeta + (t / gs) * 2 * blocks;
+        const int blocks = v.c->k_blocks;
+        const float* ms = kmeta + FastDivide(t, v.c->k_group) * 2 * blocks;
         const float* mz = ms + blocks;
         for (int c = 0; c < d; c += per) {
-          const uint32_t byte = tile[(c / per) * T];
+          const uint32_t byte = tile[(c >> shift) * T];
           for (int e = 0; e < per; ++e) {
             const int ch = c + e;
-            const float x =
-                fmaf(CodeToFloat((byte >> (e * bits)) & mask), ms[ch / bc], mz[ch / bc]);
+            const int bi = FastDivide(ch, v.c->k_block);
+            const float x = fmaf(CodeToFloat((byte >> (e * bits)) & mask), ms[bi], mz[bi]);
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[r] = fmaf(s.q[r * d + ch], x, acc[r]);
           }
@@ -182,7 +192,6 @@ __device__ __forceinline__ void ScoreView(const DecodeKernelParams& p, const Sme
   }
   // f16 / fp8: token-major rows.
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int gs = ks.group == 0 ? d : ks.group;
   for (int t = warp; t < v.n; t += kWarps) {
     float acc[R];
 #pragma unroll
@@ -192,7 +201,8 @@ __device__ __forceinline__ void ScoreView(const DecodeKernelParams& p, const Sme
       if (ks.codec == KvCodec::kF16) {
         x = HalfBits(reinterpret_cast<const uint16_t*>(codes + t * v.l->k_row_bytes)[c]);
       } else {
-        x = Fp8ToFloat(codes[t * v.l->k_row_bytes + c]) * kmeta[(c / gs) * N + t];
+        x = Fp8ToFloat(codes[t * v.l->k_row_bytes + c]) *
+            kmeta[FastDivide(c, v.c->k_group) * N + t];
       }
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[r] = fmaf(s.q[r * d + c], x, acc[r]);
@@ -238,8 +248,10 @@ __device__ __forceinline__ void SoftmaxView(const DecodeKernelParams& p, const S
   }
 }
 
-__device__ __forceinline__ void RescaleAcc(const Smem& s, int rows, int d) {
-  for (int i = threadIdx.x; i < rows * d; i += kDecodeThreads) s.acc[i] *= s.factor[i / d];
+__device__ __forceinline__ void RescaleAcc(const Smem& s, int rows, int d, const FastDiv& dd) {
+  for (int i = threadIdx.x; i < rows * d; i += kDecodeThreads) {
+    s.acc[i] *= s.factor[FastDivide(i, dd)];
+  }
 }
 
 // acc[r, :] += sum_t w[r, t] v[t, :] over a fixed-width view. Thread items are (column, split):
@@ -251,14 +263,16 @@ __device__ __forceinline__ void AccumulateView(const DecodeKernelParams& p, cons
   const KvQuantSpec& vs = v.f->v;
   const uint8_t* codes = v.data + v.l->v_codes;
   const int rb = v.l->v_row_bytes;
-  const int gs = vs.group == 0 ? d : vs.group, groups = d / gs;
+  const int groups = v.c->v_groups;
   const bool is_int = vs.codec == KvCodec::kInt;
-  const int cols = is_int ? rb : d;
-  const int per = is_int ? 8 / vs.bits : 1;
+  const int cols = v.c->v_cols, per = v.c->v_per, splits = v.c->v_splits;
   const int bits = is_int ? vs.bits : 8, mask = (1 << bits) - 1;
-  const int splits = max(1, kDecodeThreads / cols);
   for (int item = threadIdx.x; item < cols * splits; item += kDecodeThreads) {
-    const int col = item % cols, split = item / cols;
+    const int split = FastDivide(item, v.c->v_cols_div), col = item - split * cols;
+    // The meta group of each code of the column's byte (int), or of the channel.
+    int gi[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) gi[e] = FastDivide(col + e * rb * (is_int ? 1 : 0), v.c->v_group);
     float a[R][4];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -274,16 +288,15 @@ __device__ __forceinline__ void AccumulateView(const DecodeKernelParams& p, cons
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           if (e >= per) break;
-          const int gi = (col + e * rb) / gs;
-          const float x = fmaf(CodeToFloat((byte >> (e * bits)) & mask), vmeta[gi * N + t],
-                               vmeta[(groups + gi) * N + t]);
+          const float x = fmaf(CodeToFloat((byte >> (e * bits)) & mask), vmeta[gi[e] * N + t],
+                               vmeta[(groups + gi[e]) * N + t]);
 #pragma unroll
           for (int r = 0; r < R; ++r) a[r][e] = fmaf(w[r], x, a[r][e]);
         }
       } else {
         const float x = vs.codec == KvCodec::kF16
                             ? HalfBits(reinterpret_cast<const uint16_t*>(codes + t * rb)[col])
-                            : Fp8ToFloat(codes[t * rb + col]) * vmeta[(col / gs) * N + t];
+                            : Fp8ToFloat(codes[t * rb + col]) * vmeta[gi[0] * N + t];
 #pragma unroll
         for (int r = 0; r < R; ++r) a[r][0] = fmaf(w[r], x, a[r][0]);
       }
@@ -310,7 +323,7 @@ __device__ __forceinline__ void RunView(const DecodeKernelParams& p, const Smem&
   SoftmaxView<R>(p, s, v.n, logits ? logits + static_cast<int64_t>(v.key_base) * p.rows : nullptr,
                  row0);
   __syncthreads();
-  RescaleAcc(s, R, p.head_dim);
+  RescaleAcc(s, R, p.head_dim, p.head_dim_div);
   __syncthreads();
   AccumulateView<R>(p, s, v, s.meta + kh);
   __syncthreads();
@@ -339,7 +352,7 @@ __device__ __forceinline__ void RunRecent(const DecodeKernelParams& p, const Sme
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float x = WarpSum(acc[r]);
-      const int row = row0 + r, tq = row / p.group;
+      const int row = row0 + r, tq = FastDivide(row, p.group_div);
       const bool visible = r < rows_here && i <= rcount - p.q_tokens + tq;
       if (lane == 0) s.sc[r * vt + j] = visible ? x : -INFINITY;
     }
@@ -348,7 +361,7 @@ __device__ __forceinline__ void RunRecent(const DecodeKernelParams& p, const Sme
   SoftmaxView<R>(p, s, n, logits ? logits + static_cast<int64_t>(key_base + i0) * p.rows : nullptr,
                  row0);
   __syncthreads();
-  RescaleAcc(s, R, d);
+  RescaleAcc(s, R, d, p.head_dim_div);
   __syncthreads();
   for (int c = threadIdx.x; c < d; c += kDecodeThreads) {
     float a[R];
@@ -414,7 +427,7 @@ __device__ __forceinline__ void DecodeUnit(const DecodeTier& tier, int d, const 
 }
 
 template <int R>
-__global__ void __launch_bounds__(kDecodeThreads)
+__global__ void __launch_bounds__(kDecodeThreads, 4)
     ChunkKernel(const __grid_constant__ DecodeKernelParams p) {
   SLUICE_DYNAMIC_SHARED(smem_raw, uint8_t);
   const Smem s = CarveSmem(smem_raw, p, R);
@@ -425,10 +438,10 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int b = chunk.bh / p.kv_heads, kvh = chunk.bh % p.kv_heads;
 
   for (int i = threadIdx.x; i < R * d; i += kDecodeThreads) {
-    const int r = i / d, c = i % d, row = row0 + r;
+    const int r = FastDivide(i, p.head_dim_div), c = i - r * d, row = row0 + r;
     float x = 0.f;
     if (r < rows_here) {
-      const int tq = row / p.group, h = kvh * p.group + row % p.group;
+      const int tq = FastDivide(row, p.group_div), h = kvh * p.group + (row - tq * p.group);
       x = p.q[((static_cast<int64_t>(b) * p.q_tokens + tq) * p.heads + h) * d + c] * p.scale;
     }
     s.q[i] = x;
@@ -441,7 +454,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   __syncthreads();
   // Sums of q over 8-channel slices, for per-token K groups (their zero points factor out).
   for (int i = threadIdx.x; i < R * (d / 8); i += kDecodeThreads) {
-    const int r = i / (d / 8), j = i % (d / 8);
+    const int r = FastDivide(i, p.head_dim8_div), j = i - r * (d / 8);
     float x = 0.f;
     for (int c = j * 8; c < j * 8 + 8; ++c) x += s.q[r * d + c];
     s.qsum[i] = x;
@@ -479,7 +492,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       const uint8_t* page = s.pages + buf * s.page_stride;
       const uint64_t* valid = reinterpret_cast<const uint64_t*>(page + tier.layout.valid);
       if (!tier.huffman) {
-        const View v{page, &tier.format, &tier.layout, ref.slots, valid, 0, key_base};
+        const View v{page, &tier.format, &tier.layout, ref.slots, valid, 0, key_base, &tier.consts};
         RunView<R>(p, s, v, rows_here, logits, row0);
       } else {
         const int u = tier.layout.unit_tokens;
@@ -489,8 +502,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
           DecodeUnit(tier, d, page, index, s.unit);
           __syncthreads();
           const View v{
-              s.unit, &tier.unit_format, &tier.unit_layout,   min(u, ref.slots - index * u),
-              valid,  index * u,         key_base + index * u};
+              s.unit, &tier.unit_format, &tier.unit_layout,    min(u, ref.slots - index * u),
+              valid,  index * u,         key_base + index * u, &tier.consts};
           RunView<R>(p, s, v, rows_here, logits, row0);
         }
       }
@@ -499,7 +512,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
   // The chunk's partial state.
   for (int i = threadIdx.x; i < rows_here * d; i += kDecodeThreads) {
-    const int r = i / d, c = i % d;
+    const int r = FastDivide(i, p.head_dim_div), c = i - r * d;
     p.part_acc[(static_cast<int64_t>(blockIdx.x) * p.rows + row0 + r) * d + c] = s.acc[i];
   }
   if (threadIdx.x < rows_here) {

@@ -23,6 +23,39 @@ inline constexpr int kDecodeMaxTiers = 4;
 // Recent (fp32) tokens handled per pass.
 inline constexpr int kRecentView = 64;
 
+// x / d for 0 <= x < 2^32 / d by one multiply-high (FastDivide in decode_attention_kernels.cu),
+// where the divisor is known only at run time: nvcc's own sequence for a runtime `/` or `%` is
+// about 15 instructions (I2F, MUFU.RCP, F2I, corrections).
+struct FastDiv {
+  uint32_t d = 1;
+  uint32_t mul = 0;  // ceil(2^32 / d); unused for d == 1
+};
+inline FastDiv MakeFastDiv(uint32_t d) {
+  return {d, d <= 1 ? 0u : static_cast<uint32_t>(((uint64_t{1} << 32) + d - 1) / d)};
+}
+
+// What the generic chunk kernel derives from a tier's (unit) format, made once on the host so
+// its loops divide by nothing known only at run time.
+struct DecodeTierConsts {
+  // Keys.
+  int32_t k_per_shift = 0;  // log2 of codes per byte (int)
+  int32_t k_groups = 1;     // d / group (per token), channel groups
+  int32_t k_blocks = 1;     // d / block channels (per channel: d; block: d / block_channels)
+  int32_t k_group8 = 0;     // group / 8 when group % 8 == 0, else 0
+  FastDiv k_tile;           // tokens per key tile
+  FastDiv k_group;          // tokens (per channel, block) or channels (per token, fp8) per group
+  FastDiv k_block;          // channels per meta block (1 per channel)
+  int32_t k_meta_halves = 0;
+  // Values.
+  int32_t v_groups = 1;  // d / group
+  int32_t v_per = 1;     // codes per byte (1 for f16 / fp8)
+  int32_t v_cols = 0;    // thread items' columns: row bytes (int) or d
+  int32_t v_splits = 1;  // token splits: max(1, threads / cols)
+  FastDiv v_group;       // channels per group
+  FastDiv v_cols_div;
+  int32_t v_meta_halves = 0;
+};
+
 // One tier as the kernels see it. For a Huffman-coded tier, `unit_format`/`unit_layout` are the
 // fixed-width unit page each unit decodes into; otherwise they equal `format`/`layout`.
 struct DecodeTier {
@@ -36,6 +69,7 @@ struct DecodeTier {
   int32_t v_table_bits = 0;
   int32_t load_bytes = 0;  // bytes of each page copied to shared memory, a multiple of 16
   bool huffman = false;
+  DecodeTierConsts consts;  // of unit_format / unit_layout
 };
 
 // A run of one (sequence, kv-head)'s pages, or (recent_begin >= 0) its recent tokens. For the
@@ -48,6 +82,9 @@ struct DecodeChunk {
   int32_t recent_begin = -1;
   int32_t recent_end = -1;
 };
+
+// The generic kernel's constants for a tier of (unit) format `f`, layout `l`, head_dim d.
+DecodeTierConsts MakeDecodeTierConsts(const KvTierFormat& f, const KvPageLayout& l, int d);
 
 // Halves of a meta segment (kernels/kv_format.h) of `spec` on a page of `tokens` slots.
 SLUICE_HOST_DEVICE inline int KvMetaHalves(const KvQuantSpec& spec, int d, int tokens) {
@@ -81,6 +118,9 @@ struct DecodeKernelParams {
   int32_t head_dim = 0;
   int32_t group = 0;  // heads / kv_heads
   int32_t rows = 0;   // group * q_tokens; row r is query token r / group, query head r % group
+  FastDiv head_dim_div;
+  FastDiv head_dim8_div;  // head_dim / 8
+  FastDiv group_div;
   float scale = 1.f;
   // Workspace.
   float* part_m = nullptr;    // [chunk_count, rows]
