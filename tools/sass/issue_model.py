@@ -1,4 +1,6 @@
-"""Static issue-bound model of the decode attention chunk kernel (ChunkKernel<4>, sm_90a).
+"""Static issue-bound model of the decode attention chunk kernels (sm_90a): the generic
+ChunkKernel<4> (ANCHORS, PAGE_ROWS, VIEW_ROWS) and the KIVI kernel KiviChunkKernel<128, B, 32, 32>
+(KIVI_ANCHORS, KIVI_ROWS); model_for() picks the one the decode plan runs on a tier's pages.
 
 A page of B bytes that costs I warp-instructions can be read at most at
     B / (I / (SMS * ISSUE_PER_SM * CLOCK_HZ))   bytes/s

@@ -91,5 +91,37 @@ class BoundTest(unittest.TestCase):
         self.assertEqual((v.acc_cols(), v.acc_splits()), (64, 2))
 
 
+
+class KiviModelTest(unittest.TestCase):
+    TIER = {"format": {"k": {"codec": "int", "bits": 4, "grouping": "channel", "group": 32,
+                             "block_channels": 0},
+                       "v": {"codec": "int", "bits": 4, "grouping": "token", "group": 32,
+                             "block_channels": 0},
+                       "page_bytes": 16384},
+            "layout": {"tokens": 96, "bytes_used": 15376, "v_row_bytes": 64, "unit_tokens": 0}}
+
+    def test_the_plan_picks_the_kivi_kernel_for_kivi_pages_only(self):
+        self.assertEqual(im.model_for(self.TIER).kernel, "KiviChunkKernel<128, 4, 32, 32>")
+        two = {**self.TIER, "format": {**self.TIER["format"],
+                                      "k": {**self.TIER["format"]["k"], "bits": 2},
+                                      "v": {**self.TIER["format"]["v"], "bits": 2}}}
+        self.assertEqual(im.model_for(two).kernel, "KiviChunkKernel<128, 2, 32, 32>")
+        per_token = {**self.TIER, "format": {**self.TIER["format"],
+                                            "k": {**self.TIER["format"]["k"],
+                                                  "grouping": "token"}}}
+        self.assertEqual(im.model_for(per_token).kernel, "ChunkKernel<4>")
+        mixed = {**self.TIER, "format": {**self.TIER["format"],
+                                        "v": {**self.TIER["format"]["v"], "bits": 2}}}
+        self.assertEqual(im.model_for(mixed).kernel, "ChunkKernel<4>")
+
+    def test_work_split_of_a_page(self):
+        shape = im._kivi(im.Page(self.TIER, 128))
+        self.assertEqual((shape.groups, shape.slices), (3, 6))  # 32-token groups, 16-token slices
+        # Warp w takes groups w, w + 4, ...: three warps once each, the fourth idle.
+        self.assertEqual(im._warp_strided(3), [(1, 1), (1, 1), (1, 1)])
+        self.assertEqual(im._warp_strided(6), [(1, 2), (1, 2), (1, 1), (1, 1)])
+        self.assertEqual(im._warp_strided(0), [])
+
+
 if __name__ == "__main__":
     unittest.main()
