@@ -87,8 +87,10 @@ __device__ __forceinline__ void LoadRows(const float* __restrict__ src, int64_t 
 // dynamic shared memory: ForwardSharedBytes<D>().
 // Block b of kv-head g owns rows [first, first + kRows) of that kv-head's rows, row r being
 // query r / group of head g * group + r % group; the heaviest blocks (latest queries) run first.
+// At least 2 blocks per SM (128 registers a thread): with no floor ptxas spills at 48 (head_dim
+// 128), with 3 or 4 at 80 or 64 (96, 80).
 template <int D>
-__global__ void __launch_bounds__(kRows* kWarp)
+__global__ void __launch_bounds__(kRows* kWarp, 2)
     AttentionForwardKernel(const float* __restrict__ q,  // [q_tokens, heads, D]
                            const float* __restrict__ k,  // [kv_tokens, kv_heads, D]
                            const float* __restrict__ v,  // [kv_tokens, kv_heads, D]

@@ -21,12 +21,15 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t w = blockIdx.x * int64_t{kThreads} + threadIdx.x; w < tokens * half;
        w += int64_t{gridDim.x} * kThreads) {
     const int64_t t = w / half, i = w % half;
-    // As ref::Rope: theta_base^(-2i / rope_dim), in double.
+    // As ref::Rope: theta_base^(-2i / rope_dim), in double. The angle goes in half-turns to
+    // sincospi, whose range reduction is exact: sincos's reduction of large angles keeps a
+    // table on the thread's stack (local memory).
     const double freq =
         pow(theta_base, -2.0 * static_cast<double>(i) / static_cast<double>(rope_dim));
-    const double angle = static_cast<double>(positions[t]) * freq;
+    constexpr double kInvPi = 0.318309886183790671537767526745;
+    const double half_turns = static_cast<double>(positions[t]) * (freq * kInvPi);
     double s, c;
-    sincos(angle, &s, &c);
+    sincospi(half_turns, &s, &c);
     const int64_t a = neox ? i : 2 * i;
     const int64_t b = neox ? i + half : 2 * i + 1;
     float* xt = x + t * heads * head_dim;

@@ -29,7 +29,7 @@ __device__ __forceinline__ int64_t Min(int64_t a, int64_t b) { return a < b ? a 
 __device__ __forceinline__ u64 LowBits(int64_t n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
 
 // Set bits among slots [lo, hi).
-__device__ int64_t CountSet(const u64* words, int64_t lo, int64_t hi) {
+__device__ __forceinline__ int64_t CountSet(const u64* words, int64_t lo, int64_t hi) {
   int64_t count = 0;
   while (lo < hi) {
     const int64_t take = Min(64 - (lo & 63), hi - lo);
@@ -39,7 +39,7 @@ __device__ int64_t CountSet(const u64* words, int64_t lo, int64_t hi) {
   return count;
 }
 
-__device__ bool AnySet(const u64* words, int64_t lo, int64_t hi) {
+__device__ __forceinline__ bool AnySet(const u64* words, int64_t lo, int64_t hi) {
   while (lo < hi) {
     const int64_t take = Min(64 - (lo & 63), hi - lo);
     if ((words[lo >> 6] >> (lo & 63)) & LowBits(take)) return true;
@@ -49,14 +49,15 @@ __device__ bool AnySet(const u64* words, int64_t lo, int64_t hi) {
 }
 
 // Whether unit u (slots [u * group, (u + 1) * group)) has a valid slot below `used`.
-__device__ bool UnitLive(const u64* words, int32_t used, int32_t group, int64_t u) {
+__device__ __forceinline__ bool UnitLive(const u64* words, int32_t used, int32_t group, int64_t u) {
   const int64_t lo = u * group;
   const int64_t hi = Min(used, lo + group);
   return lo < hi && AnySet(words, lo, hi);
 }
 
 // Live units among units [0, u).
-__device__ int64_t LiveUnitsBefore(const u64* words, int32_t used, int32_t group, int64_t u) {
+__device__ __forceinline__ int64_t LiveUnitsBefore(const u64* words, int32_t used, int32_t group,
+                                                   int64_t u) {
   if (group == 1) return CountSet(words, 0, Min(u, used));
   int64_t count = 0;
   for (int64_t v = 0; v < u; ++v) count += UnitLive(words, used, group, v);
@@ -71,8 +72,8 @@ __device__ int SelectBit(u64 x, int64_t d) {
 
 // The d-th (from 0) dead unit of a page of `units` units: a unit with no valid slot below
 // `used`. -1 if there are not that many.
-__device__ int64_t NthDeadUnit(const u64* words, int32_t used, int32_t group, int64_t units,
-                               int64_t d) {
+__device__ __forceinline__ int64_t NthDeadUnit(const u64* words, int32_t used, int32_t group,
+                                               int64_t units, int64_t d) {
   if (group == 1) {
     for (int64_t lo = 0; lo < units; lo += 64) {
       const int64_t width = Min(64, units - lo);
@@ -165,7 +166,8 @@ __global__ void __launch_bounds__(kPlanThreads) PlanKernel(CompactionBatch b) {
   }
 }
 
-__global__ void __launch_bounds__(kPlanThreads) EmitKernel(CompactionBatch b, CompactionEmit e) {
+// At least 4 blocks per SM: with no floor ptxas spills at 32 registers on sm_80.
+__global__ void __launch_bounds__(kPlanThreads, 4) EmitKernel(CompactionBatch b, CompactionEmit e) {
   const int64_t list = blockIdx.x;
   const int64_t first = b.list_offsets[list];
   const int64_t n = b.list_offsets[list + 1] - first;
@@ -184,9 +186,10 @@ __global__ void __launch_bounds__(kPlanThreads) EmitKernel(CompactionBatch b, Co
   }
 
   // One thread per (page, unit) of the list; the live units of freed pages move.
+  // 32-bit division (a list's units stay far below 2^31): a 64-bit one is a call with a stack.
   for (int64_t t = threadIdx.x; t < n * units; t += blockDim.x) {
-    const int64_t i = t / units;
-    const int64_t u = t % units;
+    const int32_t i = static_cast<int32_t>(t) / static_cast<int32_t>(units);
+    const int32_t u = static_cast<int32_t>(t) - i * static_cast<int32_t>(units);
     const int64_t page = first + i;
     if (b.kept[page]) continue;
     const int32_t used = b.used_before[page];
@@ -268,8 +271,12 @@ __device__ void CopyPlanes(int lane, const uint8_t* src, int64_t src_slot, uint8
   }
 }
 
-__device__ __forceinline__ int64_t TiledByte(const SlotCopyLayout& l, int64_t slot, int64_t q) {
-  return slot / l.k_tile * l.k_tile * l.k_row_bytes + q * l.k_tile + slot % l.k_tile;
+// Slots and bytes of a page are far below 2^31: 32-bit divisions (a 64-bit one is a call with a
+// stack frame).
+__device__ __forceinline__ int64_t TiledByte(const SlotCopyLayout& l, int32_t slot, int32_t q) {
+  const int32_t tile = slot / l.k_tile;
+  return (int64_t{tile} * l.k_tile) * l.k_row_bytes + int64_t{q} * l.k_tile +
+         (slot - tile * l.k_tile);
 }
 
 __global__ void __launch_bounds__(kCopyThreads) SparseCopyKernel(SparseCopyParams p) {
@@ -288,9 +295,9 @@ __global__ void __launch_bounds__(kCopyThreads) SparseCopyKernel(SparseCopyParam
       CopyRows(lane, src + l.k_codes, mv.src_slot, dst + l.k_codes, mv.dst_slot, mv.slots,
                l.k_row_bytes);
     } else {
-      for (int64_t x = lane; x < int64_t{mv.slots} * l.k_row_bytes; x += kWarp) {
-        const int64_t k = x / l.k_row_bytes;
-        const int64_t q = x % l.k_row_bytes;
+      for (int32_t x = lane; x < mv.slots * l.k_row_bytes; x += kWarp) {
+        const int32_t k = x / l.k_row_bytes;
+        const int32_t q = x - k * l.k_row_bytes;
         dst[l.k_codes + TiledByte(l, mv.dst_slot + k, q)] =
             src[l.k_codes + TiledByte(l, mv.src_slot + k, q)];
       }
@@ -300,9 +307,9 @@ __global__ void __launch_bounds__(kCopyThreads) SparseCopyKernel(SparseCopyParam
                  l.k_meta_planes, l.tokens);
     }
     if (l.k_unit_meta_bytes > 0) {  // whole groups: slots and both slot numbers are aligned
-      const int64_t bytes = int64_t{mv.slots} / l.group * l.k_unit_meta_bytes;
-      const uint8_t* from = src + l.k_meta + int64_t{mv.src_slot} / l.group * l.k_unit_meta_bytes;
-      uint8_t* to = dst + l.k_meta + int64_t{mv.dst_slot} / l.group * l.k_unit_meta_bytes;
+      const int64_t bytes = int64_t{mv.slots / l.group} * l.k_unit_meta_bytes;
+      const uint8_t* from = src + l.k_meta + int64_t{mv.src_slot / l.group} * l.k_unit_meta_bytes;
+      uint8_t* to = dst + l.k_meta + int64_t{mv.dst_slot / l.group} * l.k_unit_meta_bytes;
       for (int64_t x = lane; x < bytes; x += kWarp) to[x] = from[x];
     }
     CopyRows(lane, src + l.v_codes, mv.src_slot, dst + l.v_codes, mv.dst_slot, mv.slots,

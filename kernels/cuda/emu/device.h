@@ -349,6 +349,12 @@ inline void sincosf(float x, float* s, float* c) {
   *s = std::sin(x);
   *c = std::cos(x);
 }
+// sin(pi x) and cos(pi x), x first reduced to [-1, 1] exactly (as CUDA's sincospi).
+inline void sincospi(double x, double* s, double* c) {
+  const double r = x - 2.0 * std::nearbyint(x * 0.5);
+  *s = std::sin(3.14159265358979323846 * r);
+  *c = std::cos(3.14159265358979323846 * r);
+}
 
 // CUDA's global min/max overloads.
 inline int min(int a, int b) { return a < b ? a : b; }
