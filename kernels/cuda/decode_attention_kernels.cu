@@ -399,14 +399,15 @@ __device__ __forceinline__ void DecodeUnit(const DecodeTier& tier, int d, const 
   const KvPageLayout& l = tier.layout;
   const KvPageLayout& ul = tier.unit_layout;
   const int n = d * l.unit_tokens / kKvHuffmanStreams;
-  const uint32_t* streams = reinterpret_cast<const uint32_t*>(page + l.streams) + index * 8;
+  const uint32_t* streams =
+      reinterpret_cast<const uint32_t*>(page + l.streams) + index * 2 * kKvHuffmanStreams;
   const uint32_t* words = reinterpret_cast<const uint32_t*>(page + l.bitstream);
   if (threadIdx.x < 2 * kKvHuffmanStreams) {
     const int st = threadIdx.x;
     const bool key = st < kKvHuffmanStreams;
     const uint16_t* table = key ? tier.k_table : tier.v_table;
     const uint32_t mask = (1u << (key ? tier.k_table_bits : tier.v_table_bits)) - 1;
-    uint8_t* out = unit + (key ? ul.k_codes + st * n : ul.v_codes + (st - 4) * n);
+    uint8_t* out = unit + (key ? ul.k_codes + st * n : ul.v_codes + (st - kKvHuffmanStreams) * n);
     uint32_t pos = streams[st];
     for (int i = 0; i < n; ++i) {
       const uint32_t e = __ldg(table + (BitWindow(words, pos) & mask));

@@ -16,8 +16,8 @@ using BlockScan = cub::BlockScan<uint32_t, kEncodeThreads>;
 using BlockReduce = cub::BlockReduce<uint32_t, kEncodeThreads>;
 
 // Writes `count` symbols' codes (a K or V half of a unit) from bit `base` of `bits`, and the bit
-// offset of each of its four streams to streams[0..3]. Returns the bits written (all threads).
-// The bytes the codes land in must be zero.
+// offset of each of its kKvHuffmanStreams streams to streams[0..]. Returns the bits written (all
+// threads). The bytes the codes land in must be zero.
 __device__ uint32_t EncodeHalf(const DeviceHuffmanEncoder& enc, const uint8_t* symbols, int count,
                                uint32_t base, uint32_t* words, uint32_t* streams,
                                BlockScan::TempStorage& scan) {
@@ -153,7 +153,7 @@ __global__ void DecodeKernel(const HuffmanTierDesc tier, const uint16_t* __restr
   const bool key = st < kKvHuffmanStreams;
   const uint16_t* table = key ? k_table : v_table;
   const uint32_t mask = (1u << (key ? k_bits : v_bits)) - 1;
-  uint8_t* out = job.out + (key ? ul.k_codes + st * n : ul.v_codes + (st - 4) * n);
+  uint8_t* out = job.out + (key ? ul.k_codes + st * n : ul.v_codes + (st - kKvHuffmanStreams) * n);
   uint32_t pos = streams[st];
   for (int i = 0; i < n; ++i) {
     const uint32_t e = __ldg(table + (BitWindow(words, pos) & mask));
