@@ -498,6 +498,7 @@ absl::Status Run() {
           row["speedup_vs_sdpa"] =
               std::isnan(sdpa_us) ? nlohmann::json() : nlohmann::json(sdpa_us / *us);
           row["chunks"] = plan->chunks();
+          row["kernel"] = plan->kernel();
           rows.push_back(row);
           std::printf("%-10s %-12s %5d %6d %10.1f %12.0f %8.0f %5.0f%% %10.1f %7.2f %7.2f\n",
                       shape.name.c_str(), name.c_str(), static_cast<int>(batch),
