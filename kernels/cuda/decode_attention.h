@@ -1,11 +1,16 @@
 // CUDA attention over compressed, mixed-tier KV pages with the decoding fused in: pages are
-// copied into shared memory (double-buffered, 16-byte cp.async), Huffman-coded units are decoded
-// there, codes are expanded in registers, and no fp32 copy of the KV ever reaches device memory.
+// copied into shared memory (double-buffered, 16-byte cp.async) and decoded there, and no fp32
+// copy of the KV ever reaches device memory. KIVI pages (one tier: int keys per channel, int
+// values per token, the sluice, kivi4, kivi2 and minikv presets) go to a kernel specialised at
+// compile time that runs both products on the tensor cores; every other format to a generic
+// kernel (Huffman units decoded in shared memory, codes expanded in registers). See
+// decode_attention_kernels.h and bench/gpu/NOTES.md.
 //
 // Split-K ("flash decoding"): the host plan cuts each (sequence, kv-head) page list into chunks
-// of pages, plus one chunk for the full-precision recent tokens; one thread block runs a chunk
-// for up to 8 query rows (a kv-head's query heads x query tokens) and writes a partial softmax
-// state; a second kernel merges the chunks of each (sequence, kv-head).
+// of pages of near-equal size; the full-precision recent tokens go in the last of them (KIVI
+// kernel) or in a chunk of their own (generic kernel). One thread block runs a chunk for up to
+// 8 query rows (a kv-head's query heads x query tokens) and writes a partial softmax state; a
+// second kernel merges the chunks of each (sequence, kv-head).
 //
 //   SLUICE_ASSIGN_OR_RETURN(DecodeAttentionPlan plan, DecodeAttentionPlan::Create(batch_desc));
 //   SLUICE_RETURN_IF_ERROR(plan.Run(q, out, stream));   // as often as the pages stay the same

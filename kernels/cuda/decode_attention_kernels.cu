@@ -44,9 +44,6 @@ __host__ __device__ inline int64_t Align16(int64_t x) { return (x + 15) / 16 * 1
 __device__ __forceinline__ int FastDivide(int x, const FastDiv& f) {
   return f.d == 1 ? x : static_cast<int>(__umulhi(static_cast<uint32_t>(x), f.mul));
 }
-__device__ __forceinline__ int FastMod(int x, const FastDiv& f) {
-  return x - FastDivide(x, f) * static_cast<int>(f.d);
-}
 
 // Shared memory of one block, in order.
 struct Smem {
