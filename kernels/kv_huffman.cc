@@ -110,8 +110,10 @@ absl::StatusOr<bool> KvAppendUnit(const KvHuffmanTier& t, const KvCodebooks& cb,
   const int64_t n = StreamSymbols(t);
   const uint8_t* k = unit + ul.k_codes;
   const uint8_t* v = unit + ul.v_codes;
-  const int64_t k_bytes = static_cast<int64_t>((EncodedBits(*cb.k, k, 4 * n) + 7) / 8);
-  const int64_t v_bytes = static_cast<int64_t>((EncodedBits(*cb.v, v, 4 * n) + 7) / 8);
+  const int64_t k_bytes =
+      static_cast<int64_t>((EncodedBits(*cb.k, k, kKvHuffmanStreams * n) + 7) / 8);
+  const int64_t v_bytes =
+      static_cast<int64_t>((EncodedBits(*cb.v, v, kKvHuffmanStreams * n) + 7) / 8);
   const int64_t capacity = t.format.page_bytes - l.bitstream;
   if (start + k_bytes + v_bytes + static_cast<int64_t>(HuffmanPaddingBytes()) > capacity) {
     return false;
