@@ -70,14 +70,19 @@ __host__ __device__ inline int64_t SmemBytes(const DecodeKernelParams& p, int ro
   return b;
 }
 
-__device__ __forceinline__ Smem CarveSmem(uint8_t* base, const DecodeKernelParams& p, int rows) {
-  Smem s;
-  uint8_t* at = base;
-  auto take = [&](int64_t bytes) {
+// Carves shared memory front to back, each piece 16-byte aligned.
+struct SmemCursor {
+  uint8_t* at;
+  __device__ __forceinline__ uint8_t* operator()(int64_t bytes) {
     uint8_t* r = at;
     at += Align16(bytes);
     return r;
-  };
+  }
+};
+
+__device__ __forceinline__ Smem CarveSmem(uint8_t* base, const DecodeKernelParams& p, int rows) {
+  Smem s;
+  SmemCursor take{base};
   s.page_stride = Align16(p.page_buffer_bytes);
   s.pages = take(2 * s.page_stride);
   s.unit = take(p.unit_buffer_bytes);
@@ -676,12 +681,7 @@ __device__ __forceinline__ KiviSmem CarveKivi(uint8_t* base, const DecodeKernelP
   constexpr int R = kKiviRows;
   const int64_t vt = p.view_tokens;
   KiviSmem s;
-  uint8_t* at = base;
-  auto take = [&](int64_t bytes) {
-    uint8_t* r = at;
-    at += Align16(bytes);
-    return r;
-  };
+  SmemCursor take{base};
   s.page_stride = Align16(p.page_buffer_bytes);
   s.pages = take(2 * s.page_stride);
   s.q = reinterpret_cast<float*>(take(D * R * 4));
