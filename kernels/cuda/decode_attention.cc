@@ -1,6 +1,7 @@
 #include "kernels/cuda/decode_attention.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -69,12 +70,6 @@ class PlanArrays {
   std::vector<Item> uploads_, scratch_;
 };
 
-int Log2(int x) {
-  int n = 0;
-  while ((1 << (n + 1)) <= x) ++n;
-  return n;
-}
-
 }  // namespace
 
 DecodeTierConsts MakeDecodeTierConsts(const KvTierFormat& f, const KvPageLayout& l, int d) {
@@ -82,7 +77,7 @@ DecodeTierConsts MakeDecodeTierConsts(const KvTierFormat& f, const KvPageLayout&
   const KvQuantSpec& k = f.k;
   const KvQuantSpec& v = f.v;
   const int kg = k.group == 0 ? d : k.group;
-  if (k.codec == KvCodec::kInt) c.k_per_shift = Log2(8 / k.bits);
+  if (k.codec == KvCodec::kInt) c.k_per_shift = std::countr_zero(static_cast<unsigned>(8 / k.bits));
   c.k_groups = d / kg;
   c.k_group8 = kg % 8 == 0 ? kg / 8 : 0;
   const int bc = k.grouping == KvGrouping::kBlock ? k.block_channels : 1;

@@ -663,16 +663,16 @@ struct KiviSmem {
   float* m;       // [R]
   float* l;       // [R]
   float* factor;  // [R]
-  float* misc;    // [8]: |q| max per warp [0, 4); the page's value exponent [4], the last [5]
+  float* misc;    // [8]: |q| max per warp in [0, 4)
 };
 
-template <class K>
-__host__ __device__ inline int64_t KiviSmemBytes(const DecodeKernelParams& p, int64_t d) {
-  const int64_t R = kKiviRows, vt = p.view_tokens;
+__host__ __device__ inline int64_t KiviSmemBytes(const DecodeKernelParams& p) {
+  const int64_t R = kKiviRows, vt = p.view_tokens, d = p.head_dim;
+  const int64_t VG = d / kKiviValueChannels;
   int64_t b = 2 * Align16(p.page_buffer_bytes);
   b += Align16(d * R * 4) + Align16(int64_t{kWarps} * 2 * R * d * 2);
-  b += Align16(K::kVGroups * 2 * R * vt * 2) + Align16(R * vt * 4);
-  b += Align16(R * K::kVGroups * 4) + Align16(R * d * 4) + 3 * Align16(R * 4) + Align16(8 * 4);
+  b += Align16(VG * 2 * R * vt * 2) + Align16(R * vt * 4);
+  b += Align16(R * VG * 4) + Align16(R * d * 4) + 3 * Align16(R * 4) + Align16(8 * 4);
   return b;
 }
 
@@ -1134,39 +1134,12 @@ __global__ void __launch_bounds__(kDecodeThreads, 4)
   KiviFinish<K, D>(p, s, acc);
 }
 
-// The chunk kernel's shared memory for `p`, with the kernel allowed that much past 48 KiB.
-template <int R>
-cudaError_t AllowShared(const DecodeKernelParams& p, int64_t* smem) {
-  *smem = SmemBytes(p, R);
-  if (*smem <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(ChunkKernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(*smem));
-}
-
-template <int R>
-cudaError_t LaunchRows(const DecodeKernelParams& p, cudaStream_t stream) {
-  int64_t smem = 0;
-  if (cudaError_t e = AllowShared<R>(p, &smem); e != cudaSuccess) return e;
-  const dim3 grid(p.chunk_count, (p.rows + R - 1) / R);
-  SLUICE_LAUNCH(grid, kDecodeThreads, smem, stream, ChunkKernel<R>)(p);
-  return cudaGetLastError();
-}
-
-template <int R>
-cudaError_t BlocksPerSm(const DecodeKernelParams& p, int* blocks) {
-  int64_t smem = 0;
-  if (cudaError_t e = AllowShared<R>(p, &smem); e != cudaSuccess) return e;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, ChunkKernel<R>, kDecodeThreads,
-                                                       static_cast<size_t>(smem));
-}
-
-// The KIVI instantiations: head_dim 64 or 128, 2- or 4-bit codes. `f(kernel, shared bytes)`.
+// Calls f(kernel, shared bytes) with the chunk kernel `k` names for `p`, the kernel allowed
+// that much shared memory past 48 KiB: the generic kernel for 1, 2, 4 or 8 rows, or a KIVI
+// instantiation (head_dim 128 at 2 or 4 bits, 64 at 4).
 template <typename F>
-cudaError_t WithKivi(const DecodeKernelParams& p, int bits, F&& f) {
-  constexpr int G = kKiviKeyTokens, GV = kKiviValueChannels;
-  const auto go = [&](auto kernel, auto k) {
-    using K = decltype(k);
-    const int64_t smem = KiviSmemBytes<K>(p, p.head_dim);
+cudaError_t WithChunkKernel(const DecodeKernelParams& p, DecodeKernelChoice k, F&& f) {
+  const auto go = [&](auto kernel, int64_t smem) {
     if (smem > 48 * 1024) {
       const cudaError_t e = cudaFuncSetAttribute(
           kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
@@ -1174,12 +1147,27 @@ cudaError_t WithKivi(const DecodeKernelParams& p, int bits, F&& f) {
     }
     return f(kernel, smem);
   };
-  if (p.head_dim == 128 && bits == 4)
-    return go(KiviChunkKernel<128, 4, G, GV>, Kivi<128, 4, G, GV>{});
-  if (p.head_dim == 128 && bits == 2)
-    return go(KiviChunkKernel<128, 2, G, GV>, Kivi<128, 2, G, GV>{});
-  if (p.head_dim == 64 && bits == 4) return go(KiviChunkKernel<64, 4, G, GV>, Kivi<64, 4, G, GV>{});
-  return cudaErrorInvalidValue;
+  constexpr int G = kKiviKeyTokens, GV = kKiviValueChannels;
+  if (k.kivi_bits != 0) {
+    const int64_t smem = KiviSmemBytes(p);
+    if (p.head_dim == 128 && k.kivi_bits == 4) return go(KiviChunkKernel<128, 4, G, GV>, smem);
+    if (p.head_dim == 128 && k.kivi_bits == 2) return go(KiviChunkKernel<128, 2, G, GV>, smem);
+    if (p.head_dim == 64 && k.kivi_bits == 4) return go(KiviChunkKernel<64, 4, G, GV>, smem);
+    return cudaErrorInvalidValue;
+  }
+  const int64_t smem = SmemBytes(p, k.rows_per_block);
+  switch (k.rows_per_block) {
+    case 1:
+      return go(ChunkKernel<1>, smem);
+    case 2:
+      return go(ChunkKernel<2>, smem);
+    case 4:
+      return go(ChunkKernel<4>, smem);
+    case 8:
+      return go(ChunkKernel<8>, smem);
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace
@@ -1208,65 +1196,23 @@ DecodeKernelChoice ChooseDecodeKernel(const DecodeTier* tiers, int tier_count, i
 }
 
 size_t DecodeSharedBytes(const DecodeKernelParams& p, DecodeKernelChoice k) {
-  if (k.kivi_bits != 0) {
-    int64_t bytes = 0;
-    const cudaError_t e = WithKivi(p, k.kivi_bits, [&](auto, int64_t smem) {
-      bytes = smem;
-      return cudaSuccess;
-    });
-    return e == cudaSuccess ? static_cast<size_t>(bytes) : 0;
-  }
-  return static_cast<size_t>(SmemBytes(p, k.rows_per_block));
+  return static_cast<size_t>(k.kivi_bits != 0 ? KiviSmemBytes(p) : SmemBytes(p, k.rows_per_block));
 }
 
 cudaError_t DecodeBlocksPerSm(const DecodeKernelParams& p, DecodeKernelChoice k, int* blocks) {
-  if (k.kivi_bits != 0) {
-    return WithKivi(p, k.kivi_bits, [&](auto kernel, int64_t smem) {
-      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kDecodeThreads,
-                                                           static_cast<size_t>(smem));
-    });
-  }
-  switch (k.rows_per_block) {
-    case 1:
-      return BlocksPerSm<1>(p, blocks);
-    case 2:
-      return BlocksPerSm<2>(p, blocks);
-    case 4:
-      return BlocksPerSm<4>(p, blocks);
-    case 8:
-      return BlocksPerSm<8>(p, blocks);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return WithChunkKernel(p, k, [&](auto kernel, int64_t smem) {
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kDecodeThreads,
+                                                         static_cast<size_t>(smem));
+  });
 }
 
 cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, DecodeKernelChoice k,
                                   cudaStream_t stream) {
-  cudaError_t e;
-  if (k.kivi_bits != 0) {
-    e = WithKivi(p, k.kivi_bits, [&](auto kernel, int64_t smem) {
-      const dim3 grid(p.chunk_count, (p.rows + kKiviRows - 1) / kKiviRows);
-      SLUICE_LAUNCH(grid, kDecodeThreads, smem, stream, kernel)(p);
-      return cudaGetLastError();
-    });
-  } else {
-    switch (k.rows_per_block) {
-      case 1:
-        e = LaunchRows<1>(p, stream);
-        break;
-      case 2:
-        e = LaunchRows<2>(p, stream);
-        break;
-      case 4:
-        e = LaunchRows<4>(p, stream);
-        break;
-      case 8:
-        e = LaunchRows<8>(p, stream);
-        break;
-      default:
-        return cudaErrorInvalidValue;
-    }
-  }
+  const cudaError_t e = WithChunkKernel(p, k, [&](auto kernel, int64_t smem) {
+    const dim3 grid(p.chunk_count, (p.rows + k.rows_per_block - 1) / k.rows_per_block);
+    SLUICE_LAUNCH(grid, kDecodeThreads, smem, stream, kernel)(p);
+    return cudaGetLastError();
+  });
   if (e != cudaSuccess) return e;
   SLUICE_LAUNCH(p.bh_count, 256, 0, stream, MergeKernel)(p);
   return cudaGetLastError();
