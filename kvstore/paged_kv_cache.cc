@@ -40,7 +40,53 @@ int32_t LiveSlots(const uint8_t* page, int32_t valid_offset, int32_t slots) {
   return live;
 }
 
+// The attention scale the options ask for: theirs, or 1 / sqrt(head_dim) when it is 0.
+float ScaleOf(const PagedKvCacheOptions& o) {
+  return o.attention_scale > 0.f ? o.attention_scale
+                                 : 1.f / std::sqrt(static_cast<float>(o.head_dim));
+}
+
 }  // namespace
+
+template <typename Fn>
+void PagedKvCache::ForEachLive(const HeadPages& hp, int t, Fn fn) const {
+  const TierPages& tp = hp.tier[t];
+  int64_t index = 0;
+  for (int32_t p = 0; p < hp.count(t); ++p) {
+    const uint64_t* valid =
+        reinterpret_cast<const uint64_t*>(pool_->data(hp.page(t, p)) + layouts_[t].valid);
+    for (int32_t j = 0; j < tp.slots[p]; ++j, ++index) {
+      if ((valid[j / 64] >> (j % 64)) & 1) fn(tp.positions[index], p, j);
+    }
+  }
+}
+
+class PagedKvCache::PolicyView final : public policy::SequenceView {
+ public:
+  PolicyView(PagedKvCache& cache, int64_t id, Seq& s) : cache_(cache), id_(id), s_(s) {}
+  int64_t length() const override { return s_.length; }
+  int64_t compressed() const override { return s_.compressed; }
+  policy::SequenceState& state() override { return s_.policy; }
+  policy::ListState& list(int64_t i) override { return s_.heads[i].policy; }
+  int64_t lists() const override { return static_cast<int64_t>(s_.heads.size()); }
+  void ForEachLive(int64_t i, int tier,
+                   absl::FunctionRef<void(const policy::LiveToken&)> fn) const override {
+    cache_.ForEachLive(s_.heads[i], tier, [&](int64_t position, int32_t page, int32_t slot) {
+      fn({.position = position, .page = page, .slot = slot});
+    });
+  }
+  absl::Status Evict(int64_t i, absl::Span<const int64_t> positions) override {
+    return cache_.EvictList(id_, s_, s_.heads[i], positions);
+  }
+  absl::Status Demote(int64_t i, const policy::LiveToken& token) override {
+    return cache_.Demote(s_.heads[i], token.position, token.page, token.slot);
+  }
+
+ private:
+  PagedKvCache& cache_;
+  const int64_t id_;
+  Seq& s_;
+};
 
 absl::StatusOr<int64_t> PagesForSequence(const KvPreset& preset, int32_t layers, int64_t kv_heads,
                                          int64_t tokens) {
@@ -75,10 +121,16 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const PagedKv
   if (o.preset.residual < 0) return absl::InvalidArgumentError("preset residual must be >= 0");
   SLUICE_ASSIGN_OR_RETURN(kernels::KvPageLayout layout, kernels::ComputePageLayout(o.preset.high));
   kernels::KvPageLayout low_layout = layout;
-  const bool leankv = o.preset.policy.kind == KvPolicyKind::kLeanKv;
-  if (leankv != o.preset.low.has_value()) {
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<policy::TokenPolicy> token_policy,
+                          policy::MakeTokenPolicy(o.preset.policy, {.layers = o.layers,
+                                                                    .heads = o.heads,
+                                                                    .kv_heads = o.kv_heads,
+                                                                    .head_dim = o.head_dim,
+                                                                    .scale = ScaleOf(o)}));
+  if (token_policy->two_tiers() != o.preset.low.has_value()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "preset %s: a low tier goes with the leankv policy and only with it", o.preset.name));
+        "preset %s: a low tier goes with a two-tier policy (leankv) and only with one; policy %s",
+        o.preset.name, token_policy->name()));
   }
   if (o.preset.low) {
     const kernels::KvTierFormat& low = *o.preset.low;
@@ -97,12 +149,12 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const PagedKv
                                                                     o.preset.high.page_bytes)
                                              : PagePool::Create(o.pages, o.preset.high.page_bytes));
   return std::unique_ptr<PagedKvCache>(
-      new PagedKvCache(o, layout, low_layout, std::move(pool), backend));
+      new PagedKvCache(o, layout, low_layout, std::move(pool), std::move(token_policy), backend));
 }
 
 PagedKvCache::PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLayout high,
                            kernels::KvPageLayout low, std::unique_ptr<PagePool> pool,
-                           kernels::Backend& backend)
+                           std::unique_ptr<policy::TokenPolicy> policy, kernels::Backend& backend)
     : options_(options),
       tiers_(options.preset.low ? 2 : 1),
       formats_{options.preset.high, options.preset.low.value_or(options.preset.high)},
@@ -110,6 +162,7 @@ PagedKvCache::PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLa
       layout_(layouts_[0]),
       row_(options.kv_heads * options.head_dim),
       pool_(std::move(pool)),
+      policy_(std::move(policy)),
       backend_(backend),
       codebooks_(options.layers) {}
 
@@ -208,17 +261,26 @@ absl::Status PagedKvCache::Attend(int64_t seq, int layer, const float* q, int64_
   }
   const float scale = AttentionScale();
   const kernels::KvCodebooks codebooks[2] = {Codebooks(layer), {}};
-  const KvPolicyKind kind = options_.preset.policy.kind;
-  if ((kind == KvPolicyKind::kSnapKv || kind == KvPolicyKind::kPyramid ||
-       kind == KvPolicyKind::kMiniKv) &&
-      s->length == 0 && n > 1) {
-    SLUICE_RETURN_IF_ERROR(SnapKvSelect(*s, layer, q, n));
+  // A policy that selects from the whole prompt: its drops wait in the window for the commit.
+  if (policy_->selects_prompt() && s->length == 0 && n > 1) {
+    SLUICE_ASSIGN_OR_RETURN(
+        const std::vector<std::vector<int64_t>> dropped,
+        policy_->SelectPrompt(
+            backend_,
+            {.layer = layer, .q = q, .k = s->k[layer].data(), .v = s->v[layer].data(), .n = n}));
+    for (int64_t h = 0; h < options_.kv_heads; ++h) {
+      std::vector<int64_t>& pending = s->heads[layer * options_.kv_heads + h].pending;
+      pending.insert(pending.end(), dropped[h].begin(), dropped[h].end());
+      std::sort(pending.begin(), pending.end());
+      pending.erase(std::unique(pending.begin(), pending.end()), pending.end());
+    }
   }
-  // H2O and LeanKV: every key's attention adds to its score (pages in tier and table order,
-  // slot by slot, are the order of the tiers' positions). LeanKV keeps query heads apart.
-  const bool h2o = kind == KvPolicyKind::kH2o, leankv = kind == KvPolicyKind::kLeanKv;
-  const bool scores = h2o || leankv;
-  const int64_t group = leankv ? options_.heads / options_.kv_heads : 1;
+  // Policies that score: every key's attention adds to its score (pages in tier and table
+  // order, slot by slot, are the order of the tiers' positions), per query head if asked.
+  const policy::ScoreMode mode = policy_->scores();
+  const bool scores = mode != policy::ScoreMode::kNone;
+  const bool per_head = mode == policy::ScoreMode::kPerQueryHead;
+  const int64_t group = per_head ? options_.heads / options_.kv_heads : 1;
   int64_t total_slots = 0;
   for (const kernels::KvPageRef& r : refs) total_slots += r.slots;
   std::vector<float> page_scores, recent_scores;
@@ -245,23 +307,24 @@ absl::Status PagedKvCache::Attend(int64_t seq, int layer, const float* q, int64_
                                .recent_tokens = recent,
                                .page_scores = scores ? page_scores.data() : nullptr,
                                .recent_scores = scores ? recent_scores.data() : nullptr,
-                               .scores_per_head = leankv}));
+                               .scores_per_head = per_head}));
   if (!scores) return absl::OkStatus();
   int64_t slot = 0;
   for (int64_t h = 0; h < options_.kv_heads; ++h) {
     HeadPages& hp = s->heads[layer * options_.kv_heads + h];
-    hp.score.resize((s->length + n) * group, 0.f);
+    std::vector<float>& score = hp.policy.score;
+    score.resize((s->length + n) * group, 0.f);
     for (int t = 0; t < tiers_; ++t) {
       for (int32_t pos : hp.tier[t].positions) {
         for (int64_t g = 0; g < group; ++g) {
-          hp.score[pos * group + g] += page_scores[g * total_slots + slot];
+          score[pos * group + g] += page_scores[g * total_slots + slot];
         }
         ++slot;
       }
     }
     for (int64_t r = 0; r < recent; ++r) {
       for (int64_t g = 0; g < group; ++g) {
-        hp.score[(s->compressed + r) * group + g] += recent_scores[(h * group + g) * recent + r];
+        score[(s->compressed + r) * group + g] += recent_scores[(h * group + g) * recent + r];
       }
     }
   }
@@ -280,8 +343,10 @@ absl::Status PagedKvCache::Commit(int64_t seq, int64_t n) {
     }
   }
   s->length += n;
-  SLUICE_RETURN_IF_ERROR(Flush(*s, n));
-  return ApplyPolicy(seq, *s);
+  PolicyView view(*this, seq, *s);
+  TierChoice choice;
+  SLUICE_RETURN_IF_ERROR(Flush(*s, view, &choice));
+  return policy_->AfterCommit(view, n, choice);
 }
 
 int64_t PagedKvCache::FlushCount(const Seq& s, int64_t length) const {
@@ -292,8 +357,7 @@ int64_t PagedKvCache::FlushCount(const Seq& s, int64_t length) const {
 
 absl::Status PagedKvCache::StreamLayers(int64_t seq, LayerListener listener) {
   SLUICE_ASSIGN_OR_RETURN(Seq * s, Find(seq));
-  if (options_.preset.policy.kind != KvPolicyKind::kNone || tiers_ != 1 ||
-      options_.preset.high.huffman_bits > 0) {
+  if (policy_->changes_pages() || tiers_ != 1 || options_.preset.high.huffman_bits > 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "preset %s changes or codes its pages after a commit; its KV cannot stream by layer",
         options_.preset.name));
@@ -328,7 +392,7 @@ absl::Status PagedKvCache::LayerDone(int64_t seq, int layer, int64_t n) {
   return absl::OkStatus();
 }
 
-absl::Status PagedKvCache::Flush(Seq& s, int64_t committed) {
+absl::Status PagedKvCache::Flush(Seq& s, policy::SequenceView& view, TierChoice* choice) {
   const int64_t flush = FlushCount(s, s.length);
   if (!s.early.empty()) {
     // Streamed: every layer moved its tokens to pages when it was done.
@@ -345,12 +409,11 @@ absl::Status PagedKvCache::Flush(Seq& s, int64_t committed) {
     return absl::OkStatus();
   }
   if (flush <= 0) return absl::OkStatus();
-  TierChoice choice;
   if (options_.preset.high.huffman_bits > 0) {
     SLUICE_RETURN_IF_ERROR(FlushCoded(s, flush));
   } else {
-    if (tiers_ == 2) choice = LeanKvChoose(s, flush);
-    SLUICE_RETURN_IF_ERROR(FlushFixed(s, flush, tiers_ == 2 ? &choice : nullptr));
+    *choice = policy_->ChooseTiers(view, flush);
+    SLUICE_RETURN_IF_ERROR(FlushFixed(s, flush, choice->empty() ? nullptr : choice));
   }
   for (int l = 0; l < options_.layers; ++l) {
     s.k[l].erase(s.k[l].begin(), s.k[l].begin() + flush * row_);
@@ -365,8 +428,6 @@ absl::Status PagedKvCache::Flush(Seq& s, int64_t committed) {
     hp.pending.erase(hp.pending.begin(), paged);
     SLUICE_RETURN_IF_ERROR(EvictPaged(hp, now));
   }
-  // LeanKV in generation (one token a step): each token's tier gives up its least significant.
-  if (tiers_ == 2 && committed == 1 && s.length > 1) return LeanKvVictims(s, choice);
   return absl::OkStatus();
 }
 
@@ -501,10 +562,7 @@ absl::Status PagedKvCache::BuildCodebooks(const Seq& s, int layer, int64_t token
   return absl::OkStatus();
 }
 
-float PagedKvCache::AttentionScale() const {
-  return options_.attention_scale > 0.f ? options_.attention_scale
-                                        : 1.f / std::sqrt(static_cast<float>(options_.head_dim));
-}
+float PagedKvCache::AttentionScale() const { return ScaleOf(options_); }
 
 kernels::KvCodebooks PagedKvCache::Codebooks(int layer) const {
   if (layer < 0 || layer >= static_cast<int>(codebooks_.size()) || !codebooks_[layer]) return {};
@@ -642,7 +700,7 @@ absl::Status PagedKvCache::ForkSequence(int64_t src, int64_t dst, int64_t max_to
   to.max_tokens = max_tokens;
   to.length = from->length;
   to.compressed = from->compressed;
-  to.sinks_evicted_to = from->sinks_evicted_to;
+  to.policy = from->policy;
   to.k = from->k;
   to.v = from->v;
   to.heads.resize(from->heads.size());
@@ -662,8 +720,7 @@ absl::Status PagedKvCache::ForkSequence(int64_t src, int64_t dst, int64_t max_to
       out.tier[t] = hp.tier[t];
     }
     out.pending = hp.pending;
-    out.score = hp.score;
-    out.gone = hp.gone;
+    out.policy = hp.policy;
   }
   seqs_.emplace(dst, std::move(to));
   return absl::OkStatus();
@@ -677,16 +734,20 @@ absl::Status PagedKvCache::Evict(int64_t seq, int layer, int64_t kv_head,
         absl::StrFormat("layer %d / kv-head %d outside [0, %d) / [0, %d)", layer, kv_head,
                         options_.layers, options_.kv_heads));
   }
-  std::vector<int64_t> paged;
-  HeadPages& hp = s->heads[layer * options_.kv_heads + kv_head];
+  return EvictList(seq, *s, s->heads[layer * options_.kv_heads + kv_head], positions);
+}
+
+absl::Status PagedKvCache::EvictList(int64_t seq, Seq& s, HeadPages& hp,
+                                     absl::Span<const int64_t> positions) {
   for (int64_t p : positions) {
-    if (p < 0 || p >= s->length) {
+    if (p < 0 || p >= s.length) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "sequence %d: position %d outside its %d committed tokens", seq, p, s->length));
+          "sequence %d: position %d outside its %d committed tokens", seq, p, s.length));
     }
   }
+  std::vector<int64_t> paged;
   for (int64_t p : positions) {
-    if (p < s->compressed) {
+    if (p < s.compressed) {
       paged.push_back(p);
     } else {
       hp.pending.push_back(p);
@@ -696,6 +757,29 @@ absl::Status PagedKvCache::Evict(int64_t seq, int layer, int64_t kv_head,
   hp.pending.erase(std::unique(hp.pending.begin(), hp.pending.end()), hp.pending.end());
   std::sort(paged.begin(), paged.end());
   return EvictPaged(hp, paged);
+}
+
+absl::Status PagedKvCache::Demote(HeadPages& hp, int64_t position, int32_t page, int32_t slot) {
+  const int64_t d = options_.head_dim;
+  std::vector<float> k(d), v(d);
+  SLUICE_RETURN_IF_ERROR(backend_.KvDequantize({.page = pool_->data(hp.page(0, page)),
+                                                .format = formats_[0],
+                                                .layout = layouts_[0],
+                                                .slot = slot,
+                                                .tokens = 1,
+                                                .k = k.data(),
+                                                .v = v.data()}));
+  std::vector<PageId> fresh;
+  if (!hp.tier[1].LastOpen(layouts_[1].tokens)) {
+    SLUICE_ASSIGN_OR_RETURN(const PageId id, AllocatePage(1));
+    fresh.push_back(id);
+  }
+  int64_t next = 0;
+  SLUICE_RETURN_IF_ERROR(WriteRows(hp, 1, k.data(), v.data(), d, 1, fresh, &next));
+  hp.tier[1].positions.push_back(static_cast<int32_t>(position));
+  SLUICE_RETURN_IF_ERROR(EvictPaged(hp, {position}));  // finds the high-tier copy first
+  ++demoted_;
+  return absl::OkStatus();
 }
 
 bool PagedKvCache::Locate(const HeadPages& hp, int64_t position, int* tier, int32_t* page,
@@ -818,212 +902,6 @@ absl::Status PagedKvCache::MaybeCompact(HeadPages& hp, int t) {
   }
   ++compactions_;
   compaction_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
-  return absl::OkStatus();
-}
-
-absl::Status PagedKvCache::ApplyPolicy(int64_t seq, Seq& s) {
-  const KvPolicy& policy = options_.preset.policy;
-  if (policy.kind == KvPolicyKind::kH2o) return ApplyH2o(seq, s);
-  if (policy.kind != KvPolicyKind::kSinks) return absl::OkStatus();
-  // Keep the sinks and the most recent tokens: budget * length in all, at least one recent.
-  const int64_t keep = std::max<int64_t>(policy.sinks + 1,
-                                         static_cast<int64_t>(std::ceil(policy.budget * s.length)));
-  const int64_t recent_from = s.length - (keep - policy.sinks);
-  if (s.sinks_evicted_to < 0) s.sinks_evicted_to = policy.sinks;
-  if (recent_from <= s.sinks_evicted_to) return absl::OkStatus();
-  std::vector<int64_t> positions;
-  for (int64_t p = s.sinks_evicted_to; p < recent_from; ++p) positions.push_back(p);
-  s.sinks_evicted_to = recent_from;
-  for (int l = 0; l < options_.layers; ++l) {
-    for (int64_t h = 0; h < options_.kv_heads; ++h) {
-      SLUICE_RETURN_IF_ERROR(Evict(seq, l, h, positions));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status PagedKvCache::ApplyH2o(int64_t seq, Seq& s) {
-  // Per (layer, kv-head): keep budget * length tokens, the most recent half of them and the
-  // heaviest hitters (largest cumulative attention) among the older ones.
-  const KvPolicy& policy = options_.preset.policy;
-  const int64_t keep =
-      std::max<int64_t>(2, static_cast<int64_t>(std::ceil(policy.budget * s.length)));
-  const int64_t recent = keep / 2, heavy = keep - recent;
-  const int64_t older = s.length - recent;  // candidates: positions before this
-  if (older <= heavy) return absl::OkStatus();
-  std::vector<int64_t> candidates;
-  for (int l = 0; l < options_.layers; ++l) {
-    for (int64_t h = 0; h < options_.kv_heads; ++h) {
-      HeadPages& hp = s.heads[l * options_.kv_heads + h];
-      hp.score.resize(s.length, 0.f);
-      hp.gone.resize(s.length, 0);
-      candidates.clear();
-      for (int64_t p = 0; p < older; ++p) {
-        if (!hp.gone[p]) candidates.push_back(p);
-      }
-      if (static_cast<int64_t>(candidates.size()) <= heavy) continue;
-      // Heaviest first; the rest go.
-      std::nth_element(candidates.begin(), candidates.begin() + heavy, candidates.end(),
-                       [&](int64_t a, int64_t b) {
-                         return hp.score[a] != hp.score[b] ? hp.score[a] > hp.score[b] : a < b;
-                       });
-      std::vector<int64_t> evict(candidates.begin() + heavy, candidates.end());
-      for (int64_t p : evict) hp.gone[p] = 1;
-      SLUICE_RETURN_IF_ERROR(Evict(seq, l, h, evict));
-    }
-  }
-  return absl::OkStatus();
-}
-
-template <typename Fn>
-void PagedKvCache::ForEachLive(const HeadPages& hp, int t, Fn fn) const {
-  const TierPages& tp = hp.tier[t];
-  int64_t index = 0;
-  for (int32_t p = 0; p < hp.count(t); ++p) {
-    const uint64_t* valid =
-        reinterpret_cast<const uint64_t*>(pool_->data(hp.page(t, p)) + layouts_[t].valid);
-    for (int32_t j = 0; j < tp.slots[p]; ++j, ++index) {
-      if ((valid[j / 64] >> (j % 64)) & 1) fn(tp.positions[index], p, j);
-    }
-  }
-}
-
-float PagedKvCache::LeanKvScore(const HeadPages& hp, int64_t position, int64_t length) const {
-  const int64_t group = options_.heads / options_.kv_heads;
-  if (static_cast<int64_t>(hp.score.size()) < (position + 1) * group) return 0.f;  // not attended
-  float best = 0.f;
-  for (int64_t g = 0; g < group; ++g) best = std::max(best, hp.score[position * group + g]);
-  // Queries position .. length - 1 saw it.
-  return best / static_cast<float>(length - position);
-}
-
-PagedKvCache::TierChoice PagedKvCache::LeanKvChoose(const Seq& s, int64_t flush) const {
-  // LeanKV §4 with one rule for both phases: a token at least alpha_high / N significant goes
-  // to the high tier, at least alpha_low / N to the low tier; the rest are evicted.
-  const KvPolicy& policy = options_.preset.policy;
-  const float n = static_cast<float>(s.length);
-  const float high = policy.alpha_high / n, low = policy.alpha_low / n;
-  TierChoice choice(s.heads.size(), std::vector<int8_t>(flush, 0));
-  for (size_t i = 0; i < s.heads.size(); ++i) {
-    for (int64_t t = 0; t < flush; ++t) {
-      const float score = LeanKvScore(s.heads[i], s.compressed + t, s.length);
-      choice[i][t] = score >= high ? 0 : score >= low ? 1 : -1;
-    }
-  }
-  return choice;
-}
-
-absl::Status PagedKvCache::LeanKvVictims(Seq& s, const TierChoice& choice) {
-  const KvPolicy& policy = options_.preset.policy;
-  const float n = static_cast<float>(s.length);
-  const float high = policy.alpha_high / n, low = policy.alpha_low / n;
-  const int64_t d = options_.head_dim;
-  std::vector<float> k(d), v(d);
-  for (size_t i = 0; i < s.heads.size(); ++i) {
-    HeadPages& hp = s.heads[i];
-    for (int8_t t : choice[i]) {
-      if (t < 0) continue;  // the candidate itself went
-      // The least significant live token of the tier the candidate joined.
-      int64_t victim = -1;
-      int32_t page = 0, slot = 0;
-      float least = 0.f;
-      ForEachLive(hp, t, [&](int64_t pos, int32_t p, int32_t j) {
-        const float score = LeanKvScore(hp, pos, s.length);
-        if (victim < 0 || score < least) {
-          victim = pos;
-          least = score;
-          page = p;
-          slot = j;
-        }
-      });
-      // Lines 8-11 for the high tier: demoted within [low, high), evicted below low (even when
-      // low > high: then there is no low tier); lines 16-17 for the low tier: evicted below low.
-      if (victim < 0 || (least >= low && (t == 1 || least >= high))) continue;
-      if (least >= low) {  // re-quantized to the low tier
-        SLUICE_RETURN_IF_ERROR(backend_.KvDequantize({.page = pool_->data(hp.page(0, page)),
-                                                      .format = formats_[0],
-                                                      .layout = layouts_[0],
-                                                      .slot = slot,
-                                                      .tokens = 1,
-                                                      .k = k.data(),
-                                                      .v = v.data()}));
-        std::vector<PageId> fresh;
-        if (!hp.tier[1].LastOpen(layouts_[1].tokens)) {
-          SLUICE_ASSIGN_OR_RETURN(const PageId id, AllocatePage(1));
-          fresh.push_back(id);
-        }
-        int64_t next = 0;
-        SLUICE_RETURN_IF_ERROR(WriteRows(hp, 1, k.data(), v.data(), d, 1, fresh, &next));
-        hp.tier[1].positions.push_back(static_cast<int32_t>(victim));
-        SLUICE_RETURN_IF_ERROR(EvictPaged(hp, {victim}));  // finds the high-tier copy first
-        ++demoted_;
-        continue;
-      }
-      SLUICE_RETURN_IF_ERROR(EvictPaged(hp, {victim}));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status PagedKvCache::SnapKvSelect(Seq& s, int layer, const float* q, int64_t n) {
-  const KvPolicy& policy = options_.preset.policy;
-  // SnapKV scores keys by the attention of the observation window's queries; MiniKV by that of
-  // all the prompt's queries, each key's divided by the queries that saw it (H2O's cumulative
-  // score without its bias towards early tokens). Either way the window stays.
-  const bool minikv = policy.kind == KvPolicyKind::kMiniKv;
-  const int64_t window = std::min<int64_t>(policy.observation, n);
-  const int64_t scorers = minikv ? n : window;
-  const float budget = policy.kind == KvPolicyKind::kSnapKv
-                           ? policy.budget
-                           : PyramidBudget(policy, layer, options_.layers);
-  const int64_t keep = static_cast<int64_t>(std::ceil(budget * n));
-  if (keep >= n) return absl::OkStatus();
-  const int64_t d = options_.head_dim, heads = options_.heads, group = heads / options_.kv_heads;
-  // Attention of the scoring queries over the whole prompt, summed per key.
-  std::vector<float> scores(heads * n, 0.f), out(scorers * heads * d);
-  const float scale = AttentionScale();
-  SLUICE_RETURN_IF_ERROR(backend_.Attention({.q = q + (n - scorers) * heads * d,
-                                             .k = s.k[layer].data(),
-                                             .v = s.v[layer].data(),
-                                             .out = out.data(),
-                                             .q_tokens = scorers,
-                                             .kv_tokens = n,
-                                             .q_start = n - scorers,
-                                             .heads = heads,
-                                             .kv_heads = options_.kv_heads,
-                                             .head_dim = d,
-                                             .scale = scale,
-                                             .key_scores = scores.data()}));
-  const int64_t candidates = n - window;  // the window itself always stays
-  const int64_t pick = std::max<int64_t>(0, keep - window);
-  const int64_t radius = policy.pool / 2;
-  std::vector<float> summed(candidates), pooled(candidates);
-  std::vector<int64_t> order(candidates);
-  for (int64_t h = 0; h < options_.kv_heads; ++h) {
-    for (int64_t j = 0; j < candidates; ++j) {
-      float a = 0;
-      for (int64_t g = 0; g < group; ++g) a += scores[(h * group + g) * n + j];
-      summed[j] = minikv ? a / static_cast<float>(n - j) : a;
-    }
-    for (int64_t j = 0; j < candidates; ++j) {
-      float m = summed[j];
-      for (int64_t o = std::max<int64_t>(0, j - radius);
-           o <= std::min<int64_t>(candidates - 1, j + radius); ++o) {
-        m = std::max(m, summed[o]);
-      }
-      pooled[j] = m;
-    }
-    for (int64_t j = 0; j < candidates; ++j) order[j] = j;
-    // Highest pooled score first; ties keep the earlier token.
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int64_t a, int64_t b) { return pooled[a] > pooled[b]; });
-    std::vector<int64_t> evict(order.begin() + std::min(pick, candidates), order.end());
-    // The prompt is not committed yet: its evictions wait for Commit and the flush.
-    HeadPages& hp = s.heads[layer * options_.kv_heads + h];
-    hp.pending.insert(hp.pending.end(), evict.begin(), evict.end());
-    std::sort(hp.pending.begin(), hp.pending.end());
-    hp.pending.erase(std::unique(hp.pending.begin(), hp.pending.end()), hp.pending.end());
-  }
   return absl::OkStatus();
 }
 

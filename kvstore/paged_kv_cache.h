@@ -34,6 +34,7 @@
 #include "kvstore/kv_preset.h"
 #include "kvstore/page_pool.h"
 #include "kvstore/page_table.h"
+#include "kvstore/policy/token_policy.h"
 #include "model/kv_cache.h"
 
 namespace sluice::kvstore {
@@ -150,6 +151,8 @@ class PagedKvCache final : public model::KvCache {
   // null codebooks otherwise.
   kernels::KvCodebooks Codebooks(int layer) const;
   const KvPreset& preset() const { return options_.preset; }
+  // The preset's token policy (kvstore/policy/): which tokens stay, and in which tier.
+  const policy::TokenPolicy& policy() const { return *policy_; }
   const kernels::KvPageLayout& layout() const { return layout_; }  // the high tier's
   const PagePool& pool() const { return *pool_; }
   // For page reservations of a decode worker (pages a peer writes before ImportSequence).
@@ -174,10 +177,7 @@ class PagedKvCache final : public model::KvCache {
     BidirectionalPageTable table;
     TierPages tier[2];             // [0] high, [1] low
     std::vector<int64_t> pending;  // evicted positions still in the full-precision window
-    // h2o: cumulative attention by position; leankv: by position and query head of the
-    // kv-head, [position][heads / kv_heads].
-    std::vector<float> score;
-    std::vector<uint8_t> gone;  // h2o: evicted, by position
+    policy::ListState policy;      // the token policy's scores and marks
     int32_t count(int t) const { return t == 0 ? table.high_count() : table.low_count(); }
     PageId page(int t, int32_t i) const { return t == 0 ? table.high(i) : table.low(i); }
     absl::Status Push(int t, PageId id) { return t == 0 ? table.PushHigh(id) : table.PushLow(id); }
@@ -194,25 +194,27 @@ class PagedKvCache final : public model::KvCache {
     // Per layer: the residual window plus the written, not yet committed tokens,
     // [tokens, kv_heads, head_dim].
     std::vector<std::vector<float>> k, v;
-    std::vector<HeadPages> heads;   // [layers * kv_heads]
-    int64_t sinks_evicted_to = -1;  // sinks policy: positions before this are evicted (or sinks)
+    std::vector<HeadPages> heads;  // [layers * kv_heads]
+    policy::SequenceState policy;  // the token policy's
     // StreamLayers: the listener, and per layer the tokens it compressed ahead of the commit
     // (-1: not yet).
     LayerListener listener;
     std::vector<int64_t> early;
   };
 
+  // The token policy's view of one sequence (policy::SequenceView).
+  class PolicyView;
+
   PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLayout high,
                kernels::KvPageLayout low, std::unique_ptr<PagePool> pool,
-               kernels::Backend& backend);
+               std::unique_ptr<policy::TokenPolicy> policy, kernels::Backend& backend);
   absl::StatusOr<Seq*> Find(int64_t seq);
   // options.attention_scale, or 1 / sqrt(head_dim) when it is 0.
   float AttentionScale() const;
-  // Moves whole token groups beyond the residual window into pages.
-  // `committed`: the tokens the commit that flushes added (1 in generation).
-  absl::Status Flush(Seq& s, int64_t committed);
-  // Where each list's tokens go (two-tier presets), [lists][flush]: 0 high, 1 low, -1 evicted.
-  using TierChoice = std::vector<std::vector<int8_t>>;
+  using TierChoice = policy::TierChoice;
+  // Moves whole token groups beyond the residual window into pages, where the policy's
+  // ChooseTiers (shown `view`) places them; *choice is that placement.
+  absl::Status Flush(Seq& s, policy::SequenceView& view, TierChoice* choice);
   // Fixed-width formats: quantizes the first `flush` window tokens of every list into the
   // tier `choice` gives them (high without one), dropping those evicted while in the window.
   // `only_layer` >= 0: that layer's lists only (StreamLayers).
@@ -223,30 +225,21 @@ class PagedKvCache final : public model::KvCache {
   // taking fresh pages from `fresh` (advancing *next) when the last one is full.
   absl::Status WriteRows(HeadPages& hp, int t, const float* k, const float* v, int64_t stride,
                          int64_t n, const std::vector<PageId>& fresh, int64_t* next);
+  // Evicts committed `positions` of one list (checked against s.length): paged ones at once,
+  // window ones into hp.pending.
+  absl::Status EvictList(int64_t seq, Seq& s, HeadPages& hp, absl::Span<const int64_t> positions);
   // Clears the valid bits of paged `positions` (sorted) and frees pages left with none.
   absl::Status EvictPaged(HeadPages& hp, const std::vector<int64_t>& positions);
+  // Moves the live high-tier token at (page, slot) of `hp` to its low tier.
+  absl::Status Demote(HeadPages& hp, int64_t position, int32_t page, int32_t slot);
   // Calls fn(position, page index, slot) for each live token of tier t, in slot order.
   template <typename Fn>
   void ForEachLive(const HeadPages& hp, int t, Fn fn) const;
   // Where the live token at `position` sits: tier, page index and slot; false if none.
   bool Locate(const HeadPages& hp, int64_t position, int* tier, int32_t* page, int32_t* slot) const;
-  // LeanKV: the significance of `position` after `length` tokens: its mean attention per
-  // query that saw it, the largest over the kv-head's query heads.
-  float LeanKvScore(const HeadPages& hp, int64_t position, int64_t length) const;
-  // LeanKV's choice of tier for the window tokens about to be flushed (prompt and generation).
-  TierChoice LeanKvChoose(const Seq& s, int64_t flush) const;
-  // LeanKV's Algorithm 1, lines 7-17: after a generation step added tokens to a tier, its least
-  // significant token moves to the low tier or goes.
-  absl::Status LeanKvVictims(Seq& s, const TierChoice& choice);
-  // The preset's policy after `s` committed tokens: sinks evicts what fell out of its budget.
-  absl::Status ApplyPolicy(int64_t seq, Seq& s);
   // Slides a list's live tokens to the front once a page's worth of slots is dead, and frees the
   // pages left empty (fixed-width formats with K grouped per token; unshared pages only).
   absl::Status MaybeCompact(HeadPages& hp, int t);
-  // H2O after each commit: recent half of the budget plus the heaviest hitters.
-  absl::Status ApplyH2o(int64_t seq, Seq& s);
-  // SnapKV at the end of a prompt of n tokens in layer `layer` (q: the prompt's queries).
-  absl::Status SnapKvSelect(Seq& s, int layer, const float* q, int64_t n);
   // Flush for Huffman-coded presets: pages one at a time, as many units as each fits.
   absl::Status FlushCoded(Seq& s, int64_t flush);
   // Builds the codebooks of `layer` from the codes of its first `tokens` tokens in `s`.
@@ -262,6 +255,7 @@ class PagedKvCache final : public model::KvCache {
   const kernels::KvPageLayout& layout_;  // layouts_[0]
   const int64_t row_;                    // kv_heads * head_dim
   std::unique_ptr<PagePool> pool_;
+  std::unique_ptr<policy::TokenPolicy> policy_;
   kernels::Backend& backend_;
   absl::flat_hash_map<int64_t, Seq> seqs_;
   std::vector<std::unique_ptr<KvCodebookPair>> codebooks_;  // [layers]; null until built

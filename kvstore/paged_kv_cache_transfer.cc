@@ -45,7 +45,7 @@ absl::StatusOr<PagedKvCache::SequenceExport> PagedKvCache::ExportSequence(int64_
   st.set_page_bytes(pool_->page_bytes());
   st.set_length(s.length);
   st.set_compressed(s.compressed);
-  st.set_sinks_evicted_to(s.sinks_evicted_to);
+  st.set_sinks_evicted_to(s.policy.evicted_to);
   for (int l = 0; l < options_.layers; ++l) {
     if (static_cast<int64_t>(s.k[l].size()) != resid * row_) {
       return absl::FailedPreconditionError(absl::StrFormat(
@@ -69,8 +69,8 @@ absl::StatusOr<PagedKvCache::SequenceExport> PagedKvCache::ExportSequence(int64_
       }
     }
     list->mutable_pending()->Add(hp.pending.begin(), hp.pending.end());
-    list->mutable_score()->Add(hp.score.begin(), hp.score.end());
-    list->set_gone(std::string(hp.gone.begin(), hp.gone.end()));
+    list->mutable_score()->Add(hp.policy.score.begin(), hp.policy.score.end());
+    list->set_gone(std::string(hp.policy.gone.begin(), hp.policy.gone.end()));
   }
   if (options_.preset.high.huffman_bits > 0) {
     for (int l = 0; l < options_.layers; ++l) {
@@ -226,7 +226,7 @@ absl::StatusOr<int64_t> PagedKvCache::ImportSequence(int64_t seq, int64_t max_to
   s.max_tokens = max_tokens;
   s.length = length;
   s.compressed = compressed;
-  s.sinks_evicted_to = st.sinks_evicted_to();
+  s.policy.evicted_to = st.sinks_evicted_to();
   s.k.resize(options_.layers);
   s.v.resize(options_.layers);
   for (int l = 0; l < options_.layers; ++l) {
@@ -252,8 +252,8 @@ absl::StatusOr<int64_t> PagedKvCache::ImportSequence(int64_t seq, int64_t max_to
       hp.tier[t].last_closed = tier.last_closed();
     }
     hp.pending.assign(list.pending().begin(), list.pending().end());
-    hp.score.assign(list.score().begin(), list.score().end());
-    hp.gone.assign(list.gone().begin(), list.gone().end());
+    hp.policy.score.assign(list.score().begin(), list.score().end());
+    hp.policy.gone.assign(list.gone().begin(), list.gone().end());
   }
   for (int l = 0; l < options_.layers; ++l) {
     if (adopted[l]) codebooks_[l] = std::move(adopted[l]);

@@ -27,13 +27,6 @@ model::SamplingParams ToSampling(const rpc::SamplingParams& sp) {
   return p;
 }
 
-// Presets that choose the prompt's tokens from the whole prompt's attention at once.
-bool NeedsWholePrompt(const kvstore::KvPreset& preset) {
-  const kvstore::KvPolicyKind k = preset.policy.kind;
-  return k == kvstore::KvPolicyKind::kSnapKv || k == kvstore::KvPolicyKind::kPyramid ||
-         k == kvstore::KvPolicyKind::kMiniKv;
-}
-
 }  // namespace
 
 PrefillWorker::PrefillWorker(WorkerRuntime& runtime, transport::Transport& transport,
@@ -233,11 +226,11 @@ void PrefillWorker::Step() {
     if (cache == nullptr) cache = job->cache;
     const int64_t left = job->request.prompt_size() - job->next;
     if (job->cache != cache || budget <= 0 ||
-        (NeedsWholePrompt(cache->cache->preset()) && job->next == 0 && !jobs.empty())) {
+        (cache->cache->policy().selects_prompt() && job->next == 0 && !jobs.empty())) {
       keep.push_back(std::move(job));
       continue;
     }
-    const int64_t n = NeedsWholePrompt(cache->cache->preset()) ? left : std::min(budget, left);
+    const int64_t n = cache->cache->policy().selects_prompt() ? left : std::min(budget, left);
     budget -= n;
     entries.push_back({job->seq, absl::MakeConstSpan(job->request.prompt().data() + job->next,
                                                      static_cast<size_t>(n))});
