@@ -130,38 +130,4 @@ std::vector<PageId> BidirectionalPageTable::AllPages() const {
   return pages;
 }
 
-PageOwners::PageOwners(int64_t num_pages)
-    : owners_(std::max<int64_t>(num_pages, 0), PageOwner{.index = -1}) {}
-
-absl::Status PageOwners::CheckId(PageId id, const char* op) const {
-  if (id < 0 || id >= num_pages()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "PageOwners::%s: page %d is outside the pool's pages 0..%d", op, id, num_pages() - 1));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status PageOwners::Set(PageId id, const PageOwner& owner) {
-  if (absl::Status st = CheckId(id, "Set"); !st.ok()) return st;
-  if (owner.index < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "PageOwners::Set: page %d of sequence %d (layer %d, kv head %d) has index %d; "
-        "indices are >= 0",
-        id, owner.sequence, owner.layer, owner.kv_head, owner.index));
-  }
-  owners_[id] = owner;
-  return absl::OkStatus();
-}
-
-absl::Status PageOwners::Clear(PageId id) {
-  if (absl::Status st = CheckId(id, "Clear"); !st.ok()) return st;
-  owners_[id].index = -1;
-  return absl::OkStatus();
-}
-
-std::optional<PageOwner> PageOwners::Get(PageId id) const {
-  if (id < 0 || id >= num_pages() || owners_[id].index < 0) return std::nullopt;
-  return owners_[id];
-}
-
 }  // namespace sluice::kvstore

@@ -1,19 +1,15 @@
-// Page tables of the memory manager, in both directions:
-//  - BidirectionalPageTable: the pages of one (sequence, layer, kv head), both tiers in one
-//    array (LeanKV §5.2): high-tier page ids grow from the left, low-tier ids from the right.
-//  - PageOwners: the reverse map of the whole pool, page id -> the table entry holding it, for
-//    the memory manager (compaction, freeing, debugging a leaked page).
+// The page table of the memory manager: BidirectionalPageTable holds the pages of one
+// (sequence, layer, kv head), both tiers in one array (LeanKV §5.2): high-tier page ids grow
+// from the left, low-tier ids from the right.
 #ifndef SLUICE_KVSTORE_PAGE_TABLE_H_
 #define SLUICE_KVSTORE_PAGE_TABLE_H_
 
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kvstore/page_pool.h"
-#include "kvstore/page_wire.h"
 
 namespace sluice::kvstore {
 
@@ -79,45 +75,6 @@ class BidirectionalPageTable {
   std::vector<PageId> slots_;
   int32_t high_count_ = 0;
   int32_t low_count_ = 0;
-};
-
-// Who holds a page: the page table entry and the position in its tier.
-struct PageOwner {
-  uint64_t sequence = 0;
-  uint32_t layer = 0;
-  uint32_t kv_head = 0;
-  PageTier tier = PageTier::kHigh;
-  int32_t index = 0;  // position in the tier, insertion order (BidirectionalPageTable::high/low)
-
-  bool operator==(const PageOwner&) const = default;
-};
-
-// Page id -> owner for every page of a pool, as one flat vector sized to the pool (24 bytes a
-// page). The memory manager keeps it in step with the tables: an EraseHigh/EraseLow shifts the
-// indices of the later pages of that tier, and their entries must be Set again. A page shared
-// by several sequences (a common prefix) records one owner, the one that wrote it. Not
-// thread-safe.
-class PageOwners {
- public:
-  explicit PageOwners(int64_t num_pages);
-
-  // Records (or overwrites) the owner of page `id`. InvalidArgument for an id outside
-  // [0, num_pages()) or a negative owner.index.
-  absl::Status Set(PageId id, const PageOwner& owner);
-
-  // Forgets the owner of page `id` (fine if it has none). InvalidArgument for an id outside
-  // [0, num_pages()).
-  absl::Status Clear(PageId id);
-
-  // The owner of page `id`; nullopt when it has none or the id is outside [0, num_pages()).
-  std::optional<PageOwner> Get(PageId id) const;
-
-  int64_t num_pages() const { return static_cast<int64_t>(owners_.size()); }
-
- private:
-  absl::Status CheckId(PageId id, const char* op) const;
-
-  std::vector<PageOwner> owners_;  // index < 0: no owner
 };
 
 }  // namespace sluice::kvstore

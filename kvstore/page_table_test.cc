@@ -155,39 +155,5 @@ TEST(BidirectionalPageTable, RandomOperationsMatchModel) {
   }
 }
 
-TEST(PageOwners, SetGetClear) {
-  PageOwners owners(8);
-  EXPECT_EQ(owners.num_pages(), 8);
-  EXPECT_EQ(owners.Get(3), std::nullopt);
-  const PageOwner owner = {
-      .sequence = 1ull << 40, .layer = 31, .kv_head = 7, .tier = PageTier::kLow, .index = 5};
-  ASSERT_TRUE(owners.Set(3, owner).ok());
-  EXPECT_EQ(owners.Get(3), owner);
-  EXPECT_EQ(owners.Get(2), std::nullopt);
-  EXPECT_EQ(owners.Get(-1), std::nullopt);
-  EXPECT_EQ(owners.Get(8), std::nullopt);
-
-  // Index 0 is a real owner, not "none".
-  ASSERT_TRUE(owners.Set(0, {.sequence = 9, .index = 0}).ok());
-  ASSERT_TRUE(owners.Get(0).has_value());
-  EXPECT_EQ(owners.Get(0)->sequence, 9u);
-
-  // Overwrite (an erase shifted the index), then clear.
-  PageOwner moved = owner;
-  moved.index = 4;
-  ASSERT_TRUE(owners.Set(3, moved).ok());
-  EXPECT_EQ(owners.Get(3)->index, 4);
-  ASSERT_TRUE(owners.Clear(3).ok());
-  EXPECT_EQ(owners.Get(3), std::nullopt);
-  ASSERT_TRUE(owners.Clear(3).ok());
-
-  EXPECT_THAT(owners.Set(8, owner).message(), HasSubstr("page 8 is outside the pool's pages 0..7"));
-  EXPECT_EQ(owners.Clear(-1).code(), absl::StatusCode::kInvalidArgument);
-  PageOwner bad = owner;
-  bad.index = -2;
-  EXPECT_THAT(owners.Set(1, bad).message(), HasSubstr("index -2"));
-  EXPECT_EQ(owners.Get(1), std::nullopt);
-}
-
 }  // namespace
 }  // namespace sluice::kvstore

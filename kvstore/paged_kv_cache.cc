@@ -9,7 +9,9 @@
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "kernels/kv_huffman.h"
+#include "kvstore/compaction.h"
 #include "kvstore/kv_codebooks.h"
+#include "kvstore/slot_bitmap.h"
 
 namespace sluice::kvstore {
 
@@ -28,18 +30,6 @@ double KvCacheStats::ratio_vs_fp16() const {
 
 namespace {
 
-// Live (valid) slots among the first `slots` of a page whose bitmap is at `valid_offset`.
-int32_t LiveSlots(const uint8_t* page, int32_t valid_offset, int32_t slots) {
-  const uint64_t* valid = reinterpret_cast<const uint64_t*>(page + valid_offset);
-  int32_t live = 0;
-  for (int32_t w = 0; w * 64 < slots; ++w) {
-    const int bits = std::min(64, slots - w * 64);
-    live +=
-        __builtin_popcountll(valid[w] & (bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1));
-  }
-  return live;
-}
-
 // The attention scale the options ask for: theirs, or 1 / sqrt(head_dim) when it is 0.
 float ScaleOf(const PagedKvCacheOptions& o) {
   return o.attention_scale > 0.f ? o.attention_scale
@@ -53,10 +43,9 @@ void PagedKvCache::ForEachLive(const HeadPages& hp, int t, Fn fn) const {
   const TierPages& tp = hp.tier[t];
   int64_t index = 0;
   for (int32_t p = 0; p < hp.count(t); ++p) {
-    const uint64_t* valid =
-        reinterpret_cast<const uint64_t*>(pool_->data(hp.page(t, p)) + layouts_[t].valid);
+    const uint64_t* valid = ValidBits(hp.page(t, p), t);
     for (int32_t j = 0; j < tp.slots[p]; ++j, ++index) {
-      if ((valid[j / 64] >> (j % 64)) & 1) fn(tp.positions[index], p, j);
+      if (TestSlot(valid, j)) fn(tp.positions[index], p, j);
     }
   }
 }
@@ -501,11 +490,8 @@ absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush, const TierChoice* c
     // Padding: dead slots, listed under the last row's position (positions stay sorted).
     for (int64_t r = n; r < padded; ++r) tp.positions.push_back(tp.positions.back());
     int64_t slot = tp.slots.back() - (padded - n);
-    for (int64_t r = n; r < padded; ++r, ++slot) {
-      uint64_t* valid = reinterpret_cast<uint64_t*>(pool_->data(hp.page(tier, hp.count(tier) - 1)) +
-                                                    layouts_[tier].valid);
-      valid[slot / 64] &= ~(uint64_t{1} << (slot % 64));
-    }
+    uint64_t* valid = ValidBits(hp.page(tier, hp.count(tier) - 1), tier);
+    for (int64_t r = n; r < padded; ++r, ++slot) ClearSlot(valid, slot);
   }
   for (HeadPages& hp : s.heads) {  // the dropped tokens' evictions are done
     auto& pending = hp.pending;
@@ -523,7 +509,7 @@ absl::Status PagedKvCache::WriteRows(HeadPages& hp, int t, const float* k, const
   for (int64_t t0 = 0; t0 < n;) {
     if (!tp.LastOpen(layout.tokens)) {
       const PageId id = fresh[(*next)++];
-      std::memset(pool_->data(id) + layout.valid, 0, (layout.tokens + 63) / 64 * 8);
+      std::memset(ValidBits(id, t), 0, SlotBitmapWords(layout.tokens) * sizeof(uint64_t));
       SLUICE_RETURN_IF_ERROR(hp.Push(t, id));
       tp.slots.push_back(0);
       tp.last_closed = false;
@@ -657,7 +643,7 @@ absl::StatusOr<PageId> PagedKvCache::AllocatePage(int64_t tokens) {
         absl::StrFormat("KV page pool exhausted while compressing %d tokens of sequence: %s",
                         tokens, id.status().message()));
   }
-  std::memset(pool_->data(*id) + layout_.valid, 0, (layout_.tokens + 63) / 64 * 8);
+  std::memset(ValidBits(*id, 0), 0, SlotBitmapWords(layout_.tokens) * sizeof(uint64_t));
   return *id;
 }
 
@@ -782,45 +768,39 @@ absl::Status PagedKvCache::Demote(HeadPages& hp, int64_t position, int32_t page,
   return absl::OkStatus();
 }
 
-bool PagedKvCache::Locate(const HeadPages& hp, int64_t position, int* tier, int32_t* page,
-                          int32_t* slot) const {
-  for (int t = 0; t < tiers_; ++t) {
-    const std::vector<int32_t>& positions = hp.tier[t].positions;
-    // The high tier's positions are sorted; the low tier's come in the order of demotion.
-    const auto at = t == 0 ? std::lower_bound(positions.begin(), positions.end(), position)
-                           : std::find(positions.begin(), positions.end(), position);
-    if (at == positions.end() || *at != position) continue;  // dropped, or its page is gone
-    int64_t index = at - positions.begin();
-    int32_t i = 0;
-    while (index >= hp.tier[t].slots[i]) index -= hp.tier[t].slots[i++];
-    const uint64_t* valid =
-        reinterpret_cast<const uint64_t*>(pool_->data(hp.page(t, i)) + layouts_[t].valid);
-    if (!((valid[index / 64] >> (index % 64)) & 1)) continue;  // a dead copy (demoted)
-    *tier = t;
-    *page = i;
-    *slot = static_cast<int32_t>(index);
-    return true;
-  }
-  return false;
-}
-
 absl::Status PagedKvCache::EvictPaged(HeadPages& hp, const std::vector<int64_t>& positions) {
-  std::vector<int32_t> touched[2];
-  for (int64_t p : positions) {
+  // Each position's live slot, the high tier's before the low tier's (a demoted token is live
+  // in both until its high-tier copy goes). Compaction reorders slots, so one pass over the
+  // live slots finds them all.
+  std::vector<int64_t> want = positions;
+  std::sort(want.begin(), want.end());
+  want.erase(std::unique(want.begin(), want.end()), want.end());
+  std::vector<bool> found(want.size(), false);
+  struct Hit {
     int t;
-    int32_t i, slot;
-    if (!Locate(hp, p, &t, &i, &slot)) continue;
-    PageId id = hp.page(t, i);
+    int32_t page, slot;
+  };
+  std::vector<Hit> hits;
+  for (int t = 0; t < tiers_ && hits.size() < want.size(); ++t) {
+    ForEachLive(hp, t, [&](int64_t position, int32_t page, int32_t slot) {
+      const auto at = std::lower_bound(want.begin(), want.end(), position);
+      if (at == want.end() || *at != position || found[at - want.begin()]) return;
+      found[at - want.begin()] = true;
+      hits.push_back({t, page, slot});
+    });
+  }
+  std::vector<int32_t> touched[2];
+  for (const Hit& h : hits) {
+    PageId id = hp.page(h.t, h.page);
     if (pool_->refcount(id) > 1) {  // shared with a fork: this sequence gets its own copy
       SLUICE_ASSIGN_OR_RETURN(const PageId copy, AllocatePage(1));
       std::memcpy(pool_->data(copy), pool_->data(id), pool_->page_bytes());
       SLUICE_RETURN_IF_ERROR(pool_->Free({id}));
-      SLUICE_RETURN_IF_ERROR(hp.Replace(t, i, copy));
+      SLUICE_RETURN_IF_ERROR(hp.Replace(h.t, h.page, copy));
       id = copy;
     }
-    uint64_t* valid = reinterpret_cast<uint64_t*>(pool_->data(id) + layouts_[t].valid);
-    valid[slot / 64] &= ~(uint64_t{1} << (slot % 64));
-    touched[t].push_back(i);
+    ClearSlot(ValidBits(id, h.t), h.slot);
+    touched[h.t].push_back(h.page);
   }
   for (int t = 0; t < tiers_; ++t) {
     TierPages& tp = hp.tier[t];
@@ -830,7 +810,7 @@ absl::Status PagedKvCache::EvictPaged(HeadPages& hp, const std::vector<int64_t>&
     for (auto it = touched[t].rbegin(); it != touched[t].rend(); ++it) {
       const int32_t i = *it;
       const PageId id = hp.page(t, i);
-      if (LiveSlots(pool_->data(id), layouts_[t].valid, tp.slots[i]) > 0) continue;
+      if (CountValid(ValidBits(id, t), tp.slots[i]) > 0) continue;
       const bool last = i + 1 == hp.count(t);
       SLUICE_RETURN_IF_ERROR(hp.Erase(t, i));
       SLUICE_RETURN_IF_ERROR(pool_->Free({id}));
@@ -852,54 +832,58 @@ absl::Status PagedKvCache::MaybeCompact(HeadPages& hp, int t) {
   if (layout.token_group != 1 || formats_[t].huffman_bits > 0) return absl::OkStatus();
   TierPages& tp = hp.tier[t];
   const int32_t cap = layout.tokens;
-  int64_t written = 0, live = 0;
   const int32_t n = hp.count(t);
+  std::vector<SlotBitmapView> views(n);
+  std::vector<uint64_t*> bitmaps(n);
+  int64_t written = 0, live = 0;
   for (int32_t i = 0; i < n; ++i) {
     const PageId id = hp.page(t, i);
     if (pool_->refcount(id) > 1) return absl::OkStatus();  // shared with a fork: leave as is
+    bitmaps[i] = ValidBits(id, t);
+    views[i] = {.words = bitmaps[i], .used_slots = tp.slots[i]};
     written += tp.slots[i];
-    live += LiveSlots(pool_->data(id), layout.valid, tp.slots[i]);
+    live += CountValid(bitmaps[i], tp.slots[i]);
   }
-  // Compact once a page's worth of slots is dead: live tokens slide towards the front, in
-  // order (positions keep their order), and the pages left empty at the end go back.
+  // Compact once a page's worth of slots is dead: the planner keeps the fullest pages, moves
+  // the other pages' live tokens into their holes and frees the pages it emptied.
   if (written - live < cap) return absl::OkStatus();
   const absl::Time start = absl::Now();
-  std::vector<int32_t> positions;
-  positions.reserve(live);
-  int32_t to_page = 0, to_slot = 0;
+  SLUICE_ASSIGN_OR_RETURN(const CompactionPlan plan, PlanCompaction(views, cap));
+  // Each page's slot positions, to follow the moves.
+  std::vector<std::vector<int32_t>> positions(n);
   int64_t index = 0;
   for (int32_t i = 0; i < n; ++i) {
-    uint8_t* src = pool_->data(hp.page(t, i));
-    for (int32_t j = 0; j < tp.slots[i]; ++j, ++index) {
-      const uint64_t* valid = reinterpret_cast<const uint64_t*>(src + layout.valid);
-      if (!((valid[j / 64] >> (j % 64)) & 1)) continue;
-      uint8_t* dst = pool_->data(hp.page(t, to_page));
-      if (to_page != i || to_slot != j) {
-        kernels::KvMoveSlot(formats_[t], layout, src, j, dst, to_slot);
-        uint64_t* src_valid = reinterpret_cast<uint64_t*>(src + layout.valid);
-        src_valid[j / 64] &= ~(uint64_t{1} << (j % 64));
-      }
-      positions.push_back(tp.positions[index]);
-      if (++to_slot == cap) {
-        ++to_page;
-        to_slot = 0;
-      }
+    positions[i].assign(tp.positions.begin() + index, tp.positions.begin() + index + tp.slots[i]);
+    index += tp.slots[i];
+    // Slots a kept page gains: every one is a move's destination.
+    positions[i].resize(std::max(tp.slots[i], plan.used_after[i]),
+                        positions[i].empty() ? 0 : positions[i].back());
+  }
+  SLUICE_RETURN_IF_ERROR(ApplyCompaction(plan, bitmaps, [&](const SlotMove& m) {
+    for (int32_t k = 0; k < m.slots; ++k) {
+      kernels::KvMoveSlot(formats_[t], layout, pool_->data(hp.page(t, m.src_page)), m.src_slot + k,
+                          pool_->data(hp.page(t, m.dst_page)), m.dst_slot + k);
+      positions[m.dst_page][m.dst_slot + k] = positions[m.src_page][m.src_slot + k];
     }
-  }
-  const int32_t keep_pages = to_page + (to_slot > 0 ? 1 : 0);
+  }));
+  // The emptied pages leave the table, from the back so that the indices hold.
   std::vector<PageId> freed;
-  while (hp.count(t) > keep_pages) freed.push_back(*hp.Pop(t));
-  SLUICE_RETURN_IF_ERROR(pool_->Free(freed));
-  tp.slots.assign(keep_pages, cap);
-  if (to_slot > 0) tp.slots.back() = to_slot;
-  tp.positions = std::move(positions);
-  tp.last_closed = false;
-  // Clear the valid bits past the last page's live slots: later writes set their own.
-  if (to_slot > 0) {
-    uint64_t* valid =
-        reinterpret_cast<uint64_t*>(pool_->data(hp.page(t, keep_pages - 1)) + layout.valid);
-    for (int32_t j = to_slot; j < cap; ++j) valid[j / 64] &= ~(uint64_t{1} << (j % 64));
+  for (auto it = plan.freed.rbegin(); it != plan.freed.rend(); ++it) {
+    freed.push_back(hp.page(t, *it));
+    SLUICE_RETURN_IF_ERROR(hp.Erase(t, *it));
   }
+  SLUICE_RETURN_IF_ERROR(pool_->Free(freed));
+  tp.slots.clear();
+  tp.positions.clear();
+  std::vector<bool> gone(n, false);
+  for (int32_t i : plan.freed) gone[i] = true;
+  for (int32_t i = 0; i < n; ++i) {
+    if (gone[i]) continue;
+    tp.slots.push_back(plan.used_after[i]);
+    tp.positions.insert(tp.positions.end(), positions[i].begin(),
+                        positions[i].begin() + plan.used_after[i]);
+  }
+  tp.last_closed = false;
   ++compactions_;
   compaction_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
   return absl::OkStatus();
@@ -956,7 +940,7 @@ KvCacheStats PagedKvCache::Stats() const {
     const auto [t, n] = where;
     (t == 0 ? st.pages.pages_high : st.pages.pages_low) += 1;
     st.pages.allocated_slots += layouts_[t].tokens;
-    st.pages.live_slots += LiveSlots(pool_->data(id), layouts_[t].valid, n);
+    st.pages.live_slots += CountValid(ValidBits(id, t), n);
   }
   return st;
 }

@@ -235,10 +235,13 @@ class PagedKvCache final : public model::KvCache {
   // Calls fn(position, page index, slot) for each live token of tier t, in slot order.
   template <typename Fn>
   void ForEachLive(const HeadPages& hp, int t, Fn fn) const;
-  // Where the live token at `position` sits: tier, page index and slot; false if none.
-  bool Locate(const HeadPages& hp, int64_t position, int* tier, int32_t* page, int32_t* slot) const;
-  // Slides a list's live tokens to the front once a page's worth of slots is dead, and frees the
-  // pages left empty (fixed-width formats with K grouped per token; unshared pages only).
+  // The valid bits of page `id` in tier t's layout.
+  uint64_t* ValidBits(PageId id, int t) const {
+    return reinterpret_cast<uint64_t*>(pool_->data(id) + layouts_[t].valid);
+  }
+  // Once a page's worth of tier t's slots is dead, compacts the list as PlanCompaction plans
+  // (kvstore/compaction.h) and frees the pages it empties (fixed-width formats with K grouped
+  // per token; unshared pages only).
   absl::Status MaybeCompact(HeadPages& hp, int t);
   // Flush for Huffman-coded presets: pages one at a time, as many units as each fits.
   absl::Status FlushCoded(Seq& s, int64_t flush);
