@@ -40,19 +40,16 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
     return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
   }
   for (;;) {
-    std::vector<rpc::GeneratedToken> tokens;
-    std::string reason;
+    rpc::GenerateResponse out;
+    bool done = false;
     absl::Status error;
-    const bool done = (*stream)->Take(&tokens, &reason, &error, absl::Milliseconds(20));
+    const bool ready = (*stream)->NextMessage(&out, &done, &error, absl::Milliseconds(20));
     if (context->IsCancelled()) {
       worker_.Cancel(*stream);
       return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the generation");
     }
-    if (tokens.empty() && !done) continue;
-    if (done && !error.ok() && tokens.empty()) return ToGrpc(error);
-    rpc::GenerateResponse out;
-    for (rpc::GeneratedToken& t : tokens) *out.add_tokens() = std::move(t);
-    if (done && error.ok()) out.set_finish_reason(reason);
+    if (!ready) continue;
+    if (done && !error.ok() && out.tokens_size() == 0) return ToGrpc(error);
     if (!writer->Write(out)) {
       worker_.Cancel(*stream);
       return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");

@@ -42,6 +42,18 @@ bool TokenStream::Take(std::vector<rpc::GeneratedToken>* tokens, std::string* re
   return true;
 }
 
+bool TokenStream::NextMessage(rpc::GenerateResponse* message, bool* done, absl::Status* error,
+                              absl::Duration wait) {
+  std::vector<rpc::GeneratedToken> tokens;
+  std::string reason;
+  *done = Take(&tokens, &reason, error, wait);
+  if (tokens.empty() && !*done) return false;
+  message->Clear();
+  for (rpc::GeneratedToken& t : tokens) *message->add_tokens() = std::move(t);
+  if (*done && error->ok()) message->set_finish_reason(reason);
+  return true;
+}
+
 namespace {
 
 const std::vector<double> kStepBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,

@@ -48,6 +48,12 @@ class TokenStream {
   // stream has ended and everything was taken (then *reason / *error are set).
   bool Take(std::vector<rpc::GeneratedToken>* tokens, std::string* reason, absl::Status* error,
             absl::Duration wait);
+  // The stream as Decode.Generate's messages (the gRPC service and in-process readers): waits up
+  // to `wait`, then fills *message with the tokens that arrived and, once the stream ended well,
+  // its finish reason. False when there is nothing to send yet. *done once the stream ended;
+  // *error is then how (a failed stream's last message may hold no token).
+  bool NextMessage(rpc::GenerateResponse* message, bool* done, absl::Status* error,
+                   absl::Duration wait);
 
  private:
   std::mutex mu_;

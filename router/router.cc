@@ -29,16 +29,6 @@ const std::vector<double> kLatencyBuckets = {0.005, 0.01, 0.025, 0.05, 0.075, 0.
 const std::vector<double> kTokenBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
                                            0.15,  0.2,   0.3,  0.4,  0.5,  0.75, 1.0,  2.5};
 
-std::chrono::system_clock::time_point Deadline(absl::Duration d) {
-  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
-}
-
-// Whether a failed call says the worker itself is gone (so another may serve the request).
-bool WorkerGone(const grpc::Status& st) {
-  return st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-         st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-}
-
 const char* EndpointName(Endpoint e) {
   return e == Endpoint::kCompletions ? "completions" : "chat_completions";
 }
@@ -55,15 +45,7 @@ struct Router::Prepared {
 
 struct Router::Session {
   std::shared_ptr<Prepared> p;
-  Worker* prefill = nullptr;
-  Worker* decode = nullptr;
-  std::unique_ptr<grpc::ClientContext> ctx;
-  std::unique_ptr<grpc::ClientReader<rpc::GenerateResponse>> reader;
-  rpc::PrefillResponse prefilled;
-  absl::Time first_token_time;
-  ~Session() {
-    if (decode != nullptr) --decode->in_flight;
-  }
+  std::unique_ptr<RunningRequest> run;
 };
 
 Router::Router(RouterOptions options) : options_(std::move(options)) {}
@@ -170,6 +152,23 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(const RouterOptions& opti
                         .Register(*m);
   r->registry_ =
       std::make_unique<WorkerRegistry>(options.prefill, options.decode, placement, options.poll);
+  Router* raw = r.get();
+  r->flow_ = std::make_unique<RequestFlow>(
+      *r->registry_, RequestFlowOptions{.max_attempts = options.max_attempts,
+                                        .queue_timeout = options.queue_timeout,
+                                        .on_retry =
+                                            [raw](const char* role) {
+                                              raw->retries_->Add({{"role", role}}).Increment();
+                                            },
+                                        .on_waiting =
+                                            [raw](int delta) {
+                                              delta > 0 ? raw->waiting_->Increment()
+                                                        : raw->waiting_->Decrement();
+                                            },
+                                        .on_reserved =
+                                            [raw](absl::Duration queued) {
+                                              raw->queue_->Observe(absl::ToDoubleSeconds(queued));
+                                            }});
   return r;
 }
 
@@ -261,161 +260,23 @@ absl::StatusOr<std::shared_ptr<Router::Prepared>> Router::Prepare(Endpoint endpo
 }
 
 absl::StatusOr<std::shared_ptr<Router::Session>> Router::Start(const std::shared_ptr<Prepared>& p) {
-  std::set<Worker*> tried_prefill, tried_decode;
-  absl::Status last = absl::UnavailableError("no decode worker is up");
-  const absl::Time give_up = absl::Now() + options_.queue_timeout;
-  const uint64_t request_id =
-      std::random_device{}() * uint64_t{0x100000001B3} ^ absl::ToUnixNanos(p->arrived);
-  bool waiting = false;
-  auto stop_waiting = [&] {
-    if (waiting) waiting_->Decrement();
-    waiting = false;
-  };
-  for (int attempt = 0; attempt < options_.max_attempts;) {
-    Worker* d = registry_->Pick("decode", p->prompt, tried_decode);
-    if (d == nullptr) break;
-    rpc::ReserveRequest reserve;
-    reserve.set_request_id(request_id);
-    reserve.mutable_compression()->set_preset(p->api.kv_compression);
-    reserve.set_prompt_tokens(static_cast<int32_t>(p->prompt.size()));
-    reserve.set_max_tokens(p->sampling.max_tokens());
-    rpc::ReserveResponse reserved;
-    grpc::ClientContext rctx;
-    rctx.set_deadline(Deadline(absl::Seconds(10)));
-    const grpc::Status rst = d->decode->Reserve(&rctx, reserve, &reserved);
-    if (rst.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && absl::Now() < give_up) {
-      // Every decode worker's pool is busy: wait for pages, as a queue would.
-      if (!waiting) waiting_->Increment();
-      waiting = true;
-      last = FromGrpc(rst);
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      continue;
-    }
-    stop_waiting();
-    if (!rst.ok()) {
-      last = FromGrpc(rst);
-      if (!WorkerGone(rst)) return last;
-      registry_->MarkDown(d, rst.error_message());
-      tried_decode.insert(d);
-      retries_->Add({{"role", "decode"}}).Increment();
-      ++attempt;
-      continue;
-    }
-    queue_->Observe(absl::ToDoubleSeconds(absl::Now() - p->arrived));
-    auto release = [&] {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(Deadline(absl::Seconds(2)));
-      rpc::ReleaseRequest rel;
-      rel.set_reservation_id(reserved.reservation_id());
-      rpc::ReleaseResponse ignored;
-      d->decode->Release(&ctx, rel, &ignored);
-    };
-
-    Worker* pf = registry_->Pick("prefill", p->prompt, tried_prefill);
-    if (pf == nullptr) {
-      release();
-      last = absl::UnavailableError("no prefill worker is up");
-      break;
-    }
-    rpc::PrefillRequest pre;
-    pre.set_request_id(request_id);
-    pre.mutable_prompt()->Add(p->prompt.begin(), p->prompt.end());
-    *pre.mutable_sampling() = p->sampling;
-    pre.mutable_compression()->set_preset(p->api.kv_compression);
-    pre.set_decode_worker(d->address);
-    pre.set_region(reserved.region());
-    *pre.mutable_page_ids() = reserved.page_ids();
-    pre.set_page_bytes(reserved.page_bytes());
-    auto session = std::make_shared<Session>();
-    session->p = p;
-    grpc::ClientContext pctx;
-    pctx.set_deadline(Deadline(absl::Minutes(5)));
-    ++pf->in_flight;
-    // The prompt may wait in the prefill worker's queue longer than the reservation lives:
-    // renew it until the prefill answers.
-    std::mutex renew_mu;
-    std::condition_variable renew_cv;
-    bool prefilled = false;
-    std::thread renewer([&] {
-      const absl::Duration every = absl::Seconds(std::max(1.0, reserved.expires_in_seconds() / 3));
-      std::unique_lock<std::mutex> lock(renew_mu);
-      while (
-          !renew_cv.wait_for(lock, absl::ToChronoMilliseconds(every), [&] { return prefilled; })) {
-        lock.unlock();
-        grpc::ClientContext ctx;
-        ctx.set_deadline(Deadline(absl::Seconds(5)));
-        rpc::RenewRequest renew;
-        renew.set_reservation_id(reserved.reservation_id());
-        rpc::RenewResponse ignored;
-        d->decode->Renew(&ctx, renew, &ignored);
-        lock.lock();
-      }
-    });
-    const grpc::Status pst = pf->prefill->Prefill(&pctx, pre, &session->prefilled);
-    {
-      std::lock_guard<std::mutex> lock(renew_mu);
-      prefilled = true;
-    }
-    renew_cv.notify_all();
-    renewer.join();
-    --pf->in_flight;
-    if (!pst.ok()) {
-      release();
-      last = FromGrpc(pst);
-      if (pst.error_code() == grpc::StatusCode::ABORTED) {
-        // The pages did not reach the decode worker.
-        registry_->MarkDown(d, pst.error_message());
-        tried_decode.insert(d);
-        retries_->Add({{"role", "decode"}}).Increment();
-      } else if (WorkerGone(pst)) {
-        registry_->MarkDown(pf, pst.error_message());
-        tried_prefill.insert(pf);
-        retries_->Add({{"role", "prefill"}}).Increment();
-      } else {
-        return last;
-      }
-      ++attempt;
-      continue;
-    }
-    session->first_token_time = absl::Now();
-    rpc::GenerateRequest gen;
-    gen.set_request_id(request_id);
-    gen.set_reservation_id(reserved.reservation_id());
-    gen.mutable_prompt()->Add(p->prompt.begin(), p->prompt.end());
-    *gen.mutable_sampling() = p->sampling;
-    gen.mutable_compression()->set_preset(p->api.kv_compression);
-    gen.set_kv_state(session->prefilled.kv_state());
-    *gen.mutable_first() = session->prefilled.first();
-    session->ctx = std::make_unique<grpc::ClientContext>();
-    session->reader = d->decode->Generate(session->ctx.get(), gen);
-    rpc::GenerateResponse accepted;
-    if (!session->reader->Read(&accepted)) {
-      const grpc::Status gst = session->reader->Finish();
-      last = FromGrpc(gst);
-      if (gst.error_code() == grpc::StatusCode::NOT_FOUND) {
-        // The reservation expired while the prompt waited for prefill: start over.
-        retries_->Add({{"role", "decode"}}).Increment();
-        ++attempt;
-        continue;
-      }
-      if (!WorkerGone(gst)) return last;
-      registry_->MarkDown(d, gst.error_message());
-      tried_decode.insert(d);
-      retries_->Add({{"role", "decode"}}).Increment();
-      ++attempt;
-      continue;
-    }
-    session->prefill = pf;
-    session->decode = d;
-    ++d->in_flight;
-    transfer_bytes_->Increment(static_cast<double>(session->prefilled.transfer_bytes()));
-    transfer_seconds_->Increment(session->prefilled.transfer_seconds());
-    kv_bytes_->Increment(static_cast<double>(session->prefilled.kv_bytes()));
-    kv_fp16_bytes_->Increment(static_cast<double>(session->prefilled.kv_fp16_bytes()));
-    return session;
-  }
-  stop_waiting();
-  return last;
+  SLUICE_ASSIGN_OR_RETURN(
+      std::unique_ptr<RunningRequest> run,
+      flow_->Start({.request_id = std::random_device{}() * uint64_t{0x100000001B3} ^
+                                  absl::ToUnixNanos(p->arrived),
+                    .prompt = p->prompt,
+                    .sampling = p->sampling,
+                    .preset = p->api.kv_compression,
+                    .arrived = p->arrived}));
+  const rpc::PrefillResponse& prefilled = run->prefilled;
+  transfer_bytes_->Increment(static_cast<double>(prefilled.transfer_bytes()));
+  transfer_seconds_->Increment(prefilled.transfer_seconds());
+  kv_bytes_->Increment(static_cast<double>(prefilled.kv_bytes()));
+  kv_fp16_bytes_->Increment(static_cast<double>(prefilled.kv_fp16_bytes()));
+  auto session = std::make_shared<Session>();
+  session->p = p;
+  session->run = std::move(run);
+  return session;
 }
 
 // Turns the token stream of one request into text: detokenizes, cuts at stop strings, holds
@@ -533,7 +394,7 @@ void Router::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
   }
   std::shared_ptr<Session> s = *session;
   const std::shared_ptr<Prepared>& p = s->p;
-  ttft_->Observe(absl::ToDoubleSeconds(s->first_token_time - p->arrived));
+  ttft_->Observe(absl::ToDoubleSeconds(s->run->first_token_time - p->arrived));
   prompt_tokens_->Increment(static_cast<double>(p->prompt.size()));
 
   auto a = std::make_shared<TextAssembler>(*tokenizer_, p->stops, p->sampling);
@@ -612,16 +473,17 @@ void Router::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
 }
 
 absl::Status Router::Drive(Session& s, TextAssembler& a, const std::function<bool()>& progress) {
-  absl::Time last = s.first_token_time;
+  RunningRequest& run = *s.run;
+  absl::Time last = run.first_token_time;
   generation_tokens_->Increment();
-  bool stop = a.Add(s.prefilled.first());
+  bool stop = a.Add(run.prefilled.first());
   FinishReason finish = FinishReason::kNone;
   bool gone = false;
   if (!progress()) {
     gone = true;
   } else if (!stop) {
     rpc::GenerateResponse msg;
-    while (s.reader->Read(&msg)) {
+    while (run.stream->Read(&msg)) {
       const absl::Time now = absl::Now();
       const int n = msg.tokens_size();
       for (int i = 0; i < n && !stop; ++i) {
@@ -638,8 +500,8 @@ absl::Status Router::Drive(Session& s, TextAssembler& a, const std::function<boo
       }
     }
   }
-  if (gone || stop || finish == FinishReason::kNone) s.ctx->TryCancel();
-  const grpc::Status st = s.reader->Finish();
+  if (gone || stop || finish == FinishReason::kNone) run.stream->Cancel();
+  const absl::Status st = run.stream->Finish();
   if (gone) {
     a.End(FinishReason::kAbort);
     return absl::CancelledError("the client went away");
@@ -650,7 +512,7 @@ absl::Status Router::Drive(Session& s, TextAssembler& a, const std::function<boo
   }
   a.End(FinishReason::kAbort);
   return absl::UnavailableError(absl::StrFormat("the decode worker %s failed mid-generation: %s",
-                                                s.decode->address, st.error_message()));
+                                                run.decode->address, st.message()));
 }
 
 void Router::HandleModels(const httplib::Request& req, httplib::Response& res) {

@@ -29,6 +29,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "router/openai_api.h"
+#include "router/request_flow.h"
 #include "router/worker_registry.h"
 
 namespace sluice::router {
@@ -69,8 +70,8 @@ class Router {
 
   struct Prepared;  // a validated request with its prompt ids and sampling
   absl::StatusOr<std::shared_ptr<Prepared>> Prepare(Endpoint endpoint, const std::string& body);
-  struct Session;  // a running request: its decode call and what was sent
-  // Reserve, prefill and open the decode stream, retrying on other workers.
+  struct Session;  // a running request: its generation and what was sent
+  // Reserve, prefill and open the decode stream, retrying on other workers (RequestFlow).
   absl::StatusOr<std::shared_ptr<Session>> Start(const std::shared_ptr<Prepared>& p);
   // Feeds the session's tokens to `text` (the first from prefill, then the decode stream),
   // calling `progress` after each message; ends when the generation does, a stop string
@@ -87,6 +88,7 @@ class Router {
   std::vector<int32_t> stop_tokens_;
   int64_t created_ = 0;
   std::unique_ptr<WorkerRegistry> registry_;
+  std::unique_ptr<RequestFlow> flow_;  // after registry_: it calls the registry's workers
 
   std::shared_ptr<prometheus::Registry> metrics_;
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "router/grpc_worker_calls.h"
 
 namespace sluice::router {
 
@@ -33,9 +34,9 @@ WorkerRegistry::WorkerRegistry(const std::vector<std::string>& prefill,
       w->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
       w->admin = rpc::Admin::NewStub(w->channel);
       if (w->role == "prefill") {
-        w->prefill = rpc::Prefill::NewStub(w->channel);
+        w->prefill = GrpcPrefillCalls(w->channel);
       } else {
-        w->decode = rpc::Decode::NewStub(w->channel);
+        w->decode = GrpcDecodeCalls(w->channel);
       }
       workers_.push_back(std::move(w));
     }

@@ -29,29 +29,14 @@
 #include "absl/types/span.h"
 #include "grpcpp/channel.h"
 #include "proto/sluice.grpc.pb.h"
+#include "router/worker_calls.h"
 
 namespace sluice::router {
 
 enum class Placement { kRoundRobin, kLeastLoaded, kPrefixAffinity };
 absl::StatusOr<Placement> ParsePlacement(const std::string& name);
 
-struct Worker {
-  std::string address;  // host:port
-  std::string role;     // "prefill" or "decode"
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<rpc::Admin::Stub> admin;
-  std::unique_ptr<rpc::Prefill::Stub> prefill;  // prefill workers
-  std::unique_ptr<rpc::Decode::Stub> decode;    // decode workers
-  std::atomic<int64_t> in_flight{0};
-
-  // Under the registry's mutex.
-  bool up = false;
-  int failed_polls = 0;  // in a row
-  rpc::StatsResponse stats;
-  std::string last_error;
-};
-
-class WorkerRegistry {
+class WorkerRegistry final : public WorkerSet {
  public:
   // Starts polling; the first poll runs before the constructor returns.
   WorkerRegistry(const std::vector<std::string>& prefill, const std::vector<std::string>& decode,
@@ -61,9 +46,9 @@ class WorkerRegistry {
   // A healthy worker of `role` not in `exclude`, by the placement policy; when none is healthy,
   // any worker of `role` not in `exclude`; null when none is left.
   Worker* Pick(const std::string& role, absl::Span<const int32_t> prompt,
-               const std::set<Worker*>& exclude);
+               const std::set<Worker*>& exclude) override;
   // A call to `w` failed in a way that says the worker is gone.
-  void MarkDown(Worker* w, const std::string& error);
+  void MarkDown(Worker* w, const std::string& error) override;
   // Counts of healthy workers by role.
   int Healthy(const std::string& role);
   struct View {

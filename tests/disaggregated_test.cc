@@ -1,6 +1,7 @@
 // A prefill worker and a decode worker in one process, joined by the loopback transport, on the
-// real model: generation split across them gives exactly the tokens one process gives with the
-// same preset; reservations expire, cancellation and damaged pages free everything.
+// real model, driven by the router's request choreography (router/request_flow.h) through
+// in-process calls: generation split across them gives exactly the tokens one process gives
+// with the same preset; reservations expire, cancellation and damaged pages free everything.
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -19,10 +20,97 @@
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "prefill/prefill_worker.h"
+#include "router/request_flow.h"
+#include "router/worker_calls.h"
 #include "transport/transport.h"
 
 namespace sluice {
 namespace {
+
+// The workers' calls in this process (the router's are gRPC stubs of the same workers' services).
+class LocalGeneration final : public router::GenerationStream {
+ public:
+  LocalGeneration(decode::DecodeWorker& worker,
+                  absl::StatusOr<std::shared_ptr<decode::TokenStream>> s)
+      : worker_(worker), stream_(std::move(s)) {}
+  bool Read(rpc::GenerateResponse* message) override {
+    if (!stream_.ok() || ended_) return false;
+    if (!accepted_) {  // as the service: an empty first message once the sequence runs
+      accepted_ = true;
+      message->Clear();
+      return true;
+    }
+    while (!(*stream_)->NextMessage(message, &ended_, &error_, absl::Milliseconds(20))) {
+    }
+    return !(ended_ && !error_.ok() && message->tokens_size() == 0);
+  }
+  absl::Status Finish() override { return stream_.ok() ? error_ : stream_.status(); }
+  void Cancel() override {
+    if (stream_.ok()) worker_.Cancel(*stream_);
+  }
+
+ private:
+  decode::DecodeWorker& worker_;
+  absl::StatusOr<std::shared_ptr<decode::TokenStream>> stream_;
+  bool accepted_ = false, ended_ = false;
+  absl::Status error_;
+};
+
+class LocalDecode final : public router::DecodeCalls {
+ public:
+  LocalDecode(decode::DecodeWorker& worker, std::function<void()> before_generate)
+      : worker_(worker), before_generate_(std::move(before_generate)) {}
+  absl::StatusOr<rpc::ReserveResponse> Reserve(const rpc::ReserveRequest& request) override {
+    return worker_.Reserve(request);
+  }
+  absl::Status Renew(uint64_t id) override { return worker_.Renew(id).status(); }
+  absl::Status Release(uint64_t id) override { return worker_.Release(id); }
+  std::unique_ptr<router::GenerationStream> Generate(const rpc::GenerateRequest& r) override {
+    if (before_generate_) before_generate_();
+    return std::make_unique<LocalGeneration>(worker_, worker_.Generate(r));
+  }
+
+ private:
+  decode::DecodeWorker& worker_;
+  std::function<void()> before_generate_;
+};
+
+class LocalPrefill final : public router::PrefillCalls {
+ public:
+  explicit LocalPrefill(prefill::PrefillWorker& worker) : worker_(worker) {}
+  absl::StatusOr<rpc::PrefillResponse> Prefill(const rpc::PrefillRequest& request) override {
+    return worker_.Prefill(request);
+  }
+
+ private:
+  prefill::PrefillWorker& worker_;
+};
+
+// One prefill and one decode worker; a worker marked down is not picked again.
+class LocalWorkers final : public router::WorkerSet {
+ public:
+  LocalWorkers(prefill::PrefillWorker& p, decode::DecodeWorker& d,
+               std::function<void()> before_generate) {
+    prefill_.address = "prefill-0";
+    prefill_.role = "prefill";
+    prefill_.prefill = std::make_unique<LocalPrefill>(p);
+    decode_.address = "decode-0";
+    decode_.role = "decode";
+    decode_.decode = std::make_unique<LocalDecode>(d, std::move(before_generate));
+  }
+  router::Worker* Pick(const std::string& role, absl::Span<const int32_t>,
+                       const std::set<router::Worker*>& exclude) override {
+    router::Worker* w = role == "prefill" ? &prefill_ : &decode_;
+    return exclude.contains(w) || !down_.empty() ? nullptr : w;
+  }
+  void MarkDown(router::Worker* w, const std::string& error) override {
+    down_ = w->address + ": " + error;
+  }
+
+ private:
+  router::Worker prefill_, decode_;
+  std::string down_;
+};
 
 class Disaggregated : public testing::Test {
  protected:
@@ -81,45 +169,26 @@ class Disaggregated : public testing::Test {
     return s;
   }
 
-  // Reserve on decode, prefill into the reservation; the generate request that follows.
-  absl::StatusOr<rpc::GenerateRequest> PrefillFor(const std::string& preset,
-                                                  const rpc::SamplingParams& sampling) {
-    rpc::ReserveRequest reserve;
-    reserve.mutable_compression()->set_preset(preset);
-    reserve.set_prompt_tokens(static_cast<int32_t>(prompt_.size()));
-    reserve.set_max_tokens(sampling.max_tokens());
-    auto reserved = decode_->Reserve(reserve);
-    if (!reserved.ok()) return reserved.status();
-    rpc::PrefillRequest pre;
-    pre.mutable_prompt()->Add(prompt_.begin(), prompt_.end());
-    *pre.mutable_sampling() = sampling;
-    pre.mutable_compression()->set_preset(preset);
-    pre.set_decode_worker("decode-0");
-    pre.set_region(reserved->region());
-    *pre.mutable_page_ids() = reserved->page_ids();
-    pre.set_page_bytes(reserved->page_bytes());
-    auto prefilled = prefill_->Prefill(pre);
-    if (!prefilled.ok()) return prefilled.status();
-    rpc::GenerateRequest gen;
-    gen.set_reservation_id(reserved->reservation_id());
-    gen.mutable_prompt()->Add(prompt_.begin(), prompt_.end());
-    *gen.mutable_sampling() = sampling;
-    gen.mutable_compression()->set_preset(preset);
-    gen.set_kv_state(prefilled->kv_state());
-    *gen.mutable_first() = prefilled->first();
-    return gen;
+  // The router's choreography: reserve on decode, prefill into the reservation, generate.
+  // `before_generate` runs between the prefill and the generation.
+  absl::StatusOr<std::unique_ptr<router::RunningRequest>> Start(
+      const std::string& preset, const rpc::SamplingParams& sampling,
+      std::function<void()> before_generate = nullptr) {
+    workers_ = std::make_unique<LocalWorkers>(*prefill_, *decode_, std::move(before_generate));
+    flow_ = std::make_unique<router::RequestFlow>(*workers_, router::RequestFlowOptions{});
+    return flow_->Start(
+        {.request_id = 1, .prompt = prompt_, .sampling = sampling, .preset = preset});
   }
 
-  // Every token of a stream until it ends.
-  static std::vector<int32_t> Drain(decode::TokenStream& stream, std::string* reason) {
+  // Every token of a running request after the first, until it ends.
+  static std::vector<int32_t> Drain(router::GenerationStream& stream, std::string* reason) {
     std::vector<int32_t> out;
-    for (;;) {
-      std::vector<rpc::GeneratedToken> tokens;
-      absl::Status error;
-      const bool done = stream.Take(&tokens, reason, &error, absl::Milliseconds(100));
-      for (const auto& t : tokens) out.push_back(t.token());
-      if (done) return out;
+    rpc::GenerateResponse m;
+    while (stream.Read(&m)) {
+      for (const auto& t : m.tokens()) out.push_back(t.token());
+      if (!m.finish_reason().empty()) *reason = m.finish_reason();
     }
+    return out;
   }
 
   // Greedy tokens of one process with `preset`: the prompt, then one token at a time.
@@ -183,6 +252,8 @@ class Disaggregated : public testing::Test {
   prometheus::Registry registry_;
   std::unique_ptr<prefill::PrefillWorker> prefill_;
   std::unique_ptr<decode::DecodeWorker> decode_;
+  std::unique_ptr<LocalWorkers> workers_;
+  std::unique_ptr<router::RequestFlow> flow_;
   std::vector<int32_t> prompt_;
   int32_t eos_ = 0;
 };
@@ -190,18 +261,19 @@ class Disaggregated : public testing::Test {
 TEST_F(Disaggregated, SplitGenerationGivesTheSameTokensAsOneProcess) {
   for (const char* preset : {"fp16", "sluice", "kvcomp", "leankv-k8v4", "h2o", "snapkv"}) {
     SCOPED_TRACE(preset);
-    auto gen = PrefillFor(preset, Greedy(12));
-    ASSERT_TRUE(gen.ok()) << gen.status();
-    auto stream = decode_->Generate(*gen);
-    ASSERT_TRUE(stream.ok()) << stream.status();
+    auto run = Start(preset, Greedy(12));
+    ASSERT_TRUE(run.ok()) << run.status();
     std::string reason;
-    std::vector<int32_t> got = {gen->first().token()};
-    for (int32_t t : Drain(**stream, &reason)) got.push_back(t);
+    std::vector<int32_t> got = {(*run)->prefilled.first().token()};
+    for (int32_t t : Drain(*(*run)->stream, &reason)) got.push_back(t);
+    EXPECT_TRUE((*run)->stream->Finish().ok());
     EXPECT_EQ(got, Local(preset, 12));
+    run->reset();
     // Presets without eviction send each layer's pages while the next layers compute.
     const std::string p = preset;
-    if (p == "fp16" || p == "sluice")
+    if (p == "fp16" || p == "sluice") {
       EXPECT_GT(Counter("sluice_kv_transfer_streamed_pages_total"), 0);
+    }
     EXPECT_TRUE(reason == "length" || reason == "stop") << reason;
     ExpectNothingHeld();
   }
@@ -236,35 +308,35 @@ TEST_F(Disaggregated, ReservationsExpireAndTheirPagesReturn) {
 }
 
 TEST_F(Disaggregated, CancelFreesThePagesAtOnce) {
-  auto gen = PrefillFor("", Greedy(400, /*stop_at_eos=*/false));
-  ASSERT_TRUE(gen.ok()) << gen.status();
-  auto stream = decode_->Generate(*gen);
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  EXPECT_GT(decode_->Stats().kv_pages_used() + 1, 0);
-  std::vector<rpc::GeneratedToken> tokens;
+  auto run = Start("", Greedy(400, /*stop_at_eos=*/false));
+  ASSERT_TRUE(run.ok()) << run.status();
+  router::GenerationStream& stream = *(*run)->stream;
+  int tokens = 0;
+  rpc::GenerateResponse m;
+  while (tokens < 3 && stream.Read(&m)) tokens += m.tokens_size();
+  stream.Cancel();
   std::string reason;
-  absl::Status error;
-  while (tokens.size() < 3) (*stream)->Take(&tokens, &reason, &error, absl::Milliseconds(50));
-  decode_->Cancel(*stream);
-  std::vector<int32_t> rest = Drain(**stream, &reason);
-  EXPECT_EQ(reason, "abort");
-  EXPECT_LT(tokens.size() + rest.size(), 400u);
+  std::vector<int32_t> rest = Drain(stream, &reason);
+  EXPECT_EQ(stream.Finish().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(reason, "");  // a cancelled stream sends no finish reason
+  EXPECT_LT(tokens + rest.size(), 400u);
+  run->reset();
   ExpectNothingHeld();
 }
 
 TEST_F(Disaggregated, DamagedPagesAreRefusedAndFreed) {
-  auto gen = PrefillFor("int8", Greedy(8));
-  ASSERT_TRUE(gen.ok()) << gen.status();
-  // A bit flips in the first page that landed in the decode worker's pool.
-  kvstore::PagedKvCache& cache = *decode_rt_->caches().at("int8").cache;
-  for (kvstore::PageId id = 0; id < cache.pool().num_pages(); ++id) {
-    if (cache.pool().refcount(id) > 0) {
-      cache.mutable_pool().data(id)[77] ^= 0x40;
-      break;
+  // A bit flips in the first page that landed in the decode worker's pool, after the prefill:
+  // the generation refuses the state, the request fails with DATA_LOSS and is not retried.
+  auto run = Start("int8", Greedy(8), [&] {
+    kvstore::PagedKvCache& cache = *decode_rt_->caches().at("int8").cache;
+    for (kvstore::PageId id = 0; id < cache.pool().num_pages(); ++id) {
+      if (cache.pool().refcount(id) > 0) {
+        cache.mutable_pool().data(id)[77] ^= 0x40;
+        break;
+      }
     }
-  }
-  auto stream = decode_->Generate(*gen);
-  EXPECT_EQ(stream.status().code(), absl::StatusCode::kDataLoss) << stream.status();
+  });
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kDataLoss) << run.status();
   ExpectNothingHeld();
 }
 

@@ -1,0 +1,194 @@
+#include "router/request_flow.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+
+namespace sluice::router {
+
+Renewals::Renewals() : thread_([this] { Loop(); }) {}
+
+Renewals::~Renewals() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+uint64_t Renewals::Add(DecodeCalls* decode, uint64_t reservation_id, absl::Duration period) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t handle = next_++;
+  entries_[handle] = {.decode = decode,
+                      .reservation_id = reservation_id,
+                      .period = period,
+                      .due = absl::Now() + period};
+  cv_.notify_all();
+  return handle;
+}
+
+void Renewals::Remove(uint64_t handle) {
+  std::unique_lock<std::mutex> lock(mu_);
+  entries_.erase(handle);
+  cv_.wait(lock, [&] { return renewing_ != handle; });
+}
+
+void Renewals::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    auto next =
+        std::min_element(entries_.begin(), entries_.end(),
+                         [](const auto& a, const auto& b) { return a.second.due < b.second.due; });
+    if (next == entries_.end()) {
+      cv_.wait(lock);
+      continue;
+    }
+    const absl::Time now = absl::Now();
+    if (next->second.due > now) {
+      cv_.wait_for(lock, absl::ToChronoMicroseconds(next->second.due - now));
+      continue;
+    }
+    const uint64_t handle = next->first;
+    const Entry e = next->second;
+    next->second.due = now + e.period;
+    renewing_ = handle;
+    lock.unlock();
+    // A failed renewal needs no action here: the generation that follows finds the
+    // reservation gone (NOT_FOUND) and the request starts over.
+    e.decode->Renew(e.reservation_id).IgnoreError();
+    lock.lock();
+    renewing_ = 0;
+    cv_.notify_all();
+  }
+}
+
+RunningRequest::~RunningRequest() {
+  if (decode != nullptr) --decode->in_flight;
+}
+
+RequestFlow::RequestFlow(WorkerSet& workers, RequestFlowOptions options)
+    : workers_(workers), options_(std::move(options)) {}
+
+void RequestFlow::Retry(const char* role) {
+  if (options_.on_retry) options_.on_retry(role);
+}
+
+absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowRequest& r) {
+  std::set<Worker*> tried_prefill, tried_decode;
+  absl::Status last = absl::UnavailableError("no decode worker is up");
+  const absl::Time give_up = absl::Now() + options_.queue_timeout;
+  bool waiting = false;
+  auto wait = [&](bool on) {
+    if (waiting != on && options_.on_waiting) options_.on_waiting(on ? 1 : -1);
+    waiting = on;
+  };
+  // A worker that failed this attempt: marked down when gone, never tried again for r.
+  auto drop = [&](Worker* w, std::set<Worker*>& tried, const absl::Status& st) {
+    workers_.MarkDown(w, std::string(st.message()));
+    tried.insert(w);
+    Retry(w->role.c_str());
+  };
+  for (int attempt = 0; attempt < options_.max_attempts;) {
+    Worker* d = workers_.Pick("decode", r.prompt, tried_decode);
+    if (d == nullptr) break;
+    rpc::ReserveRequest reserve;
+    reserve.set_request_id(r.request_id);
+    reserve.mutable_compression()->set_preset(r.preset);
+    reserve.set_prompt_tokens(static_cast<int32_t>(r.prompt.size()));
+    reserve.set_max_tokens(r.sampling.max_tokens());
+    absl::StatusOr<rpc::ReserveResponse> reserved = d->decode->Reserve(reserve);
+    if (absl::IsResourceExhausted(reserved.status()) && absl::Now() < give_up) {
+      // Every decode worker's pool is busy: wait for pages, as a queue would.
+      wait(true);
+      last = reserved.status();
+      absl::SleepFor(options_.pages_retry);
+      continue;
+    }
+    wait(false);
+    if (!reserved.ok()) {
+      last = reserved.status();
+      if (!WorkerGone(last)) return last;
+      drop(d, tried_decode, last);
+      ++attempt;
+      continue;
+    }
+    if (options_.on_reserved) options_.on_reserved(absl::Now() - r.arrived);
+    const uint64_t reservation = reserved->reservation_id();
+    Worker* pf = workers_.Pick("prefill", r.prompt, tried_prefill);
+    if (pf == nullptr) {
+      d->decode->Release(reservation).IgnoreError();
+      last = absl::UnavailableError("no prefill worker is up");
+      break;
+    }
+    rpc::PrefillRequest pre;
+    pre.set_request_id(r.request_id);
+    pre.mutable_prompt()->Add(r.prompt.begin(), r.prompt.end());
+    *pre.mutable_sampling() = r.sampling;
+    pre.mutable_compression()->set_preset(r.preset);
+    pre.set_decode_worker(d->address);
+    pre.set_region(reserved->region());
+    *pre.mutable_page_ids() = reserved->page_ids();
+    pre.set_page_bytes(reserved->page_bytes());
+    // The prompt may wait in the prefill worker's queue longer than the reservation lives.
+    const absl::Duration period =
+        std::max(options_.min_renew_period, absl::Seconds(reserved->expires_in_seconds() / 3.0));
+    ++pf->in_flight;
+    const uint64_t renewal = renewals_.Add(d->decode.get(), reservation, period);
+    absl::StatusOr<rpc::PrefillResponse> prefilled = pf->prefill->Prefill(pre);
+    renewals_.Remove(renewal);
+    --pf->in_flight;
+    if (!prefilled.ok()) {
+      d->decode->Release(reservation).IgnoreError();
+      last = prefilled.status();
+      if (absl::IsAborted(last)) {
+        drop(d, tried_decode, last);  // the pages did not reach the decode worker
+      } else if (WorkerGone(last)) {
+        drop(pf, tried_prefill, last);
+      } else {
+        return last;
+      }
+      ++attempt;
+      continue;
+    }
+    auto running = std::make_unique<RunningRequest>();
+    running->first_token_time = absl::Now();
+    rpc::GenerateRequest gen;
+    gen.set_request_id(r.request_id);
+    gen.set_reservation_id(reservation);
+    gen.mutable_prompt()->Add(r.prompt.begin(), r.prompt.end());
+    *gen.mutable_sampling() = r.sampling;
+    gen.mutable_compression()->set_preset(r.preset);
+    gen.set_kv_state(prefilled->kv_state());
+    *gen.mutable_first() = prefilled->first();
+    running->stream = d->decode->Generate(gen);
+    rpc::GenerateResponse accepted;
+    if (!running->stream->Read(&accepted)) {
+      last = running->stream->Finish();
+      if (last.ok()) {
+        last = absl::InternalError(absl::StrFormat(
+            "the decode worker %s ended the generation before it began", d->address));
+      }
+      if (absl::IsNotFound(last)) {
+        // The reservation expired while the prompt waited for prefill: start over.
+        Retry("decode");
+        ++attempt;
+        continue;
+      }
+      if (!WorkerGone(last)) return last;
+      drop(d, tried_decode, last);
+      ++attempt;
+      continue;
+    }
+    running->prefill = pf;
+    running->decode = d;
+    ++d->in_flight;
+    running->prefilled = *std::move(prefilled);
+    return running;
+  }
+  wait(false);
+  return last;
+}
+
+}  // namespace sluice::router

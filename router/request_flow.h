@@ -1,0 +1,114 @@
+// A request's choreography across the workers: reserve KV pages on a decode worker, have a
+// prefill worker compute the prompt into them, open the generation on the decode worker;
+// retry on other workers while nothing has reached the client, wait for pages while every
+// decode worker's pool is busy, and renew the reservation while the prompt queues for prefill.
+//
+//   decode.Reserve ─► prefill.Prefill (renewed meanwhile) ─► decode.Generate ─► first message
+//        │ RESOURCE_EXHAUSTED: wait (queue_timeout)     │ ABORTED: the pages did not reach the
+//        │ worker gone: next decode worker              │   decode worker: next decode worker
+//        │                                              │ prefill worker gone: next prefill
+//        │                                              └ NOT_FOUND at Generate: the reservation
+//        │                                                expired: start over
+//        └ any other error: returned as is
+//
+// Attempts that fail on a gone worker mark it down (WorkerSet::MarkDown) and count against
+// max_attempts; a reservation whose prefill failed is released. Reservations are renewed by
+// one timer thread (Renewals), every third of their lifetime, while their prefill runs.
+#ifndef SLUICE_ROUTER_REQUEST_FLOW_H_
+#define SLUICE_ROUTER_REQUEST_FLOW_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/sluice.pb.h"
+#include "router/worker_calls.h"
+
+namespace sluice::router {
+
+// Renews reservations on one thread: each every `period` from when it was added, until it is
+// removed.
+class Renewals {
+ public:
+  Renewals();
+  ~Renewals();
+  uint64_t Add(DecodeCalls* decode, uint64_t reservation_id, absl::Duration period);
+  // Once this returns, the renewal neither runs nor will run.
+  void Remove(uint64_t handle);
+
+ private:
+  struct Entry {
+    DecodeCalls* decode;
+    uint64_t reservation_id;
+    absl::Duration period;
+    absl::Time due;
+  };
+  void Loop();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint64_t, Entry> entries_;
+  uint64_t next_ = 1;
+  uint64_t renewing_ = 0;  // the handle whose Renew is in flight
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+struct RequestFlowOptions {
+  int max_attempts = 3;                                 // workers tried per request
+  absl::Duration queue_timeout = absl::Seconds(60);     // waiting for KV pages on every decoder
+  absl::Duration pages_retry = absl::Milliseconds(20);  // between reservations while waiting
+  absl::Duration min_renew_period = absl::Seconds(1);
+  // Observers (each may be empty): a retry after `role` failed; the request starts (+1) or
+  // stops (-1) waiting for pages; the reservation succeeded `queued` after the request began.
+  std::function<void(const char* role)> on_retry;
+  std::function<void(int delta)> on_waiting;
+  std::function<void(absl::Duration queued)> on_reserved;
+};
+
+struct FlowRequest {
+  uint64_t request_id = 0;
+  std::vector<int32_t> prompt;
+  rpc::SamplingParams sampling;
+  std::string preset;  // empty: the workers' default
+  absl::Time arrived = absl::Now();
+};
+
+// A request whose generation runs: its first token came with the prefill, the rest come from
+// `stream`, whose first (empty) message has been read. Holds one of decode->in_flight.
+struct RunningRequest {
+  Worker* prefill = nullptr;
+  Worker* decode = nullptr;
+  rpc::PrefillResponse prefilled;
+  std::unique_ptr<GenerationStream> stream;
+  absl::Time first_token_time;
+  ~RunningRequest();
+};
+
+class RequestFlow {
+ public:
+  RequestFlow(WorkerSet& workers, RequestFlowOptions options);
+
+  // Reserve, prefill and open the generation, retrying as above. The error of the last
+  // attempt when every attempt failed (UNAVAILABLE when no worker was left to try).
+  absl::StatusOr<std::unique_ptr<RunningRequest>> Start(const FlowRequest& request);
+
+ private:
+  void Retry(const char* role);
+
+  WorkerSet& workers_;
+  const RequestFlowOptions options_;
+  Renewals renewals_;
+};
+
+}  // namespace sluice::router
+
+#endif  // SLUICE_ROUTER_REQUEST_FLOW_H_

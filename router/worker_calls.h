@@ -1,0 +1,86 @@
+// The calls a request makes to its workers, behind one interface per role, so that the request
+// choreography (request_flow.h) runs the same against gRPC stubs (the router,
+// grpc_worker_calls.h), worker objects in the same process (tests/disaggregated_test.cc) and
+// fakes (request_flow_test.cc). Every call returns absl::Status: UNAVAILABLE or
+// DEADLINE_EXCEEDED mean the worker is gone.
+#ifndef SLUICE_ROUTER_WORKER_CALLS_H_
+#define SLUICE_ROUTER_WORKER_CALLS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "grpcpp/channel.h"
+#include "proto/sluice.grpc.pb.h"
+
+namespace sluice::router {
+
+// One running generation on a decode worker.
+class GenerationStream {
+ public:
+  virtual ~GenerationStream() = default;
+  // The next message; false once the stream has ended (Finish then says how). The first
+  // message is empty: the KV is in and the sequence runs.
+  virtual bool Read(rpc::GenerateResponse* message) = 0;
+  // How the stream ended; call once Read returned false (or after Cancel).
+  virtual absl::Status Finish() = 0;
+  // Ends the generation early (the client went away); its pages return to the pool.
+  virtual void Cancel() = 0;
+};
+
+class DecodeCalls {
+ public:
+  virtual ~DecodeCalls() = default;
+  virtual absl::StatusOr<rpc::ReserveResponse> Reserve(const rpc::ReserveRequest& request) = 0;
+  virtual absl::Status Renew(uint64_t reservation_id) = 0;
+  virtual absl::Status Release(uint64_t reservation_id) = 0;
+  virtual std::unique_ptr<GenerationStream> Generate(const rpc::GenerateRequest& request) = 0;
+};
+
+class PrefillCalls {
+ public:
+  virtual ~PrefillCalls() = default;
+  virtual absl::StatusOr<rpc::PrefillResponse> Prefill(const rpc::PrefillRequest& request) = 0;
+};
+
+// One worker as the router knows it.
+struct Worker {
+  std::string address;                      // host:port
+  std::string role;                         // "prefill" or "decode"
+  std::shared_ptr<grpc::Channel> channel;   // the router's; null in tests
+  std::unique_ptr<rpc::Admin::Stub> admin;  // health and stats (WorkerRegistry's polls)
+  std::unique_ptr<PrefillCalls> prefill;    // prefill workers
+  std::unique_ptr<DecodeCalls> decode;      // decode workers
+  std::atomic<int64_t> in_flight{0};
+
+  // Under the registry's mutex.
+  bool up = false;
+  int failed_polls = 0;  // in a row
+  rpc::StatsResponse stats;
+  std::string last_error;
+};
+
+// Where requests go: the router's WorkerRegistry, or a test's workers.
+class WorkerSet {
+ public:
+  virtual ~WorkerSet() = default;
+  // A worker of `role` ("prefill" or "decode") not in `exclude`; null when none is left.
+  virtual Worker* Pick(const std::string& role, absl::Span<const int32_t> prompt,
+                       const std::set<Worker*>& exclude) = 0;
+  // A call to `w` failed in a way that says the worker is gone.
+  virtual void MarkDown(Worker* w, const std::string& error) = 0;
+};
+
+// Whether a failed call says its worker is gone (so another may take the request).
+inline bool WorkerGone(const absl::Status& st) {
+  return absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st);
+}
+
+}  // namespace sluice::router
+
+#endif  // SLUICE_ROUTER_WORKER_CALLS_H_
