@@ -770,8 +770,9 @@ absl::Status PagedKvCache::Demote(HeadPages& hp, int64_t position, int32_t page,
 
 absl::Status PagedKvCache::EvictPaged(HeadPages& hp, const std::vector<int64_t>& positions) {
   // Each position's live slot, the high tier's before the low tier's (a demoted token is live
-  // in both until its high-tier copy goes). Compaction reorders slots, so one pass over the
-  // live slots finds them all.
+  // in both until its high-tier copy goes). Compaction reorders slots, so positions are found
+  // by search: a scan of the positions array each for a few, one pass over the live slots for
+  // many.
   std::vector<int64_t> want = positions;
   std::sort(want.begin(), want.end());
   want.erase(std::unique(want.begin(), want.end()), want.end());
@@ -781,13 +782,34 @@ absl::Status PagedKvCache::EvictPaged(HeadPages& hp, const std::vector<int64_t>&
     int32_t page, slot;
   };
   std::vector<Hit> hits;
-  for (int t = 0; t < tiers_ && hits.size() < want.size(); ++t) {
-    ForEachLive(hp, t, [&](int64_t position, int32_t page, int32_t slot) {
-      const auto at = std::lower_bound(want.begin(), want.end(), position);
-      if (at == want.end() || *at != position || found[at - want.begin()]) return;
-      found[at - want.begin()] = true;
-      hits.push_back({t, page, slot});
-    });
+  if (want.size() <= 8) {
+    // A few positions (a policy's step): a scan of the positions array for each.
+    for (const int64_t position : want) {
+      bool hit = false;
+      for (int t = 0; t < tiers_ && !hit; ++t) {
+        const std::vector<int32_t>& positions = hp.tier[t].positions;
+        const int32_t p = static_cast<int32_t>(position);
+        for (auto at = std::find(positions.begin(), positions.end(), p); at != positions.end();
+             at = std::find(at + 1, positions.end(), p)) {
+          int64_t slot = at - positions.begin();
+          int32_t page = 0;
+          while (slot >= hp.tier[t].slots[page]) slot -= hp.tier[t].slots[page++];
+          if (!TestSlot(ValidBits(hp.page(t, page), t), slot)) continue;  // a dead copy
+          hits.push_back({t, page, static_cast<int32_t>(slot)});
+          hit = true;
+          break;
+        }
+      }
+    }
+  } else {
+    for (int t = 0; t < tiers_ && hits.size() < want.size(); ++t) {
+      ForEachLive(hp, t, [&](int64_t position, int32_t page, int32_t slot) {
+        const auto at = std::lower_bound(want.begin(), want.end(), position);
+        if (at == want.end() || *at != position || found[at - want.begin()]) return;
+        found[at - want.begin()] = true;
+        hits.push_back({t, page, slot});
+      });
+    }
   }
   std::vector<int32_t> touched[2];
   for (const Hit& h : hits) {
@@ -866,23 +888,33 @@ absl::Status PagedKvCache::MaybeCompact(HeadPages& hp, int t) {
       positions[m.dst_page][m.dst_slot + k] = positions[m.src_page][m.src_slot + k];
     }
   }));
-  // The emptied pages leave the table, from the back so that the indices hold.
-  std::vector<PageId> freed;
-  for (auto it = plan.freed.rbegin(); it != plan.freed.rend(); ++it) {
-    freed.push_back(hp.page(t, *it));
-    SLUICE_RETURN_IF_ERROR(hp.Erase(t, *it));
-  }
-  SLUICE_RETURN_IF_ERROR(pool_->Free(freed));
-  tp.slots.clear();
-  tp.positions.clear();
+  // The kept pages stay in table order, except that the one with the most room after its
+  // used slots goes last, where new tokens are appended; the emptied pages go back.
   std::vector<bool> gone(n, false);
   for (int32_t i : plan.freed) gone[i] = true;
+  std::vector<int32_t> order;
   for (int32_t i = 0; i < n; ++i) {
-    if (gone[i]) continue;
+    if (!gone[i]) order.push_back(i);
+  }
+  if (!order.empty()) {
+    const auto roomiest = std::max_element(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return plan.used_after[a] > plan.used_after[b];
+    });
+    std::rotate(roomiest, roomiest + 1, order.end());
+  }
+  std::vector<PageId> ids(n), freed;
+  for (int32_t i = 0; i < n; ++i) ids[i] = hp.page(t, i);
+  for (int32_t i : plan.freed) freed.push_back(ids[i]);
+  while (hp.count(t) > 0) SLUICE_RETURN_IF_ERROR(hp.Pop(t).status());
+  tp.slots.clear();
+  tp.positions.clear();
+  for (int32_t i : order) {
+    SLUICE_RETURN_IF_ERROR(hp.Push(t, ids[i]));
     tp.slots.push_back(plan.used_after[i]);
     tp.positions.insert(tp.positions.end(), positions[i].begin(),
                         positions[i].begin() + plan.used_after[i]);
   }
+  SLUICE_RETURN_IF_ERROR(pool_->Free(freed));
   tp.last_closed = false;
   ++compactions_;
   compaction_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
