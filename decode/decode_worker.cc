@@ -1,10 +1,12 @@
 #include "decode/decode_worker.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "kvstore/crc32c.h"
 #include "kvstore/kv_preset.h"
 
 namespace sluice::decode {
@@ -214,20 +216,30 @@ absl::StatusOr<rpc::ReserveResponse> DecodeWorker::Reserve(const rpc::ReserveReq
         SLUICE_ASSIGN_OR_RETURN(int64_t room_pages,
                                 kvstore::PagesForSequence(preset, c.layers, c.kv_heads, room));
         kvstore::PagePool& pool = cache->cache->mutable_pool();
+        // The KV state (full-precision window, scores, codebooks) lands in pages of the same
+        // pool until Generate reads it.
+        const int64_t state_pages =
+            (cache->cache->StateBytesBound(request.prompt_tokens()) + pool.page_bytes() - 1) /
+            pool.page_bytes();
         const int64_t available = pool.free_pages() - GrowthPages(cache);
-        if (room_pages > available) {
+        if (room_pages + state_pages > available) {
           return absl::ResourceExhaustedError(absl::StrFormat(
-              "%s: the KV pool (preset %s) has %d pages to spare, the request may need %d",
-              options_.name, preset.name, available, room_pages));
+              "%s: the KV pool (preset %s) has %d pages to spare, the request may need %d (and "
+              "%d for its state while it arrives)",
+              options_.name, preset.name, available, room_pages, state_pages));
         }
         Reservation r{.preset = preset.name, .expires = absl::Now() + options_.reservation_ttl};
         std::vector<int64_t> offsets;
         SLUICE_RETURN_IF_ERROR(
-            pool.Allocate({static_cast<int32_t>(prompt_pages)}, &offsets, &r.pages));
+            pool.Allocate({static_cast<int32_t>(prompt_pages), static_cast<int32_t>(state_pages)},
+                          &offsets, &r.pages));
+        r.state_pages.assign(r.pages.begin() + offsets[1], r.pages.end());
+        r.pages.resize(offsets[1]);
         const uint64_t id = next_id_++;
         rpc::ReserveResponse out;
         out.set_reservation_id(id);
         out.mutable_page_ids()->Add(r.pages.begin(), r.pages.end());
+        out.mutable_state_page_ids()->Add(r.state_pages.begin(), r.state_pages.end());
         out.set_page_bytes(pool.page_bytes());
         if (cache->region) out.set_region(cache->region->descriptor());
         out.set_expires_in_seconds(absl::ToDoubleSeconds(options_.reservation_ttl));
@@ -254,7 +266,9 @@ int64_t DecodeWorker::GrowthPages(const WorkerRuntime::Cache* cache) const {
 void DecodeWorker::FreeReservation(std::map<uint64_t, Reservation>::iterator it) {
   auto cache = rt_.caches().find(it->second.preset);
   if (cache != rt_.caches().end()) {
-    cache->second.cache->mutable_pool().Free(it->second.pages).IgnoreError();
+    kvstore::PagePool& pool = cache->second.cache->mutable_pool();
+    pool.Free(it->second.pages).IgnoreError();
+    pool.Free(it->second.state_pages).IgnoreError();
   }
   reservations_.erase(it);
 }
@@ -298,6 +312,36 @@ void DecodeWorker::ExpireReservations() {
   }
 }
 
+absl::StatusOr<std::string> DecodeWorker::TakeState(WorkerRuntime::Cache& cache, Reservation& r,
+                                                    const rpc::GenerateRequest& request) {
+  kvstore::PagePool& pool = cache.cache->mutable_pool();
+  const int64_t page_bytes = pool.page_bytes();
+  const int64_t bytes = request.state_bytes();
+  const int64_t room = static_cast<int64_t>(r.state_pages.size()) * page_bytes;
+  std::string state;
+  absl::Status st;
+  if (bytes <= 0 || bytes > room) {
+    st = absl::InvalidArgumentError(absl::StrFormat(
+        "KV sequence state: %d bytes announced, the reservation's state pages hold %d", bytes,
+        room));
+  } else {
+    state.resize(bytes);
+    for (int64_t off = 0; off < bytes; off += page_bytes) {
+      std::memcpy(state.data() + off, pool.data(r.state_pages[off / page_bytes]),
+                  std::min(page_bytes, bytes - off));
+    }
+    const uint32_t crc = kvstore::Crc32c(state.data(), state.size());
+    if (crc != request.state_crc32c()) {
+      st = absl::DataLossError(absl::StrFormat(
+          "KV sequence state: CRC32C %08x, the sender's was %08x", crc, request.state_crc32c()));
+    }
+  }
+  pool.Free(r.state_pages).IgnoreError();
+  r.state_pages.clear();
+  if (!st.ok()) return st;
+  return state;
+}
+
 absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
     const rpc::GenerateRequest& request) {
   model::SamplingParams params;
@@ -326,11 +370,19 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
               absl::StrFormat("the request names preset '%s', its reservation was for '%s'",
                               request.compression().preset(), it->second.preset));
         }
+        // The state the prefill worker wrote into the state pages, checked against its CRC32C;
+        // the state pages go back to the pool at once.
+        absl::StatusOr<std::string> state = TakeState(*cache, it->second, request);
+        if (!state.ok()) {
+          import_failures_.Increment();
+          FreeReservation(it);
+          return state.status();
+        }
         const int64_t prompt = request.prompt_size();
         const int64_t room = prompt + params.max_tokens;
         const uint64_t seq = next_id_++;
-        auto imported = cache->cache->ImportSequence(static_cast<int64_t>(seq), room,
-                                                     request.kv_state(), it->second.pages);
+        auto imported =
+            cache->cache->ImportSequence(static_cast<int64_t>(seq), room, *state, it->second.pages);
         if (!imported.ok()) {
           import_failures_.Increment();
           FreeReservation(it);
@@ -468,7 +520,9 @@ void DecodeWorker::StepGroup(WorkerRuntime::Cache* cache, std::vector<Running*>&
 void DecodeWorker::UpdateGauges() {
   int64_t used = 0, free = 0, reserved = 0;
   double ratio = 0;
-  for (const auto& [seq, r] : reservations_) reserved += static_cast<int64_t>(r.pages.size());
+  for (const auto& [seq, r] : reservations_) {
+    reserved += static_cast<int64_t>(r.pages.size() + r.state_pages.size());
+  }
   for (const auto& [name, cache] : rt_.caches()) {
     const kvstore::KvCacheStats s = cache.cache->Stats();
     const kvstore::PagePool& pool = cache.cache->pool();

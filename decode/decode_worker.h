@@ -92,6 +92,7 @@ class DecodeWorker {
   struct Reservation {
     std::string preset;
     std::vector<kvstore::PageId> pages;
+    std::vector<kvstore::PageId> state_pages;  // where the prefill worker writes the KV state
     absl::Time expires;
   };
   struct Running {
@@ -118,6 +119,11 @@ class DecodeWorker {
   void StepGroup(WorkerRuntime::Cache* cache, std::vector<Running*>& group);
   // Removes `r` from the batch and its cache, ending its stream.
   void Finish(uint64_t seq, const std::string& reason, absl::Status error = absl::OkStatus());
+  // The KV state a prefill worker wrote into r's state pages, as `request` announces it (size,
+  // CRC32C); frees the state pages whatever the outcome. InvalidArgument for a size the pages
+  // cannot hold, DataLoss for a checksum that does not match.
+  absl::StatusOr<std::string> TakeState(WorkerRuntime::Cache& cache, Reservation& r,
+                                        const rpc::GenerateRequest& request);
   void ExpireReservations();
   void FreeReservation(std::map<uint64_t, Reservation>::iterator it);
   void UpdateGauges();

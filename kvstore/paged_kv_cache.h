@@ -117,6 +117,9 @@ class PagedKvCache final : public model::KvCache {
   // NotFound for an unknown sequence; FailedPrecondition if it has written tokens it has not
   // committed.
   absl::StatusOr<SequenceExport> ExportSequence(int64_t seq) const;
+  // At most how many bytes ExportSequence's state takes for a sequence of `tokens` committed
+  // tokens: what a decode worker reserves for the state next to the pages.
+  int64_t StateBytesBound(int64_t tokens) const;
   // Starts `seq` (room for `max_tokens`) from an exported `state` whose pages' bytes already sit
   // in this cache's pool at pages[0, n), n being the pages the state lists (allocated by the
   // caller with refcount 1, in export order). On success the sequence owns those n pages and n

@@ -29,6 +29,31 @@ bool AllIn(const google::protobuf::RepeatedField<T>& v, int64_t lo, int64_t hi) 
 
 }  // namespace
 
+int64_t PagedKvCache::StateBytesBound(int64_t tokens) const {
+  // A length-delimited field: its payload, a tag and a length of at most 10 bytes each.
+  auto field = [](int64_t payload) { return payload + 20; };
+  const int64_t lists = options_.layers * options_.kv_heads;
+  const int64_t group = options_.heads / options_.kv_heads;
+  const int64_t token_group = layout_.token_group;
+  // Tokens outside pages: at most the window and a group that did not fill.
+  const int64_t window = std::min<int64_t>(tokens, options_.preset.residual + token_group);
+  const int64_t pages =
+      PagesForSequence(options_.preset, options_.layers, options_.kv_heads, tokens)
+          .value_or(lists * (tokens + 2));
+  const int64_t list_pages = pages / lists + 2;
+  // Slot counts and positions are non-negative int32 varints: 5 bytes at most.
+  int64_t tier = field(list_pages * 5) + field((tokens + token_group) * 5) + 4;
+  int64_t list =
+      tiers_ * field(tier) + field(window * 10) + field(tokens * group * 4) + field(tokens);
+  int64_t bytes = 256 + static_cast<int64_t>(options_.preset.name.size());  // the scalars
+  bytes += 2 * options_.layers * field(window * row_ * static_cast<int64_t>(sizeof(float)));
+  bytes += lists * field(list);
+  // Codebooks: an 8-byte header and a nibble per symbol of at most 256, per K and V.
+  if (options_.preset.high.huffman_bits > 0) bytes += options_.layers * field(2 * field(8 + 128));
+  bytes += field(pages * 4);  // a CRC32C per page
+  return bytes;
+}
+
 absl::StatusOr<PagedKvCache::SequenceExport> PagedKvCache::ExportSequence(int64_t seq) const {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) {

@@ -133,6 +133,33 @@ TEST_P(TransferTest, ImportedSequenceGoesOnExactlyAsTheOriginal) {
   EXPECT_EQ(b->pool().used_pages(), 0);
 }
 
+// A decode worker reserves StateBytesBound for the state: every export fits it, after a prompt
+// of any length and after generation steps.
+TEST_P(TransferTest, StatesFitTheirBound) {
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto a = MakeCache(**cpu, GetParam());
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  for (int64_t prompt : {1, 7, 33, 129, 400}) {
+    ASSERT_TRUE(a->AddSequence(prompt, prompt + 24).ok());
+    Step(*a, prompt, prompt, seed + prompt);
+    for (int64_t step = 0; step <= 24; step += 12) {
+      auto ex = a->ExportSequence(prompt);
+      ASSERT_TRUE(ex.ok()) << ex.status();
+      const int64_t tokens = prompt + step;
+      EXPECT_LE(static_cast<int64_t>(ex->state.size()), a->StateBytesBound(tokens))
+          << "prompt " << prompt << " + " << step;
+      // Not a wild overestimate either: a decode worker reserves that much (evicting presets
+      // export far fewer tokens than the bound allows for).
+      EXPECT_LE(a->StateBytesBound(tokens), 6 * static_cast<int64_t>(ex->state.size()) + 32768)
+          << "prompt " << prompt << " + " << step;
+      for (int64_t i = 0; i < 12 && step < 24; ++i) Step(*a, prompt, 1, seed + i);
+    }
+    ASSERT_TRUE(a->RemoveSequence(prompt).ok());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Presets, TransferTest,
                          testing::Values("fp16", "int8", "kivi4", "kivi2", "kvcomp", "sluice",
                                          "sinks", "snapkv", "h2o", "minikv", "leankv-k8v4"),

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "kvstore/crc32c.h"
 #include "kvstore/kv_preset.h"
 #include "model/sampler.h"
 
@@ -309,7 +310,16 @@ void PrefillWorker::Complete(JobPtr job, absl::Span<const float> logits) {
   }
   const model::LlamaConfig& c = rt_.config();
   const int64_t page_bytes = job->cache->cache->pool().page_bytes();
+  const int64_t state_room = int64_t{req.state_page_ids_size()} * page_bytes;
+  if (static_cast<int64_t>(exported->state.size()) > state_room) {
+    Fail(std::move(job), absl::ResourceExhaustedError(absl::StrFormat(
+                             "the prompt's KV state takes %d bytes, the decode worker reserved %d",
+                             exported->state.size(), state_room)));
+    return;
+  }
   out.set_pages(static_cast<int64_t>(exported->pages.size()));
+  out.set_state_bytes(static_cast<int64_t>(exported->state.size()));
+  out.set_state_crc32c(kvstore::Crc32c(exported->state.data(), exported->state.size()));
   out.set_kv_bytes(static_cast<int64_t>(exported->pages.size()) * page_bytes +
                    static_cast<int64_t>(exported->state.size()));
   out.set_kv_fp16_bytes(req.prompt_size() * c.layers * c.kv_heads * c.head_dim * 2 * 2);
@@ -347,7 +357,6 @@ void PrefillWorker::SendLoop() {
         j.done.set_value(j.send_error);
         return;
       }
-      j.response.set_kv_state(std::move(send.state));
       j.done.set_value(std::move(j.response));
     });
   }
@@ -381,6 +390,18 @@ absl::Status PrefillWorker::SendPages(Send& send) {
     st = sender.Put(pool.data(send.pages[i]), page_bytes,
                     static_cast<uint64_t>(req.page_ids(static_cast<int>(index))) * page_bytes);
     job.sent_bytes += static_cast<int64_t>(page_bytes);
+  }
+  // The KV state follows the pages into the reservation's state pages (Complete checked that
+  // it fits); the decode worker checks it against the CRC32C the response carries.
+  for (size_t off = 0; send.last && off < send.state.size() && st.ok(); off += page_bytes) {
+    const int32_t id = req.state_page_ids(static_cast<int>(off / page_bytes));
+    if (id < 0) {
+      st = absl::InvalidArgumentError(absl::StrFormat("state page id %d is negative", id));
+      break;
+    }
+    const size_t n = std::min(page_bytes, send.state.size() - off);
+    st = sender.Put(send.state.data() + off, n, static_cast<uint64_t>(id) * page_bytes);
+    job.sent_bytes += static_cast<int64_t>(n);
   }
   if (st.ok() && send.last) st = sender.Flush(options_.transfer_timeout);
   if (!st.ok()) {

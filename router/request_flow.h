@@ -1,5 +1,6 @@
 // A request's choreography across the workers: reserve KV pages on a decode worker, have a
-// prefill worker compute the prompt into them, open the generation on the decode worker;
+// prefill worker compute the prompt into them (its pages and its KV state go straight into
+// the decode worker's memory; only ids, sizes and checksums pass here), open the generation;
 // retry on other workers while nothing has reached the client, wait for pages while every
 // decode worker's pool is busy, and renew the reservation while the prompt queues for prefill.
 //

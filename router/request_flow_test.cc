@@ -71,6 +71,7 @@ class FakeDecode final : public DecodeCalls {
     r.set_reservation_id(++next_id_);
     r.set_expires_in_seconds(expires_in_seconds);
     r.add_page_ids(7);
+    r.add_state_page_ids(8);
     r.set_region(name_);
     std::lock_guard<std::mutex> lock(mu_);
     live_.insert(r.reservation_id());
@@ -120,7 +121,8 @@ class FakePrefill final : public PrefillCalls {
     if (!st.ok()) return st;
     rpc::PrefillResponse r;
     r.mutable_first()->set_token(42);
-    r.set_kv_state("state");
+    r.set_state_bytes(100);
+    r.set_state_crc32c(0xfeed);
     return r;
   }
   Script<absl::Status> script;
@@ -227,13 +229,15 @@ TEST(RequestFlowTest, ReservesPrefillsAndGenerates) {
   EXPECT_EQ((*run)->prefill, &workers.worker("p0"));
   EXPECT_EQ(workers.worker("d0").in_flight, 1);
   EXPECT_EQ(workers.worker("p0").in_flight, 0);
-  // The prefill writes into the reservation; the generation takes the prefill's state.
+  // The prefill writes pages and state into the reservation; the generation names the state.
   EXPECT_EQ(p.last.region(), "d0");
   EXPECT_THAT(p.last.page_ids(), ElementsAre(7));
   EXPECT_EQ(p.last.decode_worker(), "d0");
   EXPECT_EQ(p.last.compression().preset(), "int8");
   EXPECT_EQ(d.last_generate.reservation_id(), 1u);
-  EXPECT_EQ(d.last_generate.kv_state(), "state");
+  EXPECT_THAT(p.last.state_page_ids(), ElementsAre(8));
+  EXPECT_EQ(d.last_generate.state_bytes(), 100);
+  EXPECT_EQ(d.last_generate.state_crc32c(), 0xfeedu);
   EXPECT_EQ(d.last_generate.first().token(), 42);
   EXPECT_THAT(Tokens(**run), ElementsAre(42, 1, 2, 3));
   EXPECT_THAT(c.retries, ::testing::IsEmpty());

@@ -61,8 +61,11 @@ class LocalDecode final : public router::DecodeCalls {
   LocalDecode(decode::DecodeWorker& worker, std::function<void()> before_generate)
       : worker_(worker), before_generate_(std::move(before_generate)) {}
   absl::StatusOr<rpc::ReserveResponse> Reserve(const rpc::ReserveRequest& request) override {
-    return worker_.Reserve(request);
+    auto r = worker_.Reserve(request);
+    if (r.ok()) last_reserved = *r;
+    return r;
   }
+  rpc::ReserveResponse last_reserved;
   absl::Status Renew(uint64_t id) override { return worker_.Renew(id).status(); }
   absl::Status Release(uint64_t id) override { return worker_.Release(id); }
   std::unique_ptr<router::GenerationStream> Generate(const rpc::GenerateRequest& r) override {
@@ -96,8 +99,11 @@ class LocalWorkers final : public router::WorkerSet {
     prefill_.prefill = std::make_unique<LocalPrefill>(p);
     decode_.address = "decode-0";
     decode_.role = "decode";
-    decode_.decode = std::make_unique<LocalDecode>(d, std::move(before_generate));
+    auto calls = std::make_unique<LocalDecode>(d, std::move(before_generate));
+    local_decode_ = calls.get();
+    decode_.decode = std::move(calls);
   }
+  const rpc::ReserveResponse& last_reserved() const { return local_decode_->last_reserved; }
   router::Worker* Pick(const std::string& role, absl::Span<const int32_t>,
                        const std::set<router::Worker*>& exclude) override {
     router::Worker* w = role == "prefill" ? &prefill_ : &decode_;
@@ -109,6 +115,7 @@ class LocalWorkers final : public router::WorkerSet {
 
  private:
   router::Worker prefill_, decode_;
+  LocalDecode* local_decode_ = nullptr;
   std::string down_;
 };
 
@@ -268,6 +275,9 @@ TEST_F(Disaggregated, SplitGenerationGivesTheSameTokensAsOneProcess) {
     for (int32_t t : Drain(*(*run)->stream, &reason)) got.push_back(t);
     EXPECT_TRUE((*run)->stream->Finish().ok());
     EXPECT_EQ(got, Local(preset, 12));
+    // The state went into the decode worker's memory with the pages; the answer names it.
+    EXPECT_GT((*run)->prefilled.state_bytes(), 0);
+    EXPECT_GE((*run)->prefilled.transfer_bytes(), (*run)->prefilled.state_bytes());
     run->reset();
     // Presets without eviction send each layer's pages while the next layers compute.
     const std::string p = preset;
@@ -337,6 +347,19 @@ TEST_F(Disaggregated, DamagedPagesAreRefusedAndFreed) {
     }
   });
   EXPECT_EQ(run.status().code(), absl::StatusCode::kDataLoss) << run.status();
+  ExpectNothingHeld();
+}
+
+TEST_F(Disaggregated, ADamagedStateIsRefusedAndFreed) {
+  // The KV state travels into state pages of the decode worker's pool, checksummed: a bit that
+  // flips there fails the generation with DATA_LOSS, and every page returns.
+  auto run = Start("sluice", Greedy(8), [&] {
+    const rpc::ReserveResponse& r = workers_->last_reserved();
+    ASSERT_GT(r.state_page_ids_size(), 0);
+    decode_rt_->caches().at("sluice").cache->mutable_pool().data(r.state_page_ids(0))[5] ^= 0x10;
+  });
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kDataLoss) << run.status();
+  EXPECT_NE(std::string(run.status().message()).find("state"), std::string::npos) << run.status();
   ExpectNothingHeld();
 }
 
