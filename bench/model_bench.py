@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """`./sluice bench model`: sluice's CPU model runtime side by side with llama.cpp.
 
-Runs bench/model_bench (sluice) and, in this process, llama.cpp through llama-cpp-python's
-low-level API on the same GGUF, the same thread count and the same cases: B sequences of P
-synthetic prompt tokens prefilled in one batch, then D greedy decode steps with all B
-sequences in every step. Prints a table and writes bench/results/model-cpu.json.
+Runs bench/model_bench (sluice) and llama.cpp, through llama-cpp-python's low-level API, on
+the same GGUF, the same thread count and the same cases: B sequences of P synthetic prompt
+tokens prefilled in one batch, then D greedy decode steps with all B sequences in every step.
+Each llama.cpp run is a child process of this script, so a peer that crashes is reported as
+crashed (table, JSON, exit status 1) instead of taking the benchmark down or going unnoticed.
+Prints a table and writes bench/results/model-cpu.json.
 
 Run with the python of bench/setup_llamacpp_venv.sh's venv.
 """
@@ -19,6 +21,8 @@ import sys
 import time
 
 import numpy as np  # installed with llama-cpp-python
+
+from peer import describe_exit, llama_cpp_build
 
 
 def prompt_token(seq, i, vocab):
@@ -122,9 +126,31 @@ class LlamaCpp:
         return b * p / (t1 - t0), b * d / (t2 - t1)
 
 
+def peer_case(args):
+    """--peer-case B,P,D: one llama.cpp run, printed as JSON (the child side of run_peer)."""
+    b, p, d = (int(x) for x in args.peer_case.split(","))
+    peer = LlamaCpp(args.model, args.threads)
+    pre, dec = peer.run_case(b, p, d)
+    print(json.dumps({"version": peer.version, "prefill": pre, "decode": dec}))
+
+
+def run_peer(args, b, p):
+    """One llama.cpp run in a child process: (prefill tok/s, decode tok/s, version) or a dict
+    {"crashed": how it ended, "stderr": its last words}."""
+    res = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--peer-case",
+         f"{b},{p},{args.decode_tokens}", f"--model={args.model}", f"--threads={args.threads}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if res.returncode != 0:
+        return {"crashed": describe_exit(res.returncode), "stderr": res.stderr[-400:]}
+    out = json.loads(res.stdout)
+    return out["prefill"], out["decode"], out["version"]
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sluice", required=True, help="path of the model_bench binary")
+    ap.add_argument("--sluice", help="path of the model_bench binary")
+    ap.add_argument("--peer-case", default="", help=argparse.SUPPRESS)
     ap.add_argument("--model", required=True)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--batches", default="1,4,16")
@@ -134,12 +160,17 @@ def main():
                     help="runs per case; the fastest is reported (shared machines are noisy)")
     ap.add_argument("--out", default="bench/results/model-cpu.json")
     args = ap.parse_args()
+    if args.peer_case:
+        return peer_case(args)
+    if not args.sluice:
+        ap.error("--sluice is required")
     batches = [int(x) for x in args.batches.split(",")]
     prompts = [int(x) for x in args.prompt_lengths.split(",")]
 
     print(f"model bench on {cpu_name()}, {args.threads} threads", file=sys.stderr)
-    peer = LlamaCpp(args.model, args.threads)
-    backend = None
+    build = llama_cpp_build(sys.executable)
+    print(f"llama.cpp peer: {build}", file=sys.stderr)
+    backend, version, crashes = None, "?", []
 
     def run_sluice(b, p):
         res = subprocess.run(
@@ -158,22 +189,35 @@ def main():
     rows = []
     for p in prompts:
         for b in batches:
-            ours, theirs = [], []
+            ours, theirs, crashed = [], [], None
             for _ in range(args.repeats):
                 backend, pre, dec = run_sluice(b, p)
                 ours.append((pre, dec))
-                theirs.append(peer.run_case(b, p, args.decode_tokens))
+                if crashed is None:
+                    got = run_peer(args, b, p)
+                    if isinstance(got, dict):
+                        crashed = got
+                        crashes.append(f"batch {b}, prompt {p}: {got['crashed']}")
+                    else:
+                        theirs.append(got[:2])
+                        version = got[2]
             s_pre, s_dec = max(x[0] for x in ours), max(x[1] for x in ours)
-            l_pre, l_dec = max(x[0] for x in theirs), max(x[1] for x in theirs)
-            print(f"{b:6d} {p:7d} | {s_pre:14.1f} {s_dec:8.1f} | {l_pre:17.1f} {l_dec:8.1f}",
-                  file=sys.stderr)
+            if crashed:
+                peer_row = {"crashed": crashed["crashed"], "stderr": crashed["stderr"],
+                            "runs": theirs}
+                peer_text = f"{'CRASHED: ' + crashed['crashed']:>26}"
+            else:
+                l_pre, l_dec = max(x[0] for x in theirs), max(x[1] for x in theirs)
+                peer_row = {"prefill_tokens_per_s": l_pre, "decode_tokens_per_s": l_dec,
+                            "runs": theirs}
+                peer_text = f"{l_pre:17.1f} {l_dec:8.1f}"
+            print(f"{b:6d} {p:7d} | {s_pre:14.1f} {s_dec:8.1f} | {peer_text}", file=sys.stderr)
             rows.append({
                 "batch": b, "prompt": p, "decode_steps": args.decode_tokens,
                 "repeats": args.repeats,
                 "sluice": {"prefill_tokens_per_s": s_pre, "decode_tokens_per_s": s_dec,
                            "runs": ours},
-                "llama_cpp": {"prefill_tokens_per_s": l_pre, "decode_tokens_per_s": l_dec,
-                              "runs": theirs},
+                "llama_cpp": peer_row,
             })
 
     print(f"\nbest of {args.repeats} runs per case, {args.threads} threads, {cpu_name()}")
@@ -181,9 +225,10 @@ def main():
     print("|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         s, l = r["sluice"], r["llama_cpp"]
+        l_pre = "crashed" if "crashed" in l else f"{l['prefill_tokens_per_s']:.1f}"
+        l_dec = "crashed" if "crashed" in l else f"{l['decode_tokens_per_s']:.1f}"
         print(f"| {r['batch']} | {r['prompt']} | {s['prefill_tokens_per_s']:.1f} | "
-              f"{l['prefill_tokens_per_s']:.1f} | {s['decode_tokens_per_s']:.1f} | "
-              f"{l['decode_tokens_per_s']:.1f} |")
+              f"{l_pre} | {s['decode_tokens_per_s']:.1f} | {l_dec} |")
     out = {
         "benchmark": "model-cpu",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -191,7 +236,9 @@ def main():
         "model": os.path.basename(args.model),
         "threads": args.threads,
         "sluice_backend": backend,
-        "llama_cpp_python": peer.version,
+        "llama_cpp_python": version,
+        "llama_cpp_build": build,
+        "llama_cpp_crashes": crashes,
         "cases": rows,
     }
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
@@ -199,6 +246,10 @@ def main():
         json.dump(out, f, indent=2)
         f.write("\n")
     print(f"\nwrote {args.out}", file=sys.stderr)
+    if crashes:
+        print("\nTHE llama.cpp PEER CRASHED; its figures are missing for:\n  " +
+              "\n  ".join(crashes), file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@ For each: generated tokens/s, requests/s, TTFT and inter-token latency p50/p99, 
 latency; for sluice also the KV pages it held at peak (and their FP16 equivalent) and the bytes
 its prefill workers streamed to decode. Prints a table and writes JSON (--out).
 
+A server that dies during a load (a crashed peer) is reported as crashed, with how its process
+ended and its last words, in the table and the JSON, and the run exits with status 1; a request
+that fails or streams no token counts as an error, never as a silent zero.
+
 usage: serve_bench.py --up PATH_TO_tools/up --llama-python VENV_PYTHON --model GGUF [--out F]
 """
 import argparse
@@ -26,7 +30,10 @@ import subprocess
 import sys
 import threading
 import time
+import tempfile
 import urllib.request
+
+from peer import describe_exit, llama_cpp_build
 
 # Words that are one token each (with their leading space) in SmolLM2's vocabulary, so a prompt
 # of n words is about n tokens; the servers' own counts are reported.
@@ -73,7 +80,18 @@ def is_token_event(chunk):
 
 
 def stream_request(host, port, model, prompt, max_tokens, extra):
-    """One streamed /v1/completions request; returns its timings and token counts."""
+    """One streamed /v1/completions request; returns its timings and token counts, or
+    {"error": why} when it failed or streamed no token."""
+    try:
+        out = _stream_request(host, port, model, prompt, max_tokens, extra)
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        return {"error": "%s: %s" % (type(e).__name__, e)}
+    if "error" not in out and not out.get("tokens_seen"):
+        out["error"] = "the stream ended without a token"
+    return out
+
+
+def _stream_request(host, port, model, prompt, max_tokens, extra):
     body = dict({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                  "stream": True, "stream_options": {"include_usage": True}}, **extra)
     body = json.dumps(body)
@@ -238,7 +256,8 @@ def wait_http(url, proc, seconds=180):
     deadline = time.time() + seconds
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError("%s exited with %s" % (proc.args[0], proc.returncode))
+            raise RuntimeError("%s ended before it answered: %s" %
+                               (proc.args[0], describe_exit(proc.returncode)))
         try:
             if urllib.request.urlopen(url, timeout=2).status == 200:
                 return
@@ -304,7 +323,9 @@ def main():
         "settings": {k: getattr(args, k) for k in ("preset", "rate", "requests", "prompt_min",
                                                    "prompt_max", "max_tokens", "streams",
                                                    "stream_requests", "stream_prompt", "seed")},
+        "llama_cpp_build": llama_cpp_build(args.llama_python),
         "results": {},
+        "crashes": [],
     }
     loads = args.loads.split(",")
     for system in args.systems.split(","):
@@ -325,7 +346,8 @@ def main():
                    "--interrupt_requests", "False"]
             metrics = None
         print("bench serve: starting %s" % system, file=sys.stderr)
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        log = tempfile.TemporaryFile()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
         try:
             wait_http("http://127.0.0.1:%d/%s" % (port, "health" if system == "sluice" else
                                                    "v1/models"), proc)
@@ -360,15 +382,34 @@ def main():
                     # llama.cpp keeps an FP16 K and V for all n_ctx positions of its one slot.
                     s["kv_bytes_allocated"] = 8192 * 30 * 3 * 64 * 2 * 2
                 out[load] = s
+                if proc.poll() is not None:
+                    log.seek(0)
+                    s["crashed"] = describe_exit(proc.returncode)
+                    s["stderr"] = log.read()[-600:].decode(errors="replace")
+                    report["crashes"].append("%s, %s load: %s" % (system, load, s["crashed"]))
+                    print("bench serve: %s CRASHED during the %s load: %s" %
+                          (system, load, s["crashed"]), file=sys.stderr)
+                    break
             report["results"][system] = out
+        except RuntimeError as e:  # the server never came up
+            report["results"][system] = {"failed": str(e)}
+            report["crashes"].append("%s: %s" % (system, e))
         finally:
             stop(proc)
+            log.close()
 
     print("\n%-10s %-8s %8s %9s %9s %9s %9s %9s %12s %12s" % (
         "system", "load", "tok/s", "req/s", "ttft p50", "ttft p99", "itl p50", "itl p99",
         "kv peak MiB", "xfer MiB"))
     for system, loads_out in report["results"].items():
+        if "failed" in loads_out:
+            print("%-10s %-8s FAILED: %s" % (system, "-", loads_out["failed"]))
+            continue
         for load, s in loads_out.items():
+            if "crashed" in s:
+                print("%-10s %-8s CRASHED: %s (%d of %d requests failed)" % (
+                    system, load, s["crashed"], s["errors"], s["requests"]))
+                continue
             if "tokens_per_s" not in s:
                 print("%-10s %-8s failed: %s" % (system, load, s))
                 continue
@@ -383,6 +424,10 @@ def main():
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2)
         print("wrote " + args.out, file=sys.stderr)
+    if report["crashes"]:
+        print("\nA SERVER CRASHED; its figures are missing for:\n  " +
+              "\n  ".join(report["crashes"]), file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
