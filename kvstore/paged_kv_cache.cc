@@ -258,10 +258,7 @@ absl::Status PagedKvCache::Attend(int64_t seq, int layer, const float* q, int64_
             backend_,
             {.layer = layer, .q = q, .k = s->k[layer].data(), .v = s->v[layer].data(), .n = n}));
     for (int64_t h = 0; h < options_.kv_heads; ++h) {
-      std::vector<int64_t>& pending = s->heads[layer * options_.kv_heads + h].pending;
-      pending.insert(pending.end(), dropped[h].begin(), dropped[h].end());
-      std::sort(pending.begin(), pending.end());
-      pending.erase(std::unique(pending.begin(), pending.end()), pending.end());
+      AddPending(s->heads[layer * options_.kv_heads + h], dropped[h]);
     }
   }
   // Policies that score: every key's attention adds to its score (pages in tier and table
@@ -731,18 +728,16 @@ absl::Status PagedKvCache::EvictList(int64_t seq, Seq& s, HeadPages& hp,
           "sequence %d: position %d outside its %d committed tokens", seq, p, s.length));
     }
   }
-  std::vector<int64_t> paged;
-  for (int64_t p : positions) {
-    if (p < s.compressed) {
-      paged.push_back(p);
-    } else {
-      hp.pending.push_back(p);
-    }
-  }
+  std::vector<int64_t> paged, window;
+  for (int64_t p : positions) (p < s.compressed ? paged : window).push_back(p);
+  AddPending(hp, window);
+  return EvictPaged(hp, paged);
+}
+
+void PagedKvCache::AddPending(HeadPages& hp, absl::Span<const int64_t> positions) {
+  hp.pending.insert(hp.pending.end(), positions.begin(), positions.end());
   std::sort(hp.pending.begin(), hp.pending.end());
   hp.pending.erase(std::unique(hp.pending.begin(), hp.pending.end()), hp.pending.end());
-  std::sort(paged.begin(), paged.end());
-  return EvictPaged(hp, paged);
 }
 
 absl::Status PagedKvCache::Demote(HeadPages& hp, int64_t position, int32_t page, int32_t slot) {
@@ -770,9 +765,8 @@ absl::Status PagedKvCache::Demote(HeadPages& hp, int64_t position, int32_t page,
 
 absl::Status PagedKvCache::EvictPaged(HeadPages& hp, const std::vector<int64_t>& positions) {
   // Each position's live slot, the high tier's before the low tier's (a demoted token is live
-  // in both until its high-tier copy goes). Compaction reorders slots, so positions are found
-  // by search: a scan of the positions array each for a few, one pass over the live slots for
-  // many.
+  // in both until its high-tier copy goes). Compaction reorders slots, so one pass over the
+  // live slots finds them all.
   std::vector<int64_t> want = positions;
   std::sort(want.begin(), want.end());
   want.erase(std::unique(want.begin(), want.end()), want.end());
@@ -782,34 +776,13 @@ absl::Status PagedKvCache::EvictPaged(HeadPages& hp, const std::vector<int64_t>&
     int32_t page, slot;
   };
   std::vector<Hit> hits;
-  if (want.size() <= 8) {
-    // A few positions (a policy's step): a scan of the positions array for each.
-    for (const int64_t position : want) {
-      bool hit = false;
-      for (int t = 0; t < tiers_ && !hit; ++t) {
-        const std::vector<int32_t>& positions = hp.tier[t].positions;
-        const int32_t p = static_cast<int32_t>(position);
-        for (auto at = std::find(positions.begin(), positions.end(), p); at != positions.end();
-             at = std::find(at + 1, positions.end(), p)) {
-          int64_t slot = at - positions.begin();
-          int32_t page = 0;
-          while (slot >= hp.tier[t].slots[page]) slot -= hp.tier[t].slots[page++];
-          if (!TestSlot(ValidBits(hp.page(t, page), t), slot)) continue;  // a dead copy
-          hits.push_back({t, page, static_cast<int32_t>(slot)});
-          hit = true;
-          break;
-        }
-      }
-    }
-  } else {
-    for (int t = 0; t < tiers_ && hits.size() < want.size(); ++t) {
-      ForEachLive(hp, t, [&](int64_t position, int32_t page, int32_t slot) {
-        const auto at = std::lower_bound(want.begin(), want.end(), position);
-        if (at == want.end() || *at != position || found[at - want.begin()]) return;
-        found[at - want.begin()] = true;
-        hits.push_back({t, page, slot});
-      });
-    }
+  for (int t = 0; t < tiers_ && hits.size() < want.size(); ++t) {
+    ForEachLive(hp, t, [&](int64_t position, int32_t page, int32_t slot) {
+      const auto at = std::lower_bound(want.begin(), want.end(), position);
+      if (at == want.end() || *at != position || found[at - want.begin()]) return;
+      found[at - want.begin()] = true;
+      hits.push_back({t, page, slot});
+    });
   }
   std::vector<int32_t> touched[2];
   for (const Hit& h : hits) {

@@ -231,7 +231,9 @@ class PagedKvCache final : public model::KvCache {
   // Evicts committed `positions` of one list (checked against s.length): paged ones at once,
   // window ones into hp.pending.
   absl::Status EvictList(int64_t seq, Seq& s, HeadPages& hp, absl::Span<const int64_t> positions);
-  // Clears the valid bits of paged `positions` (sorted) and frees pages left with none.
+  // Adds window `positions` to the evictions that wait for their tokens to reach pages.
+  static void AddPending(HeadPages& hp, absl::Span<const int64_t> positions);
+  // Clears the valid bits of paged `positions` and frees pages left with none.
   absl::Status EvictPaged(HeadPages& hp, const std::vector<int64_t>& positions);
   // Moves the live high-tier token at (page, slot) of `hp` to its low tier.
   absl::Status Demote(HeadPages& hp, int64_t position, int32_t page, int32_t slot);
