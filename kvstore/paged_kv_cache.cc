@@ -765,8 +765,9 @@ absl::Status PagedKvCache::Demote(HeadPages& hp, int64_t position, int32_t page,
 
 absl::Status PagedKvCache::EvictPaged(HeadPages& hp, const std::vector<int64_t>& positions) {
   // Each position's live slot, the high tier's before the low tier's (a demoted token is live
-  // in both until its high-tier copy goes). Compaction reorders slots, so one pass over the
-  // live slots finds them all.
+  // in both until its high-tier copy goes). Compaction reorders slots, so positions are found
+  // by search: a scan of the positions array each for a few, one pass over the live slots for
+  // many.
   std::vector<int64_t> want = positions;
   std::sort(want.begin(), want.end());
   want.erase(std::unique(want.begin(), want.end()), want.end());
@@ -776,13 +777,35 @@ absl::Status PagedKvCache::EvictPaged(HeadPages& hp, const std::vector<int64_t>&
     int32_t page, slot;
   };
   std::vector<Hit> hits;
-  for (int t = 0; t < tiers_ && hits.size() < want.size(); ++t) {
-    ForEachLive(hp, t, [&](int64_t position, int32_t page, int32_t slot) {
-      const auto at = std::lower_bound(want.begin(), want.end(), position);
-      if (at == want.end() || *at != position || found[at - want.begin()]) return;
-      found[at - want.begin()] = true;
-      hits.push_back({t, page, slot});
-    });
+  if (want.size() <= 8) {
+    // A few positions (a policy's step): a scan of the positions array for each, which costs a
+    // third of a pass over the live slots (perf, h2o at batch 16).
+    for (const int64_t position : want) {
+      bool hit = false;
+      for (int t = 0; t < tiers_ && !hit; ++t) {
+        const std::vector<int32_t>& positions = hp.tier[t].positions;
+        const int32_t p = static_cast<int32_t>(position);
+        for (auto at = std::find(positions.begin(), positions.end(), p); at != positions.end();
+             at = std::find(at + 1, positions.end(), p)) {
+          int64_t slot = at - positions.begin();
+          int32_t page = 0;
+          while (slot >= hp.tier[t].slots[page]) slot -= hp.tier[t].slots[page++];
+          if (!TestSlot(ValidBits(hp.page(t, page), t), slot)) continue;  // a dead copy
+          hits.push_back({t, page, static_cast<int32_t>(slot)});
+          hit = true;
+          break;
+        }
+      }
+    }
+  } else {
+    for (int t = 0; t < tiers_ && hits.size() < want.size(); ++t) {
+      ForEachLive(hp, t, [&](int64_t position, int32_t page, int32_t slot) {
+        const auto at = std::lower_bound(want.begin(), want.end(), position);
+        if (at == want.end() || *at != position || found[at - want.begin()]) return;
+        found[at - want.begin()] = true;
+        hits.push_back({t, page, slot});
+      });
+    }
   }
   std::vector<int32_t> touched[2];
   for (const Hit& h : hits) {
