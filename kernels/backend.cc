@@ -2,6 +2,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -42,6 +43,8 @@ std::string_view OpName(Op op) {
       return "kv_dequantize";
     case Op::kPagedAttention:
       return "paged_attention";
+    case Op::kBatchPagedAttention:
+      return "batch_paged_attention";
   }
   return "unknown";
 }
@@ -285,6 +288,120 @@ absl::Status ValidatePagedAttention(const PagedAttentionParams& p) {
   return absl::OkStatus();
 }
 
+// Checks what the batch adds to PagedAttentionParams (the CSR tables, the pool, the per
+// sequence arrays) and resolves each sequence into a call of its own: its page refs go to
+// *refs, its page offsets (relative to its first ref) to *offsets.
+absl::Status SplitBatchPagedAttention(const BatchPagedAttentionParams& p,
+                                      std::vector<KvPageRef>* refs, std::vector<int32_t>* offsets,
+                                      std::vector<PagedAttentionParams>* sequences) {
+  constexpr std::string_view kOp = "batch_paged_attention";
+  if (p.batch < 0) return Invalid(kOp, absl::StrFormat("batch=%d < 0", p.batch));
+  if (p.batch == 0) return absl::OkStatus();
+  if (p.kv_heads <= 0) return Invalid(kOp, absl::StrFormat("kv_heads=%d <= 0", p.kv_heads));
+  if (p.q_indptr == nullptr || p.recent_k == nullptr || p.recent_v == nullptr ||
+      p.recent_tokens == nullptr) {
+    return Invalid(kOp, "q_indptr, recent_k, recent_v and recent_tokens must be non-null");
+  }
+  if (p.tier_count < 0 || p.tier_count > kMaxKvTiers ||
+      (p.tier_count > 0 && (p.formats == nullptr || p.layouts == nullptr))) {
+    return Invalid(kOp, absl::StrFormat("tier_count must be in [0, %d] with formats and layouts "
+                                        "for each",
+                                        kMaxKvTiers));
+  }
+  const bool scores = p.page_scores != nullptr;
+  if (scores != (p.recent_scores != nullptr) || scores != (p.page_score_offsets != nullptr) ||
+      scores != (p.recent_score_offsets != nullptr)) {
+    return Invalid(kOp, "page_scores, recent_scores and their offsets go together");
+  }
+  if (p.q_indptr[0] != 0) return Invalid(kOp, "q_indptr[0] must be 0");
+  const int64_t lists = p.batch * p.kv_heads;
+  int64_t pages = 0;
+  for (int32_t t = 0; t < p.tier_count; ++t) {
+    const KvPageTable& table = p.tables[t];
+    if (table.indptr == nullptr) return Invalid(kOp, absl::StrFormat("tier %d has no indptr", t));
+    if (table.indptr[0] < 0) return Invalid(kOp, absl::StrFormat("tier %d: indptr < 0", t));
+    for (int64_t i = 0; i < lists; ++i) {
+      if (table.indptr[i + 1] < table.indptr[i]) {
+        return Invalid(kOp, absl::StrFormat("tier %d: indptr decreases at list %d", t, i));
+      }
+    }
+    const int64_t n = table.indptr[lists] - table.indptr[0];
+    if (n > 0 && (table.ids == nullptr || table.slots == nullptr)) {
+      return Invalid(kOp, absl::StrFormat("tier %d lists pages but its ids or slots are null", t));
+    }
+    for (int32_t j = table.indptr[0]; j < table.indptr[lists]; ++j) {
+      if (table.ids[j] < 0 || table.ids[j] >= p.pool_pages) {
+        return Invalid(kOp, absl::StrFormat("tier %d: page id %d outside the pool's [0, %d)", t,
+                                            table.ids[j], p.pool_pages));
+      }
+    }
+    if (n > 0 && (p.page_bytes < p.formats[t].page_bytes || p.page_bytes % 16 != 0)) {
+      return Invalid(kOp, absl::StrFormat("page_bytes %d: under tier %d's %d or not a multiple "
+                                          "of 16",
+                                          p.page_bytes, t, p.formats[t].page_bytes));
+    }
+    pages += n;
+  }
+  if (pages > 0 && p.pool == nullptr) return Invalid(kOp, "pool must be non-null");
+  refs->clear();
+  refs->reserve(pages);
+  offsets->assign(p.batch * (p.kv_heads + 1), 0);
+  sequences->clear();
+  sequences->reserve(p.batch);
+  std::vector<size_t> first_ref(p.batch);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    if (p.q_indptr[b + 1] < p.q_indptr[b]) {
+      return Invalid(kOp, absl::StrFormat("q_indptr decreases at sequence %d", b));
+    }
+    first_ref[b] = refs->size();
+    for (int64_t h = 0; h < p.kv_heads; ++h) {
+      const int64_t list = b * p.kv_heads + h;
+      for (int32_t t = 0; t < p.tier_count; ++t) {
+        const KvPageTable& table = p.tables[t];
+        for (int32_t j = table.indptr[list]; j < table.indptr[list + 1]; ++j) {
+          refs->push_back({.data = p.pool + int64_t{table.ids[j]} * p.page_bytes,
+                           .slots = table.slots[j],
+                           .tier = t});
+        }
+      }
+      (*offsets)[b * (p.kv_heads + 1) + h + 1] = static_cast<int32_t>(refs->size() - first_ref[b]);
+    }
+    const int64_t q0 = p.q_indptr[b];
+    PagedAttentionParams s{.q = p.q == nullptr ? nullptr : p.q + q0 * p.heads * p.head_dim,
+                           .out = p.out == nullptr ? nullptr : p.out + q0 * p.heads * p.head_dim,
+                           .q_tokens = p.q_indptr[b + 1] - q0,
+                           .heads = p.heads,
+                           .kv_heads = p.kv_heads,
+                           .head_dim = p.head_dim,
+                           .scale = p.scale,
+                           .formats = p.formats,
+                           .layouts = p.layouts,
+                           .codebooks = p.codebooks,
+                           .tier_count = p.tier_count,
+                           .recent_k = p.recent_k[b],
+                           .recent_v = p.recent_v[b],
+                           .recent_tokens = p.recent_tokens[b],
+                           .scores_per_head = p.scores_per_head};
+    if (scores) {
+      if (p.page_score_offsets[b] < 0 || p.recent_score_offsets[b] < 0) {
+        return Invalid(kOp, absl::StrFormat("sequence %d: negative score offsets", b));
+      }
+      s.page_scores = p.page_scores + p.page_score_offsets[b];
+      s.recent_scores = p.recent_scores + p.recent_score_offsets[b];
+    }
+    sequences->push_back(s);
+  }
+  for (int64_t b = 0; b < p.batch; ++b) {  // refs has its final address now
+    PagedAttentionParams& s = (*sequences)[b];
+    s.pages = refs->data() + first_ref[b];
+    s.page_offsets = offsets->data() + b * (p.kv_heads + 1);
+    if (absl::Status st = ValidatePagedAttention(s); !st.ok()) {
+      return Invalid(kOp, absl::StrFormat("sequence %d: %s", b, st.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status Backend::RmsNorm(const RmsNormParams& p) {
@@ -358,6 +475,24 @@ absl::Status Backend::PagedAttention(const PagedAttentionParams& p) {
   SLUICE_RETURN_IF_ERROR(ValidatePagedAttention(p));
   if (p.q_tokens == 0) return absl::OkStatus();
   return DoPagedAttention(p);
+}
+
+absl::Status Backend::BatchPagedAttention(const BatchPagedAttentionParams& p) {
+  if (!Supports(Op::kBatchPagedAttention)) return Unsupported(Op::kBatchPagedAttention);
+  std::vector<KvPageRef> refs;
+  std::vector<int32_t> offsets;
+  std::vector<PagedAttentionParams> sequences;
+  SLUICE_RETURN_IF_ERROR(SplitBatchPagedAttention(p, &refs, &offsets, &sequences));
+  if (p.batch == 0 || p.q_indptr[p.batch] == 0) return absl::OkStatus();
+  return DoBatchPagedAttention(p, sequences);
+}
+
+absl::Status Backend::DoBatchPagedAttention(const BatchPagedAttentionParams&,
+                                            absl::Span<const PagedAttentionParams> sequences) {
+  for (const PagedAttentionParams& s : sequences) {
+    if (s.q_tokens > 0) SLUICE_RETURN_IF_ERROR(DoPagedAttention(s));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Backend::DoRmsNorm(const RmsNormParams&) { return Unsupported(Op::kRmsNorm); }

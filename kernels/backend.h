@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/op_params.h"
 
 namespace sluice::kernels {
@@ -31,6 +32,7 @@ enum class Op {
   kKvQuantize,
   kKvDequantize,
   kPagedAttention,
+  kBatchPagedAttention,
 };
 std::string_view OpName(Op op);
 
@@ -62,6 +64,9 @@ class Backend {
   absl::Status KvQuantize(const KvQuantizeParams& p);
   absl::Status KvDequantize(const KvDequantizeParams& p);
   absl::Status PagedAttention(const PagedAttentionParams& p);
+  // Validates the batch as a whole and each sequence as a PagedAttentionParams of its own, then
+  // runs DoBatchPagedAttention.
+  absl::Status BatchPagedAttention(const BatchPagedAttentionParams& p);
 
  protected:
   virtual absl::Status DoRmsNorm(const RmsNormParams& p);
@@ -74,6 +79,11 @@ class Backend {
   virtual absl::Status DoKvQuantize(const KvQuantizeParams& p);
   virtual absl::Status DoKvDequantize(const KvDequantizeParams& p);
   virtual absl::Status DoPagedAttention(const PagedAttentionParams& p);
+  // `sequences` are the batch's sequences as calls of their own (their page refs resolved from
+  // the page tables, their scores pointing into the batch's arrays). The default runs them one
+  // after the other through DoPagedAttention; a backend that can run them together overrides it.
+  virtual absl::Status DoBatchPagedAttention(const BatchPagedAttentionParams& p,
+                                             absl::Span<const PagedAttentionParams> sequences);
 
   absl::Status Unsupported(Op op) const;
 };

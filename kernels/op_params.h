@@ -183,6 +183,60 @@ struct PagedAttentionParams {
   bool scores_per_head = false;
 };
 
+// At most this many tiers in a paged attention (the CUDA kernels' limit too).
+inline constexpr int kMaxKvTiers = 4;
+
+// One tier's pages of a batch as compressed sparse rows (FlashInfer's paged-KV indptr /
+// indices / last-page-length, with a token count for every page since pages of a list may be
+// partly filled anywhere after evictions and compaction). List i owns pages
+// ids[indptr[i]], ..., ids[indptr[i + 1] - 1], page j holding slots[j] written slots; page id p
+// is the bytes at pool + p * page_bytes. indptr values are absolute, so one table may cover
+// more lists than a call reads (a step's table covers every layer; a call passes the pointer to
+// its layer's first list).
+struct KvPageTable {
+  const int32_t* indptr = nullptr;  // [lists + 1], host
+  const int32_t* ids = nullptr;     // [indptr[lists]], host
+  const int32_t* slots = nullptr;   // [indptr[lists]], host; each <= the tier's layout.tokens
+};
+
+// PagedAttentionParams for a batch of sequences at once: one call per layer of a decode step,
+// however many sequences the step holds. Sequence b's queries are rows
+// [q_indptr[b], q_indptr[b + 1]) of q and out, the last of its recent tokens; list b * kv_heads + h
+// is its kv-head h, whose pages are tier 0's list, then tier 1's, and so on. Sequence b attends
+// exactly as a PagedAttentionParams call of its own would (that is the oracle), and its scores
+// go where that call's would, shifted to page_scores + page_score_offsets[b] and
+// recent_scores + recent_score_offsets[b].
+struct BatchPagedAttentionParams {
+  int64_t batch = 0;
+  const int32_t* q_indptr = nullptr;  // [batch + 1], host
+  const float* q = nullptr;           // [q_indptr[batch], heads, head_dim]
+  float* out = nullptr;               // [q_indptr[batch], heads, head_dim]
+  int64_t heads = 0;
+  int64_t kv_heads = 0;  // divides heads
+  int64_t head_dim = 0;
+  float scale = 1.f;
+  const KvTierFormat* formats = nullptr;   // [tier_count], host
+  const KvPageLayout* layouts = nullptr;   // [tier_count], host
+  const KvCodebooks* codebooks = nullptr;  // [tier_count]; Huffman-coded tiers only
+  int32_t tier_count = 0;
+  const uint8_t* pool = nullptr;    // the page pool: page id p at pool + p * page_bytes
+  int64_t page_bytes = 0;           // >= every tier's format.page_bytes, a multiple of 16
+  int32_t pool_pages = 0;           // ids are in [0, pool_pages)
+  KvPageTable tables[kMaxKvTiers];  // [tier_count]; lists = batch * kv_heads
+  // Sequence b's full-precision recent tokens: [recent_tokens[b], kv_heads, head_dim] at
+  // recent_k[b] / recent_v[b]; recent_tokens[b] >= its queries.
+  const float* const* recent_k = nullptr;  // [batch], host array of device pointers
+  const float* const* recent_v = nullptr;  // [batch]
+  const int64_t* recent_tokens = nullptr;  // [batch], host
+  // Optional, all or none: cumulative attention as PagedAttentionParams gives it, sequence by
+  // sequence (see there; scores_per_head for every sequence alike).
+  float* page_scores = nullptr;
+  float* recent_scores = nullptr;
+  const int64_t* page_score_offsets = nullptr;    // [batch], host
+  const int64_t* recent_score_offsets = nullptr;  // [batch], host
+  bool scores_per_head = false;
+};
+
 }  // namespace sluice::kernels
 
 #endif  // SLUICE_KERNELS_OP_PARAMS_H_

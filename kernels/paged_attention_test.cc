@@ -2,12 +2,15 @@
 // dead (evicted) slots, heads with no pages, decode and multi-query runs, GQA groups.
 #include "kernels/ref/paged_attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "kernels/kv_format.h"
 #include "kernels/ref/kv_quant.h"
 #include "kernels/test_util/kv_coded_pages.h"
@@ -63,6 +66,72 @@ KvTierFormat Coded(int64_t d) {
 
 class PagedAttentionTest : public testing::OpTest<Op::kPagedAttention> {};
 
+// A page of format f with random keys and values: ragged fill (a random number of token
+// groups, or as many coded units as fit), about one slot in five evicted. *slots: slots written.
+absl::StatusOr<std::vector<uint8_t>> RandomPage(std::mt19937_64& rng, const KvTierFormat& f,
+                                                const KvPageLayout& l, const KvCodebooks& books,
+                                                int32_t* slots) {
+  const int64_t d = f.head_dim;
+  const int64_t groups = l.tokens / l.token_group;
+  int64_t n = l.token_group * (1 + static_cast<int64_t>(rng() % groups));
+  std::vector<float> k = testing::RandomFloats(rng, n * d, -2, 2);
+  std::vector<float> v = testing::RandomFloats(rng, n * d, -2, 2);
+  std::vector<uint8_t> bytes(f.page_bytes, 0);
+  if (f.huffman_bits > 0) {
+    auto written = testing::RefCodedWrite(f, books, k.data(), v.data(), n, 0, bytes.data());
+    if (!written.ok()) return written.status();
+    n = *written;
+  } else {
+    ref::KvQuantize({.k = k.data(),
+                     .v = v.data(),
+                     .stride = d,
+                     .tokens = n,
+                     .format = f,
+                     .layout = l,
+                     .page = bytes.data()});
+  }
+  uint64_t* valid = reinterpret_cast<uint64_t*>(bytes.data() + l.valid);
+  for (int64_t s = 0; s < n; ++s) {
+    if (rng() % 5 == 0) valid[s / 64] &= ~(uint64_t{1} << (s % 64));  // evicted
+  }
+  *slots = static_cast<int32_t>(n);
+  return bytes;
+}
+
+// The tiers of a case: f16 only, int8/int4 high, int2 low and Huffman-coded (codebooks from
+// rows like the pages'), or KIVI int4.
+struct Tiers {
+  std::vector<KvTierFormat> formats;
+  std::vector<KvPageLayout> layouts;
+  std::vector<KvCodebooks> codebooks;
+  std::unique_ptr<testing::OwnedCodebooks> books;
+};
+absl::StatusOr<Tiers> MakeTiers(std::mt19937_64& rng, const Case& c) {
+  Tiers t;
+  if (c.kivi) {
+    t.formats = {Kivi(c.head_dim)};
+  } else if (c.two_tiers) {
+    t.formats = {High(c.head_dim), Low(c.head_dim), Coded(c.head_dim)};
+  } else {
+    t.formats = {{.head_dim = static_cast<int32_t>(c.head_dim), .page_bytes = 4096}};
+  }
+  for (const KvTierFormat& f : t.formats) {
+    auto l = ComputePageLayout(f);
+    if (!l.ok()) return l.status();
+    t.layouts.push_back(*l);
+  }
+  t.codebooks.resize(t.formats.size());
+  if (c.two_tiers) {
+    const std::vector<float> k = testing::RandomFloats(rng, 256 * c.head_dim, -2, 2);
+    const std::vector<float> v = testing::RandomFloats(rng, 256 * c.head_dim, -2, 2);
+    auto b = testing::CodebooksFromRows(t.formats[2], k.data(), v.data(), 256);
+    if (!b.ok()) return b.status();
+    t.books = std::move(*b);
+    t.codebooks[2] = t.books->view();
+  }
+  return t;
+}
+
 TEST_P(PagedAttentionTest, MatchesReference) {
   const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
@@ -76,32 +145,11 @@ TEST_P(PagedAttentionTest, MatchesReference) {
     SCOPED_TRACE(::testing::Message() << "q_tokens=" << c.q_tokens << " heads=" << c.heads << "/"
                                       << c.kv_heads << " d=" << c.head_dim << " recent=" << c.recent
                                       << " kivi=" << c.kivi << " seed=" << seed);
-    // Tier formats: f16 only, int8/int4 high, int2 low and Huffman-coded, or KIVI int4.
-    std::vector<KvTierFormat> formats;
-    if (c.kivi) {
-      formats = {Kivi(c.head_dim)};
-    } else if (c.two_tiers) {
-      formats = {High(c.head_dim), Low(c.head_dim), Coded(c.head_dim)};
-    } else {
-      formats = {{.head_dim = static_cast<int32_t>(c.head_dim), .page_bytes = 4096}};
-    }
-    std::vector<KvPageLayout> layouts;
-    for (const KvTierFormat& f : formats) {
-      auto l = ComputePageLayout(f);
-      ASSERT_TRUE(l.ok()) << l.status();
-      layouts.push_back(*l);
-    }
-    // Codebooks of the coded tier from rows like the pages'.
-    std::vector<KvCodebooks> codebooks(formats.size());
-    std::unique_ptr<testing::OwnedCodebooks> books;
-    if (c.two_tiers) {
-      const std::vector<float> k = testing::RandomFloats(rng, 256 * c.head_dim, -2, 2);
-      const std::vector<float> v = testing::RandomFloats(rng, 256 * c.head_dim, -2, 2);
-      auto b = testing::CodebooksFromRows(formats[2], k.data(), v.data(), 256);
-      ASSERT_TRUE(b.ok()) << b.status();
-      books = std::move(*b);
-      codebooks[2] = books->view();
-    }
+    auto tiers = MakeTiers(rng, c);
+    ASSERT_TRUE(tiers.ok()) << tiers.status();
+    const std::vector<KvTierFormat>& formats = tiers->formats;
+    const std::vector<KvPageLayout>& layouts = tiers->layouts;
+    const std::vector<KvCodebooks>& codebooks = tiers->codebooks;
     // Pages per kv-head: random count (possibly none), random tier, ragged fill, dead slots.
     std::vector<std::vector<uint8_t>> page_bytes;
     std::vector<KvPageRef> pages;
@@ -110,33 +158,11 @@ TEST_P(PagedAttentionTest, MatchesReference) {
       const int64_t n = c.max_pages == 0 ? 0 : static_cast<int64_t>(rng() % (c.max_pages + 1));
       for (int64_t i = 0; i < n; ++i) {
         const int32_t tier = static_cast<int32_t>(rng() % formats.size());
-        const KvTierFormat& f = formats[tier];
-        const KvPageLayout& l = layouts[tier];
-        const int64_t groups = l.tokens / l.token_group;
-        int64_t slots = l.token_group * (1 + static_cast<int64_t>(rng() % groups));
-        std::vector<float> k = testing::RandomFloats(rng, slots * c.head_dim, -2, 2);
-        std::vector<float> v = testing::RandomFloats(rng, slots * c.head_dim, -2, 2);
-        std::vector<uint8_t> bytes(f.page_bytes, 0);
-        if (f.huffman_bits > 0) {
-          auto written = testing::RefCodedWrite(f, codebooks[tier], k.data(), v.data(), slots, 0,
-                                                bytes.data());
-          ASSERT_TRUE(written.ok()) << written.status();
-          slots = *written;
-        } else {
-          ref::KvQuantize({.k = k.data(),
-                           .v = v.data(),
-                           .stride = c.head_dim,
-                           .tokens = slots,
-                           .format = f,
-                           .layout = l,
-                           .page = bytes.data()});
-        }
-        uint64_t* valid = reinterpret_cast<uint64_t*>(bytes.data() + l.valid);
-        for (int64_t s = 0; s < slots; ++s) {
-          if (rng() % 5 == 0) valid[s / 64] &= ~(uint64_t{1} << (s % 64));  // evicted
-        }
-        page_bytes.push_back(std::move(bytes));
-        pages.push_back({.data = nullptr, .slots = static_cast<int32_t>(slots), .tier = tier});
+        int32_t slots;
+        auto bytes = RandomPage(rng, formats[tier], layouts[tier], codebooks[tier], &slots);
+        ASSERT_TRUE(bytes.ok()) << bytes.status();
+        page_bytes.push_back(std::move(*bytes));
+        pages.push_back({.data = nullptr, .slots = slots, .tier = tier});
       }
       offsets.push_back(static_cast<int32_t>(pages.size()));
     }
@@ -275,6 +301,243 @@ TEST_P(PagedAttentionTest, RejectsPagesOutsideTheirTier) {
 }
 
 SLUICE_INSTANTIATE_OP_TEST(PagedAttentionTest);
+
+// A decode step's batch in one call: each sequence must come out as its own PagedAttention call
+// on the reference backend gives it (fresh random sequences, page ids scattered over a pool,
+// some sequences without queries or pages, a prompt-length query run among decode ones).
+class BatchPagedAttentionTest : public testing::OpTest<Op::kBatchPagedAttention> {};
+
+TEST_P(BatchPagedAttentionTest, EachSequenceAsItsOwnCall) {
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  // q_tokens is each sequence's most; recent its most beyond its queries.
+  const std::vector<Case> cases = {Case{3, 9, 3, 64, 20, 4, true},
+                                   Case{1, 8, 2, 128, 70, 3, false, true},
+                                   Case{6, 4, 4, 32, 5, 3, false}, Case{2, 9, 3, 64, 3, 5, true}};
+  for (const Case& c : cases) {
+    const int64_t index = &c - &*cases.begin();
+    const bool scores = index != 2, per_head = index == 3;
+    const int64_t batch = 1 + static_cast<int64_t>(rng() % 6);
+    SCOPED_TRACE(::testing::Message()
+                 << "case " << index << " batch " << batch << " seed " << seed);
+    auto tiers = MakeTiers(rng, c);
+    ASSERT_TRUE(tiers.ok()) << tiers.status();
+    const int32_t tier_count = static_cast<int32_t>(tiers->formats.size());
+    int64_t page_bytes = 0;
+    for (const KvTierFormat& f : tiers->formats)
+      page_bytes = std::max<int64_t>(page_bytes, f.page_bytes);
+    const int64_t d = c.head_dim, g = c.heads / c.kv_heads, lists = batch * c.kv_heads;
+    // Pages, list by list and tier by tier, at scattered ids of a pool twice their number.
+    std::vector<std::vector<uint8_t>> page_data;
+    std::vector<int32_t> page_slots;
+    std::vector<std::vector<int32_t>> list_pages(lists * tier_count);  // indexes into page_data
+    for (int64_t i = 0; i < lists; ++i) {
+      const int64_t n = static_cast<int64_t>(rng() % (c.max_pages + 1));
+      for (int64_t j = 0; j < n; ++j) {
+        const int32_t tier = static_cast<int32_t>(rng() % tier_count);
+        int32_t slots;
+        auto bytes = RandomPage(rng, tiers->formats[tier], tiers->layouts[tier],
+                                tiers->codebooks[tier], &slots);
+        ASSERT_TRUE(bytes.ok()) << bytes.status();
+        list_pages[i * tier_count + tier].push_back(static_cast<int32_t>(page_data.size()));
+        page_data.push_back(std::move(*bytes));
+        page_slots.push_back(slots);
+      }
+    }
+    const int32_t pool_pages = static_cast<int32_t>(2 * page_data.size() + 1);
+    std::vector<int32_t> id_of(pool_pages);
+    std::iota(id_of.begin(), id_of.end(), 0);
+    std::shuffle(id_of.begin(), id_of.end(), rng);
+    std::vector<uint8_t> pool(pool_pages * page_bytes, 0xA5);
+    for (size_t i = 0; i < page_data.size(); ++i) {
+      std::memcpy(pool.data() + id_of[i] * page_bytes, page_data[i].data(), page_data[i].size());
+    }
+    std::vector<int32_t> indptr[kMaxKvTiers], ids[kMaxKvTiers], slots[kMaxKvTiers];
+    for (int32_t t = 0; t < tier_count; ++t) {
+      indptr[t] = {0};
+      for (int64_t i = 0; i < lists; ++i) {
+        for (int32_t page : list_pages[i * tier_count + t]) {
+          ids[t].push_back(id_of[page]);
+          slots[t].push_back(page_slots[page]);
+        }
+        indptr[t].push_back(static_cast<int32_t>(ids[t].size()));
+      }
+    }
+    // Queries, recent tokens and score regions per sequence; sequence 0 may have no query.
+    std::vector<int32_t> q_indptr = {0};
+    std::vector<int64_t> recent(batch), ps_at(batch), rs_at(batch);
+    int64_t ps_size = 0, rs_size = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t q_tokens = static_cast<int64_t>(rng() % (c.q_tokens + 1)) + (b > 0 ? 1 : 0);
+      q_indptr.push_back(q_indptr.back() + static_cast<int32_t>(std::min(q_tokens, c.q_tokens)));
+      recent[b] = (q_indptr[b + 1] - q_indptr[b]) + static_cast<int64_t>(rng() % (c.recent + 1));
+      int64_t seq_slots = 0;
+      for (int64_t h = 0; h < c.kv_heads; ++h) {
+        for (int32_t t = 0; t < tier_count; ++t) {
+          for (int32_t page : list_pages[(b * c.kv_heads + h) * tier_count + t]) {
+            seq_slots += page_slots[page];
+          }
+        }
+      }
+      ps_at[b] = ps_size;
+      rs_at[b] = rs_size;
+      ps_size += (per_head ? g : 1) * seq_slots;
+      rs_size += (per_head ? c.heads : c.kv_heads) * recent[b];
+    }
+    const int64_t rows = q_indptr.back();
+    const std::vector<float> q = testing::RandomFloats(rng, rows * c.heads * d, -2, 2);
+    std::vector<std::vector<float>> rk(batch), rv(batch);
+    for (int64_t b = 0; b < batch; ++b) {
+      rk[b] = testing::RandomFloats(rng, std::max<int64_t>(1, recent[b] * c.kv_heads * d), -2, 2);
+      rv[b] = testing::RandomFloats(rng, std::max<int64_t>(1, recent[b] * c.kv_heads * d), -2, 2);
+    }
+    const std::vector<float> ps0 = testing::RandomFloats(rng, std::max<int64_t>(1, ps_size), 0, 1);
+    const std::vector<float> rs0 = testing::RandomFloats(rng, std::max<int64_t>(1, rs_size), 0, 1);
+
+    // The oracle: each sequence alone on the reference backend.
+    std::vector<float> want(std::max<int64_t>(1, rows * c.heads * d), 0.f);
+    std::vector<float> want_ps = ps0, want_rs = rs0;
+    for (int64_t b = 0; b < batch; ++b) {
+      std::vector<KvPageRef> refs;
+      std::vector<int32_t> offsets = {0};
+      for (int64_t h = 0; h < c.kv_heads; ++h) {
+        for (int32_t t = 0; t < tier_count; ++t) {
+          for (int32_t page : list_pages[(b * c.kv_heads + h) * tier_count + t]) {
+            refs.push_back({.data = page_data[page].data(), .slots = page_slots[page], .tier = t});
+          }
+        }
+        offsets.push_back(static_cast<int32_t>(refs.size()));
+      }
+      const int64_t q0 = q_indptr[b];
+      PagedAttentionParams one{.q = q.data() + q0 * c.heads * d,
+                               .out = want.data() + q0 * c.heads * d,
+                               .q_tokens = q_indptr[b + 1] - q0,
+                               .heads = c.heads,
+                               .kv_heads = c.kv_heads,
+                               .head_dim = d,
+                               .scale = 1.f / std::sqrt(static_cast<float>(d)),
+                               .formats = tiers->formats.data(),
+                               .layouts = tiers->layouts.data(),
+                               .codebooks = tiers->codebooks.data(),
+                               .tier_count = tier_count,
+                               .pages = refs.data(),
+                               .page_offsets = offsets.data(),
+                               .recent_k = rk[b].data(),
+                               .recent_v = rv[b].data(),
+                               .recent_tokens = recent[b],
+                               .scores_per_head = per_head};
+      if (scores) {
+        one.page_scores = want_ps.data() + ps_at[b];
+        one.recent_scores = want_rs.data() + rs_at[b];
+      }
+      ASSERT_TRUE(ref::PagedAttention(one).ok());
+    }
+
+    // The batch on the backend under test, everything it reads on its device.
+    auto pool_b = GuardedBuffer::Create(*backend_, pool.size() / 4);
+    auto qb = GuardedBuffer::Create(*backend_, std::max<size_t>(1, q.size()));
+    auto ob = GuardedBuffer::Create(*backend_, want.size());
+    auto psb = GuardedBuffer::Create(*backend_, ps0.size());
+    auto rsb = GuardedBuffer::Create(*backend_, rs0.size());
+    ASSERT_TRUE(pool_b.ok() && qb.ok() && ob.ok() && psb.ok() && rsb.ok());
+    std::vector<float> pool_words(pool.size() / 4);
+    std::memcpy(pool_words.data(), pool.data(), pool.size());
+    ASSERT_TRUE(pool_b->Upload(pool_words).ok() && psb->Upload(ps0).ok() && rsb->Upload(rs0).ok());
+    if (!q.empty()) {
+      ASSERT_TRUE(qb->Upload(q).ok());
+    }
+    std::vector<GuardedBuffer> recent_buffers;
+    std::vector<const float*> rk_ptr(batch), rv_ptr(batch);
+    for (int64_t b = 0; b < batch; ++b) {
+      for (auto [src, dst] : {std::pair{&rk[b], &rk_ptr[b]}, std::pair{&rv[b], &rv_ptr[b]}}) {
+        auto buf = GuardedBuffer::Create(*backend_, src->size());
+        ASSERT_TRUE(buf.ok() && buf->Upload(*src).ok());
+        *dst = buf->data();
+        recent_buffers.push_back(std::move(*buf));
+      }
+    }
+    BatchPagedAttentionParams p{.batch = batch,
+                                .q_indptr = q_indptr.data(),
+                                .q = qb->data(),
+                                .out = ob->data(),
+                                .heads = c.heads,
+                                .kv_heads = c.kv_heads,
+                                .head_dim = d,
+                                .scale = 1.f / std::sqrt(static_cast<float>(d)),
+                                .formats = tiers->formats.data(),
+                                .layouts = tiers->layouts.data(),
+                                .codebooks = tiers->codebooks.data(),
+                                .tier_count = tier_count,
+                                .pool = reinterpret_cast<const uint8_t*>(pool_b->data()),
+                                .page_bytes = page_bytes,
+                                .pool_pages = pool_pages,
+                                .recent_k = rk_ptr.data(),
+                                .recent_v = rv_ptr.data(),
+                                .recent_tokens = recent.data(),
+                                .scores_per_head = per_head};
+    for (int32_t t = 0; t < tier_count; ++t) {
+      p.tables[t] = {.indptr = indptr[t].data(), .ids = ids[t].data(), .slots = slots[t].data()};
+    }
+    if (scores) {
+      p.page_scores = psb->data();
+      p.recent_scores = rsb->data();
+      p.page_score_offsets = ps_at.data();
+      p.recent_score_offsets = rs_at.data();
+    }
+    const absl::Status st = backend_->BatchPagedAttention(p);
+    ASSERT_TRUE(st.ok()) << st;
+    auto got = ob->DownloadChecked();
+    ASSERT_TRUE(got.ok()) << got.status();
+    if (rows > 0) testing::ExpectNear(*got, want, {2e-5f}, 2e-4f, "batch paged attention");
+    if (scores) {
+      auto got_ps = psb->DownloadChecked();
+      auto got_rs = rsb->DownloadChecked();
+      ASSERT_TRUE(got_ps.ok() && got_rs.ok());
+      testing::ExpectNear(*got_ps, want_ps, {2e-5f}, 2e-5f, "page scores");
+      testing::ExpectNear(*got_rs, want_rs, {2e-5f}, 2e-5f, "recent scores");
+    }
+  }
+}
+
+TEST_P(BatchPagedAttentionTest, RejectsTablesThatDoNotFit) {
+  const KvTierFormat f{.head_dim = 64, .page_bytes = 4096};
+  auto l = ComputePageLayout(f);
+  ASSERT_TRUE(l.ok());
+  std::vector<uint8_t> pool(2 * 4096);
+  float x[64 * 2] = {};
+  const float* recent[] = {x};
+  const int64_t recent_tokens[] = {1};
+  const int32_t q_indptr[] = {0, 1}, indptr[] = {0, 1}, slots[] = {1};
+  int32_t id = 2;  // one past the pool
+  BatchPagedAttentionParams p{.batch = 1,
+                              .q_indptr = q_indptr,
+                              .q = x,
+                              .out = x,
+                              .heads = 1,
+                              .kv_heads = 1,
+                              .head_dim = 64,
+                              .formats = &f,
+                              .layouts = &*l,
+                              .tier_count = 1,
+                              .pool = pool.data(),
+                              .page_bytes = 4096,
+                              .pool_pages = 2,
+                              .tables = {{.indptr = indptr, .ids = &id, .slots = slots}},
+                              .recent_k = recent,
+                              .recent_v = recent,
+                              .recent_tokens = recent_tokens};
+  absl::Status st = backend_->BatchPagedAttention(p);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(st.message(), ::testing::HasSubstr("outside the pool")) << st;
+  id = 1;
+  const int32_t too_many[] = {l->tokens + 1};
+  p.tables[0].slots = too_many;
+  st = backend_->BatchPagedAttention(p);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(st.message(), ::testing::HasSubstr("sequence 0")) << st;
+}
+
+SLUICE_INSTANTIATE_OP_TEST(BatchPagedAttentionTest);
 
 }  // namespace
 }  // namespace sluice::kernels

@@ -100,4 +100,13 @@ absl::Status CpuBackend::DoPagedAttention(const PagedAttentionParams& p) {
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::DoBatchPagedAttention(const BatchPagedAttentionParams& p,
+                                               absl::Span<const PagedAttentionParams> sequences) {
+  if (p.heads / p.kv_heads > cpu::kPagedAttentionMaxGroup) {
+    return DoPagedAttention(sequences.front());  // the error
+  }
+  cpu::PagedAttention(sequences, isa_, threads_);
+  return absl::OkStatus();
+}
+
 }  // namespace sluice::kernels

@@ -42,6 +42,8 @@ class CpuBackend final : public HostBackend {
   absl::Status DoKvQuantize(const KvQuantizeParams& p) override;
   absl::Status DoKvDequantize(const KvDequantizeParams& p) override;
   absl::Status DoPagedAttention(const PagedAttentionParams& p) override;
+  absl::Status DoBatchPagedAttention(const BatchPagedAttentionParams& p,
+                                     absl::Span<const PagedAttentionParams> sequences) override;
 
  private:
   CpuBackend(cpu::Isa isa, int threads) : isa_(isa), threads_(threads) {}

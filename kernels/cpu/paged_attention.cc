@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/ggml_quant.h"
@@ -203,95 +204,166 @@ void DenseOverGathered(const PagedAttentionParams& p, Isa isa, int threads) {
 
 }  // namespace
 
-void PagedAttention(const PagedAttentionParams& p, Isa isa, int threads) {
-  const bool no_pages = p.page_offsets[p.kv_heads] == 0;
-  if (no_pages && p.q_tokens > kMaxFusedQueries && p.page_scores == nullptr) {
-    // Prefill of a fresh sequence: everything is full precision.
-    return Attention({.q = p.q,
-                      .k = p.recent_k,
-                      .v = p.recent_v,
-                      .out = p.out,
-                      .q_tokens = p.q_tokens,
-                      .kv_tokens = p.recent_tokens,
-                      .q_start = p.recent_tokens - p.q_tokens,
-                      .heads = p.heads,
-                      .kv_heads = p.kv_heads,
-                      .head_dim = p.head_dim,
-                      .scale = p.scale},
-                     isa, threads);
+void PagedAttention(absl::Span<const PagedAttentionParams> batch, Isa isa, int threads) {
+  // Sequences with many queries (a prompt continuing after compressed tokens, or a fresh one)
+  // run one after the other, each across the threads; the decoding ones share one task pool.
+  std::vector<const PagedAttentionParams*> seqs;
+  for (const PagedAttentionParams& p : batch) {
+    if (p.q_tokens == 0) continue;
+    const bool no_pages = p.page_offsets[p.kv_heads] == 0;
+    if (no_pages && p.q_tokens > kMaxFusedQueries && p.page_scores == nullptr) {
+      // Prefill of a fresh sequence: everything is full precision.
+      Attention({.q = p.q,
+                 .k = p.recent_k,
+                 .v = p.recent_v,
+                 .out = p.out,
+                 .q_tokens = p.q_tokens,
+                 .kv_tokens = p.recent_tokens,
+                 .q_start = p.recent_tokens - p.q_tokens,
+                 .heads = p.heads,
+                 .kv_heads = p.kv_heads,
+                 .head_dim = p.head_dim,
+                 .scale = p.scale},
+                isa, threads);
+    } else if (p.q_tokens > kMaxFusedQueries) {
+      DenseOverGathered(p, isa, threads);
+    } else {
+      seqs.push_back(&p);
+    }
   }
-  if (p.q_tokens > kMaxFusedQueries) return DenseOverGathered(p, isa, threads);
+  if (seqs.empty()) return;
 
-  const int d = static_cast<int>(p.head_dim);
-  const int g = static_cast<int>(p.heads / p.kv_heads);
   const VecOps& ops = GetVecOps(isa);
   const AttendFn attend = AttendFor(isa);
-  int32_t max_slots = 1;
-  for (int32_t t = 0; t < p.tier_count; ++t) max_slots = std::max(max_slots, p.layouts[t].tokens);
-  int32_t max_unit_bytes;
-  const std::vector<KvHuffmanTier> huffman = HuffmanTiers(p, &max_unit_bytes);
-  // Key scores: each page's first slot in page_scores, and every (query, head)'s logits.
-  const bool want_scores = p.page_scores != nullptr;
-  const int32_t page_count = p.page_offsets[p.kv_heads];
-  std::vector<int64_t> slot_offsets(page_count + 1, 0);
-  for (int32_t i = 0; i < page_count; ++i) slot_offsets[i + 1] = slot_offsets[i] + p.pages[i].slots;
-  const int64_t total_slots = slot_offsets[page_count];
-  std::vector<float> logits(want_scores ? p.q_tokens * p.heads * total_slots : 0);
+  // What each sequence's tasks share: its tiers' unit layouts, each page's first slot in its
+  // page_scores, and (with key scores) every (query, head)'s logits.
+  struct SeqWork {
+    std::vector<KvHuffmanTier> huffman;
+    std::vector<int64_t> slot_offsets;
+    std::vector<float> logits;
+    int64_t merge_begin = 0;  // its (query, head) merges start here in the batch's
+  };
+  const int64_t n_seqs = static_cast<int64_t>(seqs.size());
+  std::vector<SeqWork> work(n_seqs);
+  int32_t max_slots = 1, max_unit_bytes = 8;
+  int64_t total_pages = 0, merges = 0, recent_work = 0;
+  for (int64_t si = 0; si < n_seqs; ++si) {
+    const PagedAttentionParams& p = *seqs[si];
+    SeqWork& w = work[si];
+    for (int32_t t = 0; t < p.tier_count; ++t) max_slots = std::max(max_slots, p.layouts[t].tokens);
+    int32_t unit_bytes;
+    w.huffman = HuffmanTiers(p, &unit_bytes);
+    max_unit_bytes = std::max(max_unit_bytes, unit_bytes);
+    const int32_t page_count = p.page_offsets[p.kv_heads];
+    w.slot_offsets.assign(page_count + 1, 0);
+    for (int32_t i = 0; i < page_count; ++i) {
+      w.slot_offsets[i + 1] = w.slot_offsets[i] + p.pages[i].slots;
+    }
+    if (p.page_scores != nullptr) w.logits.resize(p.q_tokens * p.heads * w.slot_offsets.back());
+    total_pages += page_count * p.q_tokens;
+    w.merge_begin = merges;
+    merges += p.q_tokens * p.heads;
+    recent_work += p.q_tokens * p.heads * p.recent_tokens;
+  }
+  const int64_t max_g = [&] {
+    int64_t g = 1;
+    for (const PagedAttentionParams* p : seqs) g = std::max(g, p->heads / p->kv_heads);
+    return g;
+  }();
 
-  // Tasks: (query, kv-head, run of pages). Runs are cut so that there are a few tasks per
-  // thread even for one sequence with few kv-heads.
+  // Tasks: (sequence, query, kv-head, run of pages), in that order. Runs are cut so that there
+  // are a few tasks per thread even for one sequence with few kv-heads. Task group
+  // (sequence, query, kv-head) k owns tasks [group_tasks[k], group_tasks[k + 1]).
   struct Task {
+    int32_t seq;
     int64_t t, kvh;
     int32_t begin, end;
   };
   std::vector<Task> tasks;
-  const int64_t total_pages = p.page_offsets[p.kv_heads];
+  std::vector<int64_t> group_tasks = {0};
   const int64_t want_tasks = std::max<int64_t>(1, 4 * threads);
-  const int64_t run =
-      std::max<int64_t>(4, (total_pages * p.q_tokens + want_tasks - 1) / want_tasks);
-  for (int64_t t = 0; t < p.q_tokens; ++t) {
-    for (int64_t h = 0; h < p.kv_heads; ++h) {
-      for (int32_t b = p.page_offsets[h]; b < p.page_offsets[h + 1]; b += run) {
-        tasks.push_back(
-            {t, h, b, static_cast<int32_t>(std::min<int64_t>(b + run, p.page_offsets[h + 1]))});
+  const int64_t run = std::max<int64_t>(4, (total_pages + want_tasks - 1) / want_tasks);
+  for (int32_t si = 0; si < n_seqs; ++si) {
+    const PagedAttentionParams& p = *seqs[si];
+    for (int64_t t = 0; t < p.q_tokens; ++t) {
+      for (int64_t h = 0; h < p.kv_heads; ++h) {
+        for (int32_t b = p.page_offsets[h]; b < p.page_offsets[h + 1]; b += run) {
+          tasks.push_back(
+              {si, t, h, b,
+               static_cast<int32_t>(std::min<int64_t>(b + run, p.page_offsets[h + 1]))});
+        }
+        group_tasks.push_back(static_cast<int64_t>(tasks.size()));
       }
     }
   }
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());
-  std::vector<float> acc_store(n_tasks * g * d);
-  std::vector<Partial> parts(n_tasks * g);
-  for (int64_t i = 0; i < n_tasks * g; ++i) parts[i].acc = acc_store.data() + i * d;
-  const bool parallel = threads > 1 && n_tasks > 1;
-#pragma omp parallel num_threads(threads) if (parallel)
+  const int d_max = [&] {
+    int64_t d = 0;
+    for (const PagedAttentionParams* p : seqs) d = std::max(d, p->head_dim);
+    return static_cast<int>(d);
+  }();
+  // Task i's partials: max_g slots of head_dim floats from parts[i * max_g].
+  std::vector<float> acc_store(n_tasks * max_g * d_max);
+  std::vector<Partial> parts(n_tasks * max_g);
+  for (int64_t i = 0; i < n_tasks * max_g; ++i) parts[i].acc = acc_store.data() + i * d_max;
+#pragma omp parallel num_threads(threads) if (threads > 1 && n_tasks > 1)
   {
-    std::vector<float> scratch(static_cast<size_t>(max_slots) * g * (1 + d));
+    std::vector<float> scratch(static_cast<size_t>(max_slots) * max_g * (1 + d_max));
     std::vector<uint8_t> unit(max_unit_bytes);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < n_tasks; ++i) {
       const Task& task = tasks[i];
-      float* task_logits =
-          want_scores ? logits.data() + (task.t * p.heads + task.kvh * g) * total_slots : nullptr;
-      attend(p, huffman.data(), unit.data(), task.kvh, task.t, task.begin, task.end, Fp8Lut(),
-             ops.exp, scratch.data(), parts.data() + i * g, slot_offsets.data(), task_logits,
+      const PagedAttentionParams& p = *seqs[task.seq];
+      SeqWork& w = work[task.seq];
+      const int64_t g = p.heads / p.kv_heads, total_slots = w.slot_offsets.back();
+      float* task_logits = w.logits.empty()
+                               ? nullptr
+                               : w.logits.data() + (task.t * p.heads + task.kvh * g) * total_slots;
+      attend(p, w.huffman.data(), unit.data(), task.kvh, task.t, task.begin, task.end, Fp8Lut(),
+             ops.exp, scratch.data(), parts.data() + i * max_g, w.slot_offsets.data(), task_logits,
              total_slots);
     }
   }
 
-  // Merge the page partials of each (query, head) with its recent full-precision tokens.
-  const int64_t merges = p.q_tokens * p.heads;
-  // With key scores: each (query, head)'s final max and normalizer, and its recent weights.
-  std::vector<float> final_m(want_scores ? merges : 0), final_l(want_scores ? merges : 0);
-  std::vector<float> recent_w(want_scores ? merges * p.recent_tokens : 0);
-#pragma omp parallel num_threads(threads) if (threads > 1 && merges > 1 && p.recent_tokens > 64)
+  // Merge the page partials of each (sequence, query, head) with its recent full-precision
+  // tokens (on the threads once they average more than 64). The merges of sequence si are
+  // [work[si].merge_begin, + q_tokens * heads). With key scores: each merge's final max and
+  // normalizer, and its recent weights.
+  std::vector<int64_t> merge_seq(merges);
+  for (int64_t si = 0; si < n_seqs; ++si) {
+    const int64_t end = work[si].merge_begin + seqs[si]->q_tokens * seqs[si]->heads;
+    std::fill(merge_seq.begin() + work[si].merge_begin, merge_seq.begin() + end, si);
+  }
+  std::vector<int64_t> recent_at(merges + 1, 0);  // merge mi's recent weights start here
+  for (int64_t mi = 0; mi < merges; ++mi) {
+    const PagedAttentionParams& p = *seqs[merge_seq[mi]];
+    recent_at[mi + 1] = recent_at[mi] + (p.page_scores != nullptr ? p.recent_tokens : 0);
+  }
+  std::vector<float> final_m(merges), final_l(merges), recent_w(recent_at.back());
+  // Task groups of the sequences before si: sum of q_tokens * kv_heads.
+  std::vector<int64_t> group_begin(n_seqs + 1, 0);
+  for (int64_t si = 0; si < n_seqs; ++si) {
+    group_begin[si + 1] = group_begin[si] + seqs[si]->q_tokens * seqs[si]->kv_heads;
+  }
+  int64_t max_recent = 1;
+  for (const PagedAttentionParams* p : seqs) max_recent = std::max(max_recent, p->recent_tokens);
+#pragma omp parallel num_threads(threads) if (threads > 1 && merges > 1 && \
+                                              recent_work > merges * 64)
   {
-    std::vector<float> s(p.recent_tokens);
-    std::vector<float> qs(d);
+    std::vector<float> s(max_recent);
+    std::vector<float> qs(d_max);
 #pragma omp for schedule(static)
     for (int64_t mi = 0; mi < merges; ++mi) {
-      const int64_t t = mi / p.heads, h = mi % p.heads, kvh = h / g, hi = h % g;
+      const int64_t si = merge_seq[mi];
+      const PagedAttentionParams& p = *seqs[si];
+      const int d = static_cast<int>(p.head_dim);
+      const int64_t g = p.heads / p.kv_heads;
+      const int64_t local = mi - work[si].merge_begin;
+      const int64_t t = local / p.heads, h = local % p.heads, kvh = h / g, hi = h % g;
+      const int64_t group = group_begin[si] + t * p.kv_heads + kvh;
       float m = -INFINITY;
-      for (int64_t i = 0; i < n_tasks; ++i) {
-        if (tasks[i].t == t && tasks[i].kvh == kvh) m = std::max(m, parts[i * g + hi].m);
+      for (int64_t i = group_tasks[group]; i < group_tasks[group + 1]; ++i) {
+        m = std::max(m, parts[i * max_g + hi].m);
       }
       const float* q = p.q + (t * p.heads + h) * d;
       const int64_t visible = p.recent_tokens - p.q_tokens + t + 1;
@@ -303,9 +375,9 @@ void PagedAttention(const PagedAttentionParams& p, Isa isa, int threads) {
       float* out = p.out + (t * p.heads + h) * d;
       std::fill(out, out + d, 0.f);
       float l = 0;
-      for (int64_t i = 0; i < n_tasks; ++i) {
-        const Partial& part = parts[i * g + hi];
-        if (tasks[i].t != t || tasks[i].kvh != kvh || part.m == -INFINITY) continue;
+      for (int64_t i = group_tasks[group]; i < group_tasks[group + 1]; ++i) {
+        const Partial& part = parts[i * max_g + hi];
+        if (part.m == -INFINITY) continue;
         const float w = std::exp(part.m - m);
         l += part.l * w;
         for (int c = 0; c < d; ++c) out[c] += w * part.acc[c];
@@ -318,33 +390,46 @@ void PagedAttention(const PagedAttentionParams& p, Isa isa, int threads) {
       }
       const float inv = 1.f / l;
       for (int c = 0; c < d; ++c) out[c] *= inv;
-      if (want_scores) {
-        final_m[mi] = m;
-        final_l[mi] = l;
-        for (int64_t r = 0; r < visible; ++r) recent_w[mi * p.recent_tokens + r] = s[r] * inv;
+      final_m[mi] = m;
+      final_l[mi] = l;
+      if (p.page_scores != nullptr) {
+        for (int64_t r = 0; r < visible; ++r) recent_w[recent_at[mi] + r] = s[r] * inv;
       }
     }
   }
-  if (!want_scores) return;
-    // Each kv-head's keys on one thread: weight = exp(logit - m) / l, summed over the queries
-    // and the head's query heads. Dead slots hold -inf logits and get 0.
-#pragma omp parallel for num_threads(threads) if (threads > 1 && p.kv_heads > 1)
-  for (int64_t kvh = 0; kvh < p.kv_heads; ++kvh) {
-    const int64_t s0 = slot_offsets[p.page_offsets[kvh]],
-                  s1 = slot_offsets[p.page_offsets[kvh + 1]];
+  // Key scores: each (sequence, kv-head)'s keys on one thread, weight = exp(logit - m) / l,
+  // summed over the queries and the head's query heads. Dead slots hold -inf logits and get 0.
+  std::vector<std::pair<int64_t, int64_t>> score_items;
+  for (int64_t si = 0; si < n_seqs; ++si) {
+    if (seqs[si]->page_scores == nullptr) continue;
+    for (int64_t kvh = 0; kvh < seqs[si]->kv_heads; ++kvh) score_items.emplace_back(si, kvh);
+  }
+  const int64_t n_items = static_cast<int64_t>(score_items.size());
+#pragma omp parallel for num_threads(threads) if (threads > 1 && n_items > 1)
+  for (int64_t item = 0; item < n_items; ++item) {
+    const auto [si, kvh] = score_items[item];
+    const PagedAttentionParams& p = *seqs[si];
+    const SeqWork& w = work[si];
+    const int64_t g = p.heads / p.kv_heads, total_slots = w.slot_offsets.back();
+    const int64_t s0 = w.slot_offsets[p.page_offsets[kvh]],
+                  s1 = w.slot_offsets[p.page_offsets[kvh + 1]];
     for (int64_t t = 0; t < p.q_tokens; ++t) {
       for (int64_t h = kvh * g; h < (kvh + 1) * g; ++h) {
-        const int64_t mi = t * p.heads + h;
-        const float* lg = logits.data() + mi * total_slots;
+        const int64_t local = t * p.heads + h, mi = w.merge_begin + local;
+        const float* lg = w.logits.data() + local * total_slots;
         const float m = final_m[mi], inv = 1.f / final_l[mi];
         float* ps = p.page_scores + (p.scores_per_head ? (h - kvh * g) * total_slots : 0);
         float* rs = p.recent_scores + (p.scores_per_head ? h : kvh) * p.recent_tokens;
         for (int64_t j = s0; j < s1; ++j) ps[j] += std::exp(lg[j] - m) * inv;
         const int64_t visible = p.recent_tokens - p.q_tokens + t + 1;
-        for (int64_t r = 0; r < visible; ++r) rs[r] += recent_w[mi * p.recent_tokens + r];
+        for (int64_t r = 0; r < visible; ++r) rs[r] += recent_w[recent_at[mi] + r];
       }
     }
   }
+}
+
+void PagedAttention(const PagedAttentionParams& p, Isa isa, int threads) {
+  PagedAttention(absl::MakeConstSpan(&p, 1), isa, threads);
 }
 
 void KvDequantize(const KvDequantizeParams& p, Isa isa) {

@@ -7,6 +7,7 @@
 #ifndef SLUICE_KERNELS_CPU_PAGED_ATTENTION_H_
 #define SLUICE_KERNELS_CPU_PAGED_ATTENTION_H_
 
+#include "absl/types/span.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/op_params.h"
 
@@ -17,6 +18,10 @@ inline constexpr int64_t kPagedAttentionMaxGroup = 16;
 
 // Parameters must be valid and heads / kv_heads <= kPagedAttentionMaxGroup.
 void PagedAttention(const PagedAttentionParams& p, Isa isa, int threads);
+// The sequences of a decode step at once: their tasks share one pool of threads, so a batch
+// of short sequences keeps every thread busy. Each sequence's results are those of its own
+// call.
+void PagedAttention(absl::Span<const PagedAttentionParams> batch, Isa isa, int threads);
 void KvDequantize(const KvDequantizeParams& p, Isa isa);
 
 }  // namespace sluice::kernels::cpu

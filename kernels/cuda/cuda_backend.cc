@@ -93,7 +93,7 @@ bool CudaBackend::Supports(Op op) const {
   // The other ops run on the CPU backend until their CUDA kernels land.
   return op == Op::kRmsNorm || op == Op::kMatmul || op == Op::kGetRows || op == Op::kRope ||
          op == Op::kSwiGlu || op == Op::kSoftmax || op == Op::kAttention || op == Op::kKvQuantize ||
-         op == Op::kKvDequantize || op == Op::kPagedAttention;
+         op == Op::kKvDequantize || op == Op::kPagedAttention || op == Op::kBatchPagedAttention;
 }
 
 absl::StatusOr<void*> CudaBackend::Allocate(size_t bytes) {
