@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -181,6 +182,10 @@ absl::Status PagedKvCache::RemoveSequence(int64_t seq) {
   if (it == seqs_.end()) {
     return absl::NotFoundError(absl::StrFormat("sequence %d has no KV cache", seq));
   }
+  if (InStep(seq)) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("sequence %d is in the open step; commit or abort it first", seq));
+  }
   std::vector<PageId> ids;
   for (const HeadPages& h : it->second.heads) {
     const std::vector<PageId> pages = h.table.AllPages();
@@ -206,59 +211,147 @@ absl::StatusOr<int64_t> PagedKvCache::Length(int64_t seq) const {
   return it->second.length;
 }
 
-absl::Status PagedKvCache::Write(int64_t seq, int layer, const float* k, const float* v,
-                                 int64_t n) {
-  SLUICE_ASSIGN_OR_RETURN(Seq * s, Find(seq));
-  if (layer < 0 || layer >= options_.layers) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("layer %d outside [0, %d)", layer, options_.layers));
+bool PagedKvCache::InStep(int64_t seq) const {
+  if (!step_) return false;
+  for (const model::StepEntry& e : step_->entries) {
+    if (e.seq == seq) return true;
   }
-  if (n < 0 || s->length + n > s->max_tokens) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "sequence %d: %d + %d tokens exceed its room of %d", seq, s->length, n, s->max_tokens));
+  return false;
+}
+
+absl::Status PagedKvCache::BeginStep(absl::Span<const model::StepEntry> batch) {
+  if (step_) {
+    return absl::FailedPreconditionError("a step is open; commit or abort it before the next");
   }
-  const int64_t resid = s->length - s->compressed;
-  s->k[layer].resize((resid + n) * row_);
-  s->v[layer].resize((resid + n) * row_);
-  std::memcpy(s->k[layer].data() + resid * row_, k, n * row_ * sizeof(float));
-  std::memcpy(s->v[layer].data() + resid * row_, v, n * row_ * sizeof(float));
+  if (batch.empty()) return absl::InvalidArgumentError("a step needs at least one sequence");
+  std::vector<Seq*> seqs;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const model::StepEntry& e = batch[b];
+    if (e.tokens <= 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sequence %d: %d new tokens; a step entry needs at least one", e.seq, e.tokens));
+    }
+    for (size_t o = 0; o < b; ++o) {
+      if (batch[o].seq == e.seq) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("sequence %d is in the step twice", e.seq));
+      }
+    }
+    SLUICE_ASSIGN_OR_RETURN(Seq * s, Find(e.seq));
+    if (s->lost_step) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "sequence %d lost a step after streaming part of it to pages; remove it", e.seq));
+    }
+    if (s->length + e.tokens > s->max_tokens) {
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("sequence %d: %d + %d tokens exceed its room of %d", e.seq, s->length,
+                          e.tokens, s->max_tokens));
+    }
+    seqs.push_back(s);
+  }
+  const int64_t n_batch = static_cast<int64_t>(batch.size()), kvh = options_.kv_heads;
+  const int layers = options_.layers;
+  StepPlan plan;
+  plan.entries.assign(batch.begin(), batch.end());
+  plan.q_indptr = {0};
+  for (int64_t b = 0; b < n_batch; ++b) {
+    Seq& s = *seqs[b];
+    const int64_t resid = s.length - s.compressed;
+    plan.q_indptr.push_back(plan.q_indptr.back() + static_cast<int32_t>(batch[b].tokens));
+    plan.write_row.push_back(resid);
+    plan.recent_tokens.push_back(resid + batch[b].tokens);
+    // The window takes the new rows now, so its address holds for the whole step.
+    for (int l = 0; l < layers; ++l) {
+      s.k[l].resize((resid + batch[b].tokens) * row_);
+      s.v[l].resize((resid + batch[b].tokens) * row_);
+    }
+  }
+  const bool per_head = policy_->scores() == policy::ScoreMode::kPerQueryHead;
+  const int64_t group = per_head ? options_.heads / kvh : 1;
+  for (int t = 0; t < tiers_; ++t) plan.indptr[t] = {0};
+  plan.recent_k.reserve(layers * n_batch);
+  plan.recent_v.reserve(layers * n_batch);
+  plan.page_score_offsets.reserve(layers * n_batch);
+  plan.recent_score_offsets.reserve(layers * n_batch);
+  for (int l = 0; l < layers; ++l) {
+    int64_t page_scores = 0, recent_scores = 0;
+    for (int64_t b = 0; b < n_batch; ++b) {
+      Seq& s = *seqs[b];
+      int64_t seq_slots = 0;
+      for (int64_t h = 0; h < kvh; ++h) {
+        const HeadPages& hp = s.heads[l * kvh + h];
+        for (int t = 0; t < tiers_; ++t) {
+          for (int32_t i = 0; i < hp.count(t); ++i) {
+            plan.ids[t].push_back(hp.page(t, i));
+            plan.slots[t].push_back(hp.tier[t].slots[i]);
+            seq_slots += hp.tier[t].slots[i];
+          }
+          plan.indptr[t].push_back(static_cast<int32_t>(plan.ids[t].size()));
+        }
+      }
+      plan.recent_k.push_back(s.k[l].data());
+      plan.recent_v.push_back(s.v[l].data());
+      plan.seq_slots.push_back(seq_slots);
+      plan.page_score_offsets.push_back(page_scores);
+      plan.recent_score_offsets.push_back(recent_scores);
+      page_scores += group * seq_slots;
+      recent_scores += group * kvh * plan.recent_tokens[b];
+    }
+    plan.page_score_size.push_back(page_scores);
+    plan.recent_score_size.push_back(recent_scores);
+  }
+  plan.written.assign(layers, false);
+  step_ = std::move(plan);
+  step_seqs_ = std::move(seqs);
   return absl::OkStatus();
 }
 
-absl::Status PagedKvCache::Attend(int64_t seq, int layer, const float* q, int64_t n, float* out) {
-  SLUICE_ASSIGN_OR_RETURN(Seq * s, Find(seq));
+absl::Status PagedKvCache::CheckStepLayer(int layer) const {
+  if (!step_) return absl::FailedPreconditionError("no step is open; BeginStep first");
   if (layer < 0 || layer >= options_.layers) {
     return absl::InvalidArgumentError(
         absl::StrFormat("layer %d outside [0, %d)", layer, options_.layers));
   }
-  const int64_t recent = static_cast<int64_t>(s->k[layer].size()) / row_;
-  if (recent < s->length - s->compressed + n) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "sequence %d layer %d: attention over %d new tokens that were not written", seq, layer, n));
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::Write(int layer, const float* k, const float* v) {
+  SLUICE_RETURN_IF_ERROR(CheckStepLayer(layer));
+  const StepPlan& plan = *step_;
+  for (size_t b = 0; b < plan.entries.size(); ++b) {
+    Seq& s = *step_seqs_[b];
+    const int64_t n = plan.entries[b].tokens, row = plan.q_indptr[b];
+    std::memcpy(s.k[layer].data() + plan.write_row[b] * row_, k + row * row_,
+                n * row_ * sizeof(float));
+    std::memcpy(s.v[layer].data() + plan.write_row[b] * row_, v + row * row_,
+                n * row_ * sizeof(float));
   }
-  std::vector<kernels::KvPageRef> refs;
-  std::vector<int32_t> offsets = {0};
-  for (int64_t h = 0; h < options_.kv_heads; ++h) {
-    const HeadPages& hp = s->heads[layer * options_.kv_heads + h];
-    for (int t = 0; t < tiers_; ++t) {
-      for (int32_t i = 0; i < hp.count(t); ++i) {
-        refs.push_back(
-            {.data = pool_->data(hp.page(t, i)), .slots = hp.tier[t].slots[i], .tier = t});
-      }
-    }
-    offsets.push_back(static_cast<int32_t>(refs.size()));
+  step_->written[layer] = true;
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::Attend(int layer, const float* q, float* out) {
+  SLUICE_RETURN_IF_ERROR(CheckStepLayer(layer));
+  const StepPlan& plan = *step_;
+  if (!plan.written[layer]) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("layer %d: attention over new tokens that were not written", layer));
   }
-  const float scale = AttentionScale();
-  const kernels::KvCodebooks codebooks[2] = {Codebooks(layer), {}};
+  const int64_t n_batch = static_cast<int64_t>(plan.entries.size()), kvh = options_.kv_heads;
+  const int64_t q_row = options_.heads * options_.head_dim;
   // A policy that selects from the whole prompt: its drops wait in the window for the commit.
-  if (policy_->selects_prompt() && s->length == 0 && n > 1) {
-    SLUICE_ASSIGN_OR_RETURN(
-        const std::vector<std::vector<int64_t>> dropped,
-        policy_->SelectPrompt(
-            backend_,
-            {.layer = layer, .q = q, .k = s->k[layer].data(), .v = s->v[layer].data(), .n = n}));
-    for (int64_t h = 0; h < options_.kv_heads; ++h) {
-      AddPending(s->heads[layer * options_.kv_heads + h], dropped[h]);
+  if (policy_->selects_prompt()) {
+    for (int64_t b = 0; b < n_batch; ++b) {
+      Seq& s = *step_seqs_[b];
+      const int64_t n = plan.entries[b].tokens;
+      if (s.length != 0 || n <= 1) continue;
+      SLUICE_ASSIGN_OR_RETURN(const std::vector<std::vector<int64_t>> dropped,
+                              policy_->SelectPrompt(backend_, {.layer = layer,
+                                                               .q = q + plan.q_indptr[b] * q_row,
+                                                               .k = s.k[layer].data(),
+                                                               .v = s.v[layer].data(),
+                                                               .n = n}));
+      for (int64_t h = 0; h < kvh; ++h) AddPending(s.heads[layer * kvh + h], dropped[h]);
     }
   }
   // Policies that score: every key's attention adds to its score (pages in tier and table
@@ -266,73 +359,129 @@ absl::Status PagedKvCache::Attend(int64_t seq, int layer, const float* q, int64_
   const policy::ScoreMode mode = policy_->scores();
   const bool scores = mode != policy::ScoreMode::kNone;
   const bool per_head = mode == policy::ScoreMode::kPerQueryHead;
-  const int64_t group = per_head ? options_.heads / options_.kv_heads : 1;
-  int64_t total_slots = 0;
-  for (const kernels::KvPageRef& r : refs) total_slots += r.slots;
-  std::vector<float> page_scores, recent_scores;
+  const int64_t group = per_head ? options_.heads / kvh : 1;
+  const int64_t at = layer * n_batch;  // the layer's first (layer, entry) of the plan
   if (scores) {
-    page_scores.assign(std::max<int64_t>(1, group * total_slots), 0.f);
-    recent_scores.assign(group * options_.kv_heads * recent, 0.f);
+    page_scores_.assign(std::max<int64_t>(1, plan.page_score_size[layer]), 0.f);
+    recent_scores_.assign(std::max<int64_t>(1, plan.recent_score_size[layer]), 0.f);
   }
-  SLUICE_RETURN_IF_ERROR(
-      backend_.PagedAttention({.q = q,
-                               .out = out,
-                               .q_tokens = n,
-                               .heads = options_.heads,
-                               .kv_heads = options_.kv_heads,
-                               .head_dim = options_.head_dim,
-                               .scale = scale,
-                               .formats = formats_,
-                               .layouts = layouts_,
-                               .codebooks = codebooks,
-                               .tier_count = tiers_,
-                               .pages = refs.data(),
-                               .page_offsets = offsets.data(),
-                               .recent_k = s->k[layer].data(),
-                               .recent_v = s->v[layer].data(),
-                               .recent_tokens = recent,
-                               .page_scores = scores ? page_scores.data() : nullptr,
-                               .recent_scores = scores ? recent_scores.data() : nullptr,
-                               .scores_per_head = per_head}));
+  const kernels::KvCodebooks codebooks[2] = {Codebooks(layer), {}};
+  kernels::BatchPagedAttentionParams p{
+      .batch = n_batch,
+      .q_indptr = plan.q_indptr.data(),
+      .q = q,
+      .out = out,
+      .heads = options_.heads,
+      .kv_heads = kvh,
+      .head_dim = options_.head_dim,
+      .scale = AttentionScale(),
+      .formats = formats_,
+      .layouts = layouts_,
+      .codebooks = codebooks,
+      .tier_count = tiers_,
+      .pool = pool_->data(0),
+      .page_bytes = pool_->page_bytes(),
+      .pool_pages = static_cast<int32_t>(pool_->num_pages()),
+      .recent_k = plan.recent_k.data() + at,
+      .recent_v = plan.recent_v.data() + at,
+      .recent_tokens = plan.recent_tokens.data(),
+      .page_scores = scores ? page_scores_.data() : nullptr,
+      .recent_scores = scores ? recent_scores_.data() : nullptr,
+      .page_score_offsets = scores ? plan.page_score_offsets.data() + at : nullptr,
+      .recent_score_offsets = scores ? plan.recent_score_offsets.data() + at : nullptr,
+      .scores_per_head = per_head};
+  for (int t = 0; t < tiers_; ++t) {
+    p.tables[t] = {.indptr = plan.indptr[t].data() + at * kvh,
+                   .ids = plan.ids[t].data(),
+                   .slots = plan.slots[t].data()};
+  }
+  SLUICE_RETURN_IF_ERROR(backend_.BatchPagedAttention(p));
   if (!scores) return absl::OkStatus();
-  int64_t slot = 0;
-  for (int64_t h = 0; h < options_.kv_heads; ++h) {
-    HeadPages& hp = s->heads[layer * options_.kv_heads + h];
-    std::vector<float>& score = hp.policy.score;
-    score.resize((s->length + n) * group, 0.f);
-    for (int t = 0; t < tiers_; ++t) {
-      for (int32_t pos : hp.tier[t].positions) {
-        for (int64_t g = 0; g < group; ++g) {
-          score[pos * group + g] += page_scores[g * total_slots + slot];
+  for (int64_t b = 0; b < n_batch; ++b) {
+    Seq& s = *step_seqs_[b];
+    const int64_t n = plan.entries[b].tokens, recent = plan.recent_tokens[b];
+    const int64_t total_slots = plan.seq_slots[at + b];
+    const float* page_scores = page_scores_.data() + plan.page_score_offsets[at + b];
+    const float* recent_scores = recent_scores_.data() + plan.recent_score_offsets[at + b];
+    int64_t slot = 0;
+    for (int64_t h = 0; h < kvh; ++h) {
+      HeadPages& hp = s.heads[layer * kvh + h];
+      std::vector<float>& score = hp.policy.score;
+      score.resize((s.length + n) * group, 0.f);
+      for (int t = 0; t < tiers_; ++t) {
+        for (int32_t pos : hp.tier[t].positions) {
+          for (int64_t g = 0; g < group; ++g) {
+            score[pos * group + g] += page_scores[g * total_slots + slot];
+          }
+          ++slot;
         }
-        ++slot;
       }
-    }
-    for (int64_t r = 0; r < recent; ++r) {
-      for (int64_t g = 0; g < group; ++g) {
-        score[(s->compressed + r) * group + g] += recent_scores[(h * group + g) * recent + r];
+      for (int64_t r = 0; r < recent; ++r) {
+        for (int64_t g = 0; g < group; ++g) {
+          score[(s.compressed + r) * group + g] += recent_scores[(h * group + g) * recent + r];
+        }
       }
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status PagedKvCache::Commit(int64_t seq, int64_t n) {
-  SLUICE_ASSIGN_OR_RETURN(Seq * s, Find(seq));
-  const int64_t resid = s->length - s->compressed;
+absl::Status PagedKvCache::Commit() {
+  if (!step_) return absl::FailedPreconditionError("no step is open; BeginStep first");
   for (int l = 0; l < options_.layers; ++l) {
-    // Rows a streamed layer already moved to pages are written too.
-    const int64_t early = s->early.empty() ? 0 : std::max<int64_t>(0, s->early[l]);
-    if (static_cast<int64_t>(s->k[l].size()) / row_ + early < resid + n) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "sequence %d: committing %d tokens that layer %d did not write", seq, n, l));
+    if (!step_->written[l]) {
+      const absl::Status st = absl::FailedPreconditionError(
+          absl::StrFormat("committing a step that layer %d did not write", l));
+      AbortStep();
+      return st;
     }
   }
-  s->length += n;
-  PolicyView view(*this, seq, *s);
-  TierChoice choice;
-  SLUICE_RETURN_IF_ERROR(Flush(*s, view, &choice));
-  return policy_->AfterCommit(view, n, choice);
+  const StepPlan plan = *std::move(step_);
+  const std::vector<Seq*> seqs = std::move(step_seqs_);
+  step_.reset();
+  step_seqs_.clear();
+  for (size_t b = 0; b < plan.entries.size(); ++b) {
+    Seq& s = *seqs[b];
+    const int64_t n = plan.entries[b].tokens;
+    s.length += n;
+    PolicyView view(*this, plan.entries[b].seq, s);
+    TierChoice choice;
+    SLUICE_RETURN_IF_ERROR(Flush(s, view, &choice));
+    SLUICE_RETURN_IF_ERROR(policy_->AfterCommit(view, n, choice));
+  }
+  return absl::OkStatus();
+}
+
+void PagedKvCache::AbortStep() {
+  if (!step_) return;
+  const int64_t group = policy_->scores() == policy::ScoreMode::kPerQueryHead
+                            ? options_.heads / options_.kv_heads
+                            : 1;
+  for (Seq* s : step_seqs_) {
+    // The step's tokens take no score and no pending eviction with them (the weight its
+    // queries gave the committed tokens stays).
+    for (HeadPages& hp : s->heads) {
+      if (static_cast<int64_t>(hp.policy.score.size()) > s->length * group) {
+        hp.policy.score.resize(s->length * group);
+      }
+      hp.pending.erase(std::lower_bound(hp.pending.begin(), hp.pending.end(), s->length),
+                       hp.pending.end());
+    }
+    if (!s->early.empty()) {
+      // Some layers may have moved tokens of the step to pages already: the sequence's layers
+      // disagree now, and only removing it is safe.
+      s->lost_step = true;
+      s->early.clear();
+      s->listener = nullptr;
+    }
+    const int64_t resid = s->length - s->compressed;
+    for (int l = 0; l < options_.layers; ++l) {
+      s->k[l].resize(resid * row_);
+      s->v[l].resize(resid * row_);
+    }
+  }
+  step_.reset();
+  step_seqs_.clear();
 }
 
 int64_t PagedKvCache::FlushCount(const Seq& s, int64_t length) const {
@@ -353,27 +502,30 @@ absl::Status PagedKvCache::StreamLayers(int64_t seq, LayerListener listener) {
   return absl::OkStatus();
 }
 
-absl::Status PagedKvCache::LayerDone(int64_t seq, int layer, int64_t n) {
-  SLUICE_ASSIGN_OR_RETURN(Seq * s, Find(seq));
-  if (s->early.empty()) return absl::OkStatus();
-  if (layer < 0 || layer >= options_.layers || s->early[layer] >= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("sequence %d: layer %d is not a layer left to stream", seq, layer));
-  }
-  const int64_t flush = FlushCount(*s, s->length + n);
-  if (flush > 0) {
-    SLUICE_RETURN_IF_ERROR(FlushFixed(*s, flush, nullptr, layer));
-    s->k[layer].erase(s->k[layer].begin(), s->k[layer].begin() + flush * row_);
-    s->v[layer].erase(s->v[layer].begin(), s->v[layer].begin() + flush * row_);
-  }
-  s->early[layer] = flush;
-  if (s->listener) {
-    std::vector<PageId> pages;
-    for (int64_t h = 0; h < options_.kv_heads; ++h) {
-      const HeadPages& hp = s->heads[layer * options_.kv_heads + h];
-      for (int32_t i = 0; i < hp.count(0); ++i) pages.push_back(hp.page(0, i));
+absl::Status PagedKvCache::LayerDone(int layer) {
+  SLUICE_RETURN_IF_ERROR(CheckStepLayer(layer));
+  for (size_t b = 0; b < step_->entries.size(); ++b) {
+    Seq& s = *step_seqs_[b];
+    if (s.early.empty()) continue;
+    if (s.early[layer] >= 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sequence %d: layer %d is not a layer left to stream", step_->entries[b].seq, layer));
     }
-    s->listener(layer, std::move(pages));
+    const int64_t flush = FlushCount(s, s.length + step_->entries[b].tokens);
+    if (flush > 0) {
+      SLUICE_RETURN_IF_ERROR(FlushFixed(s, flush, nullptr, layer));
+      s.k[layer].erase(s.k[layer].begin(), s.k[layer].begin() + flush * row_);
+      s.v[layer].erase(s.v[layer].begin(), s.v[layer].begin() + flush * row_);
+    }
+    s.early[layer] = flush;
+    if (s.listener) {
+      std::vector<PageId> pages;
+      for (int64_t h = 0; h < options_.kv_heads; ++h) {
+        const HeadPages& hp = s.heads[layer * options_.kv_heads + h];
+        for (int32_t i = 0; i < hp.count(0); ++i) pages.push_back(hp.page(0, i));
+      }
+      s.listener(layer, std::move(pages));
+    }
   }
   return absl::OkStatus();
 }
@@ -716,6 +868,10 @@ absl::Status PagedKvCache::Evict(int64_t seq, int layer, int64_t kv_head,
     return absl::InvalidArgumentError(
         absl::StrFormat("layer %d / kv-head %d outside [0, %d) / [0, %d)", layer, kv_head,
                         options_.layers, options_.kv_heads));
+  }
+  if (InStep(seq)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "sequence %d is in the open step, whose page tables hold its pages; evict after it", seq));
   }
   return EvictList(seq, *s, s->heads[layer * options_.kv_heads + kv_head], positions);
 }

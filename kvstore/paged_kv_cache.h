@@ -18,11 +18,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
@@ -87,9 +88,39 @@ class PagedKvCache final : public model::KvCache {
   absl::Status AddSequence(int64_t seq, int64_t max_tokens) override;
   absl::Status RemoveSequence(int64_t seq) override;
   absl::StatusOr<int64_t> Length(int64_t seq) const override;
-  absl::Status Write(int64_t seq, int layer, const float* k, const float* v, int64_t n) override;
-  absl::Status Attend(int64_t seq, int layer, const float* q, int64_t n, float* out) override;
-  absl::Status Commit(int64_t seq, int64_t n) override;
+  // The step plan (see StepPlan): BeginStep builds it once; each layer's Write and Attend read
+  // it, and Attend hands the backend one BatchPagedAttention for the whole batch.
+  absl::Status BeginStep(absl::Span<const model::StepEntry> batch) override;
+  absl::Status Write(int layer, const float* k, const float* v) override;
+  absl::Status Attend(int layer, const float* q, float* out) override;
+  absl::Status LayerDone(int layer) override;
+  absl::Status Commit() override;
+  void AbortStep() override;
+
+  // A forward pass as BeginStep plans it. Pages do not change during a pass (they change at the
+  // commit, and a streamed layer's new pages come after its attention), so one page table
+  // serves every layer.
+  struct StepPlan {
+    std::vector<model::StepEntry> entries;  // [batch]
+    std::vector<int32_t> q_indptr;          // [batch + 1]: entry b's rows of the step
+    // Write slots: entry b's new tokens take window rows [write_row[b], recent_tokens[b]) of
+    // every layer (the window of full-precision tokens that attention reads after the pages).
+    std::vector<int64_t> write_row;      // [batch]
+    std::vector<int64_t> recent_tokens;  // [batch]
+    // The page tables, one per tier, in compressed sparse rows over every layer's lists: list
+    // (layer * batch + b) * kv_heads + h owns pages ids[t][indptr[t][list]] ... (ids of the
+    // pool) holding slots[t][...] slots each (kernels::KvPageTable).
+    std::vector<int32_t> indptr[2], ids[2], slots[2];
+    // Per (layer, entry), at layer * batch + b: the window, the slots of the entry's pages (all
+    // its lists) and where its scores go in that layer's score arrays.
+    std::vector<const float*> recent_k, recent_v;
+    std::vector<int64_t> seq_slots;
+    std::vector<int64_t> page_score_offsets, recent_score_offsets;
+    std::vector<int64_t> page_score_size, recent_score_size;  // [layers]
+    std::vector<bool> written;                                // [layers]
+  };
+  // The open step's plan; null between steps.
+  const StepPlan* step() const { return step_ ? &*step_ : nullptr; }
 
   // Starts sequence `dst` (room for `max_tokens`) as a copy of `src`'s committed tokens:
   // full pages are shared by reference count (a common prompt prefix costs its pages once);
@@ -140,7 +171,6 @@ class PagedKvCache final : public model::KvCache {
   // fixed-width codes): FailedPrecondition for the others, which export after the commit.
   using LayerListener = std::function<void(int layer, std::vector<PageId> pages)>;
   absl::Status StreamLayers(int64_t seq, LayerListener listener);
-  absl::Status LayerDone(int64_t seq, int layer, int64_t n) override;
 
   KvCacheStats Stats() const;
   // The live paged tokens of one (sequence, layer, kv-head): position and tier (0 high, 1 low),
@@ -203,6 +233,8 @@ class PagedKvCache final : public model::KvCache {
     // (-1: not yet).
     LayerListener listener;
     std::vector<int64_t> early;
+    // A step that streamed some layers to pages was aborted: the layers disagree.
+    bool lost_step = false;
   };
 
   // The token policy's view of one sequence (policy::SequenceView).
@@ -212,6 +244,10 @@ class PagedKvCache final : public model::KvCache {
                kernels::KvPageLayout low, std::unique_ptr<PagePool> pool,
                std::unique_ptr<policy::TokenPolicy> policy, kernels::Backend& backend);
   absl::StatusOr<Seq*> Find(int64_t seq);
+  // Whether the open step holds `seq`.
+  bool InStep(int64_t seq) const;
+  // FailedPrecondition without an open step, InvalidArgument for a layer outside the model.
+  absl::Status CheckStepLayer(int layer) const;
   // options.attention_scale, or 1 / sqrt(head_dim) when it is 0.
   float AttentionScale() const;
   using TierChoice = policy::TierChoice;
@@ -265,7 +301,10 @@ class PagedKvCache final : public model::KvCache {
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<policy::TokenPolicy> policy_;
   kernels::Backend& backend_;
-  absl::flat_hash_map<int64_t, Seq> seqs_;
+  absl::node_hash_map<int64_t, Seq> seqs_;  // node: the step keeps pointers to its sequences
+  std::optional<StepPlan> step_;
+  std::vector<Seq*> step_seqs_;                             // [batch], the step's sequences
+  std::vector<float> page_scores_, recent_scores_;          // one layer's scores during Attend
   std::vector<std::unique_ptr<KvCodebookPair>> codebooks_;  // [layers]; null until built
   int64_t demoted_ = 0;
   int64_t compactions_ = 0;

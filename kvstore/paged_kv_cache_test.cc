@@ -49,14 +49,15 @@ std::unique_ptr<PagedKvCache> MakeCache(kernels::Backend& backend, std::string_v
 std::vector<float> Step(PagedKvCache& cache, int64_t seq, const std::vector<float>& k,
                         const std::vector<float>& v, const std::vector<float>& q, int64_t n) {
   std::vector<float> out(n * kHeads * kDim);
+  const absl::Status begin = cache.BeginStep({{.seq = seq, .tokens = n}});
+  EXPECT_TRUE(begin.ok()) << begin;
   for (int l = 0; l < kLayers; ++l) {
-    const absl::Status st =
-        cache.Write(seq, l, k.data() + l * n * kRow, v.data() + l * n * kRow, n);
+    const absl::Status st = cache.Write(l, k.data() + l * n * kRow, v.data() + l * n * kRow);
     EXPECT_TRUE(st.ok()) << st;
   }
-  const absl::Status attend = cache.Attend(seq, 0, q.data(), n, out.data());
+  const absl::Status attend = cache.Attend(0, q.data(), out.data());
   EXPECT_TRUE(attend.ok()) << attend;
-  const absl::Status commit = cache.Commit(seq, n);
+  const absl::Status commit = cache.Commit();
   EXPECT_TRUE(commit.ok()) << commit;
   return out;
 }
@@ -260,6 +261,130 @@ TEST(PagedKvCache, ForkSharesFullPagesAndSeparatesWhatFollows) {
   EXPECT_EQ(cache->pool().used_pages(), 0);
 }
 
+// A step over several sequences plans one page table for all of them and attends once per
+// layer; it must do what the same steps do one sequence at a time: the same outputs, and (for
+// policies that score and evict) the same tokens kept.
+TEST(PagedKvCache, BatchedStepsMatchOneSequenceAtATime) {
+  const uint64_t seed = std::random_device{}();
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok());
+  for (std::string_view preset : {"kivi4", "h2o", "snapkv", "leankv-k8v4", "kvcomp"}) {
+    SCOPED_TRACE(::testing::Message() << preset << " seed " << seed);
+    std::mt19937_64 rng(seed);
+    auto batched = MakeCache(**cpu, preset, /*residual=*/8);
+    auto alone = MakeCache(**cpu, preset, /*residual=*/8);
+    const int64_t prompts[] = {40, 17, 70};
+    for (int64_t seq = 0; seq < 3; ++seq) {
+      ASSERT_TRUE(batched->AddSequence(seq, 200).ok());
+      ASSERT_TRUE(alone->AddSequence(seq, 200).ok());
+    }
+    for (int step = 0; step < 24; ++step) {
+      // The prompts in the first step, then one token each; sequence 1 sits out every third.
+      std::vector<model::StepEntry> entries;
+      for (int64_t seq = 0; seq < 3; ++seq) {
+        if (step > 0 && seq == 1 && step % 3 == 0) continue;
+        entries.push_back({.seq = seq, .tokens = step == 0 ? prompts[seq] : 1});
+      }
+      int64_t rows = 0;
+      for (const model::StepEntry& e : entries) rows += e.tokens;
+      std::vector<std::vector<float>> k(kLayers), v(kLayers), q(kLayers);
+      for (int l = 0; l < kLayers; ++l) {
+        k[l] = Random(rng, rows * kRow);
+        v[l] = Random(rng, rows * kRow);
+        q[l] = Random(rng, rows * kHeads * kDim);
+      }
+      // Every layer's outputs, batched and alone.
+      std::vector<std::vector<float>> out(kLayers), want(kLayers);
+      ASSERT_TRUE(batched->BeginStep(entries).ok());
+      ASSERT_EQ(batched->step()->q_indptr.back(), rows);
+      for (int l = 0; l < kLayers; ++l) {
+        out[l].resize(rows * kHeads * kDim);
+        want[l].resize(rows * kHeads * kDim);
+        ASSERT_TRUE(batched->Write(l, k[l].data(), v[l].data()).ok());
+        ASSERT_TRUE(batched->Attend(l, q[l].data(), out[l].data()).ok());
+      }
+      ASSERT_TRUE(batched->Commit().ok());
+      int64_t row = 0;
+      for (const model::StepEntry& e : entries) {
+        ASSERT_TRUE(alone->BeginStep({e}).ok());
+        for (int l = 0; l < kLayers; ++l) {
+          const int64_t at = row * kRow, qat = row * kHeads * kDim;
+          ASSERT_TRUE(alone->Write(l, k[l].data() + at, v[l].data() + at).ok());
+          ASSERT_TRUE(alone->Attend(l, q[l].data() + qat, want[l].data() + qat).ok());
+        }
+        ASSERT_TRUE(alone->Commit().ok());
+        row += e.tokens;
+      }
+      for (int l = 0; l < kLayers; ++l) {
+        ASSERT_LT(MaxAbsDiff(out[l], want[l]), 1e-5) << "layer " << l << " step " << step;
+      }
+    }
+    for (int64_t seq = 0; seq < 3; ++seq) {
+      ASSERT_EQ(*batched->Length(seq), *alone->Length(seq));
+      for (int l = 0; l < kLayers; ++l) {
+        for (int h = 0; h < kKvHeads; ++h) {
+          auto a = batched->LiveTokens(seq, l, h);
+          auto b = alone->LiveTokens(seq, l, h);
+          ASSERT_TRUE(a.ok() && b.ok());
+          ASSERT_EQ(a->size(), b->size()) << "sequence " << seq << " layer " << l << " head " << h;
+          for (size_t i = 0; i < a->size(); ++i) {
+            EXPECT_EQ((*a)[i].position, (*b)[i].position);
+            EXPECT_EQ((*a)[i].tier, (*b)[i].tier);
+          }
+        }
+      }
+    }
+    EXPECT_EQ(batched->pool().used_pages(), alone->pool().used_pages());
+  }
+}
+
+// The plan's page tables list every (layer, sequence, kv-head)'s pages, tier by tier, as the
+// cache holds them, and its write slots follow each sequence's window.
+TEST(PagedKvCache, StepPlanListsEveryPageOnce) {
+  std::mt19937_64 rng(std::random_device{}());
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok());
+  auto cache = MakeCache(**cpu, "leankv-k8v4", /*residual=*/8);
+  const int64_t lengths[] = {90, 33};
+  for (int64_t seq = 0; seq < 2; ++seq) {
+    ASSERT_TRUE(cache->AddSequence(seq, 200).ok());
+    Step(*cache, seq, Random(rng, kLayers * lengths[seq] * kRow),
+         Random(rng, kLayers * lengths[seq] * kRow), Random(rng, lengths[seq] * kHeads * kDim),
+         lengths[seq]);
+  }
+  ASSERT_TRUE(cache->BeginStep({{.seq = 1, .tokens = 2}, {.seq = 0, .tokens = 1}}).ok());
+  const PagedKvCache::StepPlan& plan = *cache->step();
+  EXPECT_THAT(plan.q_indptr, ::testing::ElementsAre(0, 2, 3));
+  std::vector<int32_t> seen;
+  for (int l = 0; l < kLayers; ++l) {
+    for (int64_t b = 0; b < 2; ++b) {
+      const int64_t seq = plan.entries[b].seq;
+      EXPECT_EQ(plan.recent_tokens[b], plan.write_row[b] + plan.entries[b].tokens);
+      for (int h = 0; h < kKvHeads; ++h) {
+        auto live = cache->LiveTokens(seq, l, h);
+        ASSERT_TRUE(live.ok());
+        const int64_t list = (l * 2 + b) * kKvHeads + h;
+        int64_t slots = 0;
+        for (int t = 0; t < 2; ++t) {
+          for (int32_t j = plan.indptr[t][list]; j < plan.indptr[t][list + 1]; ++j) {
+            seen.push_back(plan.ids[t][j]);
+            slots += plan.slots[t][j];
+          }
+        }
+        // Written slots hold the live tokens and the dead ones.
+        EXPECT_GE(slots, static_cast<int64_t>(live->size()));
+        if (!live->empty()) EXPECT_GT(slots, 0);
+      }
+    }
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end()) << "a page listed twice";
+  EXPECT_EQ(static_cast<int64_t>(seen.size()), cache->pool().used_pages());
+  cache->AbortStep();
+  EXPECT_EQ(cache->step(), nullptr);
+  for (int64_t seq = 0; seq < 2; ++seq) EXPECT_EQ(*cache->Length(seq), lengths[seq]);
+}
+
 TEST(PagedKvCache, ErrorsNameTheProblemAndLeaveNothingBehind) {
   auto cpu = kernels::CpuBackend::Create();
   ASSERT_TRUE(cpu.ok());
@@ -267,20 +392,35 @@ TEST(PagedKvCache, ErrorsNameTheProblemAndLeaveNothingBehind) {
   std::vector<float> x(64 * kRow * kLayers, 0.5f), out(64 * kHeads * kDim);
   ASSERT_TRUE(cache->AddSequence(1, 40).ok());
   EXPECT_EQ(cache->AddSequence(1, 40).code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(cache->Write(2, 0, x.data(), x.data(), 1).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(cache->Write(1, 0, x.data(), x.data(), 41).code(),
+  EXPECT_EQ(cache->BeginStep({{.seq = 2, .tokens = 1}}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(cache->BeginStep({{.seq = 1, .tokens = 41}}).code(),
             absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(cache->Attend(1, 0, x.data(), 1, out.data()).code(),
+  EXPECT_EQ(cache->BeginStep({{.seq = 1, .tokens = 0}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(cache->BeginStep({{.seq = 1, .tokens = 1}, {.seq = 1, .tokens = 1}}).message(),
+              ::testing::HasSubstr("twice"));
+  EXPECT_EQ(cache->Write(0, x.data(), x.data()).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(cache->BeginStep({{.seq = 1, .tokens = 2}}).ok());
+  EXPECT_EQ(cache->BeginStep({{.seq = 1, .tokens = 2}}).code(),
             absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(cache->Write(1, 0, x.data(), x.data(), 2).ok());
-  EXPECT_THAT(cache->Commit(1, 2).message(), ::testing::HasSubstr("layer 1 did not write"));
+  EXPECT_EQ(cache->Attend(0, x.data(), out.data()).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(cache->Write(kLayers, x.data(), x.data()).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(cache->Write(0, x.data(), x.data()).ok());
   EXPECT_EQ(cache->ForkSequence(1, 2, 40).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(cache->RemoveSequence(1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(cache->Evict(1, 0, 0, {}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(cache->Commit().message(), ::testing::HasSubstr("layer 1 did not write"));
+  // The failed commit closed the step and dropped what it wrote.
+  EXPECT_EQ(*cache->Length(1), 0);
+  EXPECT_EQ(cache->step(), nullptr);
+  ASSERT_TRUE(cache->ForkSequence(1, 2, 40).ok());
+  ASSERT_TRUE(cache->RemoveSequence(2).ok());
   ASSERT_TRUE(cache->RemoveSequence(1).ok());
   // 40 tokens of fp16 at head_dim 32 need 2 pages per (layer, head) (a 4 KiB page holds 31):
   // 8 pages, and the pool has 6.
   ASSERT_TRUE(cache->AddSequence(3, 100).ok());
-  for (int l = 0; l < kLayers; ++l) ASSERT_TRUE(cache->Write(3, l, x.data(), x.data(), 40).ok());
-  EXPECT_EQ(cache->Commit(3, 40).code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(cache->BeginStep({{.seq = 3, .tokens = 40}}).ok());
+  for (int l = 0; l < kLayers; ++l) ASSERT_TRUE(cache->Write(l, x.data(), x.data()).ok());
+  EXPECT_EQ(cache->Commit().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(cache->pool().used_pages(), 0);  // all or nothing
   ASSERT_TRUE(cache->RemoveSequence(3).ok());
   EXPECT_EQ(cache->RemoveSequence(3).code(), absl::StatusCode::kNotFound);
@@ -437,16 +577,13 @@ TEST(PagedKvCache, SinksAndSnapKvKeepTheirBudget) {
     // The prompt attends in every layer, as the model does: snapkv selects per layer.
     const std::vector<float> pq = Random(rng, prompt * kHeads * kDim);
     std::vector<float> pout(pq.size());
+    ASSERT_TRUE(cache->BeginStep({{.seq = 1, .tokens = prompt}}).ok());
     for (int l = 0; l < kLayers; ++l) {
-      ASSERT_TRUE(cache
-                      ->Write(1, l, all_k.data() + l * prompt * kRow,
-                              all_v.data() + l * prompt * kRow, prompt)
-                      .ok());
+      ASSERT_TRUE(
+          cache->Write(l, all_k.data() + l * prompt * kRow, all_v.data() + l * prompt * kRow).ok());
     }
-    for (int l = 0; l < kLayers; ++l) {
-      ASSERT_TRUE(cache->Attend(1, l, pq.data(), prompt, pout.data()).ok());
-    }
-    ASSERT_TRUE(cache->Commit(1, prompt).ok());
+    for (int l = 0; l < kLayers; ++l) ASSERT_TRUE(cache->Attend(l, pq.data(), pout.data()).ok());
+    ASSERT_TRUE(cache->Commit().ok());
     all_k.resize(prompt * kRow);  // layer 0's rows, which the checks below attend over
     all_v.resize(prompt * kRow);
     for (int64_t i = 0; i < steps; ++i) {
@@ -556,16 +693,22 @@ TEST(PagedKvCache, CodedFlushThatRunsOutOfPagesRollsBack) {
   const int64_t used = cache->pool().used_pages();
   EXPECT_EQ(used, kLayers * kKvHeads);
   // 1024 tokens need far more than the 6 pages left.
-  const int64_t big = 1024 - n;
+  const int64_t big = 1024 - n - 1;
   const std::vector<float> k = Random(rng, kLayers * big * kRow);
+  ASSERT_TRUE(cache->BeginStep({{.seq = 1, .tokens = big}}).ok());
   for (int l = 0; l < kLayers; ++l) {
-    ASSERT_TRUE(cache->Write(1, l, k.data() + l * big * kRow, k.data() + l * big * kRow, big).ok());
+    ASSERT_TRUE(cache->Write(l, k.data() + l * big * kRow, k.data() + l * big * kRow).ok());
   }
-  EXPECT_EQ(cache->Commit(1, big).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(cache->Commit().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(cache->pool().used_pages(), used);
-  // The pages already written still attend as before the failed flush.
+  // The pages already written still attend as before the failed flush (a step aborted after).
   std::vector<float> out(kHeads * kDim);
-  EXPECT_TRUE(cache->Attend(1, 0, Random(rng, kHeads * kDim).data(), 0, out.data()).ok());
+  const std::vector<float> one = Random(rng, kRow);
+  ASSERT_TRUE(cache->BeginStep({{.seq = 1, .tokens = 1}}).ok());
+  for (int l = 0; l < kLayers; ++l) ASSERT_TRUE(cache->Write(l, one.data(), one.data()).ok());
+  EXPECT_TRUE(cache->Attend(0, Random(rng, kHeads * kDim).data(), out.data()).ok());
+  for (float x : out) EXPECT_TRUE(std::isfinite(x));
+  cache->AbortStep();
   // Another sequence still gets the free pages.
   Step(*cache, 2, Random(rng, kLayers * n * kRow), Random(rng, kLayers * n * kRow),
        Random(rng, n * kHeads * kDim), n);
@@ -627,26 +770,23 @@ TEST(PagedKvCache, LeanKvKeepsTheHeavyHitterAndEvictsTheRest) {
     const std::vector<float>&k = hh.k, &v = hh.v;
     // Every layer attends, as the model does: each scores its own tokens.
     std::vector<float> pout(hh.q.size());
+    ASSERT_TRUE(cache->BeginStep({{.seq = 1, .tokens = prompt}}).ok());
     for (int l = 0; l < kLayers; ++l) {
-      ASSERT_TRUE(
-          cache->Write(1, l, k.data() + l * prompt * kRow, v.data() + l * prompt * kRow, prompt)
-              .ok());
+      ASSERT_TRUE(cache->Write(l, k.data() + l * prompt * kRow, v.data() + l * prompt * kRow).ok());
     }
-
-    for (int l = 0; l < kLayers; ++l)
-      ASSERT_TRUE(cache->Attend(1, l, hh.q.data(), prompt, pout.data()).ok());
-    ASSERT_TRUE(cache->Commit(1, prompt).ok());
+    for (int l = 0; l < kLayers; ++l) ASSERT_TRUE(cache->Attend(l, hh.q.data(), pout.data()).ok());
+    ASSERT_TRUE(cache->Commit().ok());
     const std::vector<float> q1(hh.q.begin(), hh.q.begin() + kHeads * kDim);
     std::vector<float> out(kHeads * kDim);
     for (int64_t i = 0; i < steps; ++i) {
       const std::vector<float> k1 = Scaled(Random(rng, kLayers * kRow), 0.1f);
       const std::vector<float> v1 = Random(rng, kLayers * kRow);
+      ASSERT_TRUE(cache->BeginStep({{.seq = 1, .tokens = 1}}).ok());
       for (int l = 0; l < kLayers; ++l) {
-        ASSERT_TRUE(cache->Write(1, l, k1.data() + l * kRow, v1.data() + l * kRow, 1).ok());
+        ASSERT_TRUE(cache->Write(l, k1.data() + l * kRow, v1.data() + l * kRow).ok());
       }
-      for (int l = 0; l < kLayers; ++l)
-        ASSERT_TRUE(cache->Attend(1, l, q1.data(), 1, out.data()).ok());
-      ASSERT_TRUE(cache->Commit(1, 1).ok());
+      for (int l = 0; l < kLayers; ++l) ASSERT_TRUE(cache->Attend(l, q1.data(), out.data()).ok());
+      ASSERT_TRUE(cache->Commit().ok());
     }
     // Attention is on the heavy hitter: each query head's output is its kv-head's value row
     // (int4 values).
@@ -691,14 +831,15 @@ TEST(PagedKvCache, LeanKvTiersStayConsistentThroughGeneration) {
     const std::vector<float> v = Random(rng, kLayers * n * kRow);
     const std::vector<float> q = Random(rng, n * kHeads * kDim);
     std::vector<float> out(q.size());
+    ASSERT_TRUE(cache->BeginStep({{.seq = seq, .tokens = n}}).ok());
     for (int l = 0; l < kLayers; ++l) {
-      ASSERT_TRUE(cache->Write(seq, l, k.data() + l * n * kRow, v.data() + l * n * kRow, n).ok());
+      ASSERT_TRUE(cache->Write(l, k.data() + l * n * kRow, v.data() + l * n * kRow).ok());
     }
     for (int l = 0; l < kLayers; ++l) {
-      ASSERT_TRUE(cache->Attend(seq, l, q.data(), n, out.data()).ok());
+      ASSERT_TRUE(cache->Attend(l, q.data(), out.data()).ok());
       for (float x : out) ASSERT_TRUE(std::isfinite(x));
     }
-    ASSERT_TRUE(cache->Commit(seq, n).ok());
+    ASSERT_TRUE(cache->Commit().ok());
   };
   auto check = [&](int64_t seq) {
     const int64_t len = *cache->Length(seq);
@@ -761,14 +902,12 @@ TEST(PagedKvCache, MiniKvKeepsItsPromptSelectionAndEveryGeneratedToken) {
   const std::vector<float> v = Random(rng, kLayers * prompt * kRow);
   const std::vector<float> q = Random(rng, prompt * kHeads * kDim);
   std::vector<float> out(q.size());
+  ASSERT_TRUE(cache->BeginStep({{.seq = 1, .tokens = prompt}}).ok());
   for (int l = 0; l < kLayers; ++l) {
-    ASSERT_TRUE(
-        cache->Write(1, l, k.data() + l * prompt * kRow, v.data() + l * prompt * kRow, prompt)
-            .ok());
+    ASSERT_TRUE(cache->Write(l, k.data() + l * prompt * kRow, v.data() + l * prompt * kRow).ok());
   }
-  for (int l = 0; l < kLayers; ++l)
-    ASSERT_TRUE(cache->Attend(1, l, q.data(), prompt, out.data()).ok());
-  ASSERT_TRUE(cache->Commit(1, prompt).ok());
+  for (int l = 0; l < kLayers; ++l) ASSERT_TRUE(cache->Attend(l, q.data(), out.data()).ok());
+  ASSERT_TRUE(cache->Commit().ok());
   for (int64_t i = 0; i < steps; ++i) {
     Step(*cache, 1, Random(rng, kLayers * kRow), Random(rng, kLayers * kRow),
          Random(rng, kHeads * kDim), 1);

@@ -44,17 +44,18 @@ std::unique_ptr<PagedKvCache> MakeCache(kernels::Backend& backend, std::string_v
 std::vector<float> Step(PagedKvCache& cache, int64_t seq, int64_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<float> outs;
+  EXPECT_TRUE(cache.BeginStep({{.seq = seq, .tokens = n}}).ok());
   for (int l = 0; l < kLayers; ++l) {
     const std::vector<float> k = Random(rng, n * kRow), v = Random(rng, n * kRow);
     const std::vector<float> q = Random(rng, n * kHeads * kDim);
     std::vector<float> out(n * kHeads * kDim);
-    EXPECT_TRUE(cache.Write(seq, l, k.data(), v.data(), n).ok());
-    const absl::Status st = cache.Attend(seq, l, q.data(), n, out.data());
+    EXPECT_TRUE(cache.Write(l, k.data(), v.data()).ok());
+    const absl::Status st = cache.Attend(l, q.data(), out.data());
     EXPECT_TRUE(st.ok()) << st;
-    EXPECT_TRUE(cache.LayerDone(seq, l, n).ok());  // as LlamaModel::Forward says
+    EXPECT_TRUE(cache.LayerDone(l).ok());  // as LlamaModel::Forward says
     outs.insert(outs.end(), out.begin(), out.end());
   }
-  const absl::Status st = cache.Commit(seq, n);
+  const absl::Status st = cache.Commit();
   EXPECT_TRUE(st.ok()) << st;
   return outs;
 }
@@ -320,8 +321,11 @@ TEST(Transfer, UncommittedTokensAreNotExported) {
   ASSERT_TRUE(a->AddSequence(1, 100).ok());
   Step(*a, 1, 10, 1);
   std::vector<float> k(kRow), v(kRow);
-  ASSERT_TRUE(a->Write(1, 0, k.data(), v.data(), 1).ok());
+  ASSERT_TRUE(a->BeginStep({{.seq = 1, .tokens = 1}}).ok());
+  ASSERT_TRUE(a->Write(0, k.data(), v.data()).ok());
   EXPECT_EQ(a->ExportSequence(1).status().code(), absl::StatusCode::kFailedPrecondition);
+  a->AbortStep();
+  EXPECT_TRUE(a->ExportSequence(1).ok());
   EXPECT_EQ(a->ExportSequence(2).status().code(), absl::StatusCode::kNotFound);
 }
 

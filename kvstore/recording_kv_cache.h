@@ -23,15 +23,22 @@ class RecordingKvCache final : public model::KvCache {
   }
   absl::Status RemoveSequence(int64_t seq) override { return inner_->RemoveSequence(seq); }
   absl::StatusOr<int64_t> Length(int64_t seq) const override { return inner_->Length(seq); }
-  absl::Status Write(int64_t seq, int layer, const float* k, const float* v, int64_t n) override {
-    k_[layer].insert(k_[layer].end(), k, k + n * row_);
-    v_[layer].insert(v_[layer].end(), v, v + n * row_);
-    return inner_->Write(seq, layer, k, v, n);
+  absl::Status BeginStep(absl::Span<const model::StepEntry> batch) override {
+    rows_ = 0;
+    for (const model::StepEntry& e : batch) rows_ += e.tokens;
+    return inner_->BeginStep(batch);
   }
-  absl::Status Attend(int64_t seq, int layer, const float* q, int64_t n, float* out) override {
-    return inner_->Attend(seq, layer, q, n, out);
+  absl::Status Write(int layer, const float* k, const float* v) override {
+    k_[layer].insert(k_[layer].end(), k, k + rows_ * row_);
+    v_[layer].insert(v_[layer].end(), v, v + rows_ * row_);
+    return inner_->Write(layer, k, v);
   }
-  absl::Status Commit(int64_t seq, int64_t n) override { return inner_->Commit(seq, n); }
+  absl::Status Attend(int layer, const float* q, float* out) override {
+    return inner_->Attend(layer, q, out);
+  }
+  absl::Status LayerDone(int layer) override { return inner_->LayerDone(layer); }
+  absl::Status Commit() override { return inner_->Commit(); }
+  void AbortStep() override { inner_->AbortStep(); }
 
   // Every row written to `layer`: [tokens, kv_heads, head_dim].
   const std::vector<float>& k(int layer) const { return k_[layer]; }
@@ -41,6 +48,7 @@ class RecordingKvCache final : public model::KvCache {
   std::unique_ptr<model::KvCache> inner_;
   std::vector<std::vector<float>> k_, v_;
   const int64_t row_;
+  int64_t rows_ = 0;  // the open step's
 };
 
 }  // namespace sluice::kvstore

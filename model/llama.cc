@@ -135,26 +135,45 @@ absl::Status LlamaModel::Matmul(const float* x, const Weight& w, float* y, int64
 
 absl::Status LlamaModel::Forward(absl::Span<const ForwardEntry> batch, KvCache& cache,
                                  float* logits) {
-  const LlamaConfig& c = config_;
   if (batch.empty()) return absl::OkStatus();
-  // Flatten every entry's new tokens into one [m, hidden] activation matrix.
-  std::vector<int32_t> ids, positions;
-  std::vector<int64_t> starts, lengths;  // per entry: first row and committed length before
+  std::vector<StepEntry> step;
+  step.reserve(batch.size());
+  for (const ForwardEntry& e : batch) {
+    step.push_back({.seq = e.seq, .tokens = static_cast<int64_t>(e.tokens.size())});
+  }
+  // The positions are the committed lengths, which BeginStep checks; look them up first so a
+  // bad entry fails before the step opens.
+  std::vector<int64_t> lengths;
   for (const ForwardEntry& e : batch) {
     if (e.tokens.empty()) {
       return absl::InvalidArgumentError(absl::StrFormat("sequence %d has no new tokens", e.seq));
     }
     SLUICE_ASSIGN_OR_RETURN(int64_t len, cache.Length(e.seq));
-    starts.push_back(static_cast<int64_t>(ids.size()));
     lengths.push_back(len);
-    for (size_t j = 0; j < e.tokens.size(); ++j) {
-      const int32_t t = e.tokens[j];
+  }
+  SLUICE_RETURN_IF_ERROR(cache.BeginStep(step));
+  absl::Status st = RunStep(batch, lengths, cache, logits);
+  if (!st.ok()) cache.AbortStep();
+  return st;
+}
+
+absl::Status LlamaModel::RunStep(absl::Span<const ForwardEntry> batch,
+                                 absl::Span<const int64_t> lengths, KvCache& cache, float* logits) {
+  const LlamaConfig& c = config_;
+  // Flatten every entry's new tokens into one [m, hidden] activation matrix.
+  std::vector<int32_t> ids, positions;
+  std::vector<int64_t> starts;  // per entry: its first row
+  for (size_t e = 0; e < batch.size(); ++e) {
+    starts.push_back(static_cast<int64_t>(ids.size()));
+    for (size_t j = 0; j < batch[e].tokens.size(); ++j) {
+      const int32_t t = batch[e].tokens[j];
       if (t < 0 || t >= c.vocab) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "token id %d of sequence %d is outside the vocabulary [0, %d)", t, e.seq, c.vocab));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("token id %d of sequence %d is outside the vocabulary [0, %d)", t,
+                            batch[e].seq, c.vocab));
       }
       ids.push_back(t);
-      positions.push_back(static_cast<int32_t>(len + j));
+      positions.push_back(static_cast<int32_t>(lengths[e] + j));
     }
   }
   const int64_t m = static_cast<int64_t>(ids.size());
@@ -194,17 +213,9 @@ absl::Status LlamaModel::Forward(absl::Span<const ForwardEntry> batch, KvCache& 
                                             .theta_base = c.rope_theta,
                                             .neox = false}));
     }
-    for (size_t e = 0; e < batch.size(); ++e) {
-      const int64_t n = static_cast<int64_t>(batch[e].tokens.size());
-      const int64_t row = starts[e];
-      SLUICE_RETURN_IF_ERROR(
-          cache.Write(batch[e].seq, li, k.data() + row * kv_dim, v.data() + row * kv_dim, n));
-      SLUICE_RETURN_IF_ERROR(
-          cache.Attend(batch[e].seq, li, q.data() + row * q_dim, n, attn.data() + row * q_dim));
-    }
-    for (const ForwardEntry& e : batch) {
-      SLUICE_RETURN_IF_ERROR(cache.LayerDone(e.seq, li, static_cast<int64_t>(e.tokens.size())));
-    }
+    SLUICE_RETURN_IF_ERROR(cache.Write(li, k.data(), v.data()));
+    SLUICE_RETURN_IF_ERROR(cache.Attend(li, q.data(), attn.data()));
+    SLUICE_RETURN_IF_ERROR(cache.LayerDone(li));
     SLUICE_RETURN_IF_ERROR(Matmul(attn.data(), l.o, proj.data(), m, c.hidden, q_dim));
     add(proj);
     SLUICE_RETURN_IF_ERROR(backend_.RmsNorm({.x = x.data(),
@@ -220,10 +231,7 @@ absl::Status LlamaModel::Forward(absl::Span<const ForwardEntry> batch, KvCache& 
     SLUICE_RETURN_IF_ERROR(Matmul(gate.data(), l.down, proj.data(), m, c.hidden, c.ffn));
     add(proj);
   }
-  for (size_t e = 0; e < batch.size(); ++e) {
-    SLUICE_RETURN_IF_ERROR(
-        cache.Commit(batch[e].seq, static_cast<int64_t>(batch[e].tokens.size())));
-  }
+  SLUICE_RETURN_IF_ERROR(cache.Commit());
 
   // Only each entry's last token needs logits.
   const int64_t b = static_cast<int64_t>(batch.size());

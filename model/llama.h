@@ -73,6 +73,9 @@ class LlamaModel {
       : config_(std::move(config)), backend_(backend) {}
 
   absl::Status Matmul(const float* x, const Weight& w, float* y, int64_t m, int64_t n, int64_t k);
+  // Forward's pass once the cache's step is open; `lengths` are the entries' committed tokens.
+  absl::Status RunStep(absl::Span<const ForwardEntry> batch, absl::Span<const int64_t> lengths,
+                       KvCache& cache, float* logits);
 
   LlamaConfig config_;
   kernels::Backend& backend_;
