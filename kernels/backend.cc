@@ -463,6 +463,27 @@ absl::Status Backend::KvQuantize(const KvQuantizeParams& p) {
   return DoKvQuantize(p);
 }
 
+absl::Status Backend::KvQuantizeBatch(absl::Span<const KvQuantizeParams> items) {
+  if (!Supports(Op::kKvQuantize)) return Unsupported(Op::kKvQuantize);
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (absl::Status st = ValidateKvQuantize(items[i]); !st.ok()) {
+      return absl::Status(st.code(), absl::StrFormat("item %d: %s", i, st.message()));
+    }
+  }
+  return DoKvQuantizeBatch(items);
+}
+
+absl::Status Backend::DoKvQuantizeBatch(absl::Span<const KvQuantizeParams> items) {
+  for (const KvQuantizeParams& p : items) {
+    if (p.tokens == 0) {
+      if (p.tokens_written != nullptr) *p.tokens_written = 0;
+      continue;
+    }
+    SLUICE_RETURN_IF_ERROR(DoKvQuantize(p));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Backend::KvDequantize(const KvDequantizeParams& p) {
   if (!Supports(Op::kKvDequantize)) return Unsupported(Op::kKvDequantize);
   SLUICE_RETURN_IF_ERROR(ValidateKvDequantize(p));

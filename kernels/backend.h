@@ -62,6 +62,10 @@ class Backend {
   absl::Status Softmax(const SoftmaxParams& p);
   absl::Status Attention(const AttentionParams& p);
   absl::Status KvQuantize(const KvQuantizeParams& p);
+  // Many KvQuantize calls as one (a decode step's new tokens, every sequence's): each item is
+  // validated as a call of its own; items must write distinct pages (the CPU backend runs them in
+  // parallel).
+  absl::Status KvQuantizeBatch(absl::Span<const KvQuantizeParams> items);
   absl::Status KvDequantize(const KvDequantizeParams& p);
   absl::Status PagedAttention(const PagedAttentionParams& p);
   // Validates the batch as a whole and each sequence as a PagedAttentionParams of its own, then
@@ -77,6 +81,8 @@ class Backend {
   virtual absl::Status DoSoftmax(const SoftmaxParams& p);
   virtual absl::Status DoAttention(const AttentionParams& p);
   virtual absl::Status DoKvQuantize(const KvQuantizeParams& p);
+  // The default runs the items one after the other through DoKvQuantize.
+  virtual absl::Status DoKvQuantizeBatch(absl::Span<const KvQuantizeParams> items);
   virtual absl::Status DoKvDequantize(const KvDequantizeParams& p);
   virtual absl::Status DoPagedAttention(const PagedAttentionParams& p);
   // `sequences` are the batch's sequences as calls of their own (their page refs resolved from

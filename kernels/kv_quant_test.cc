@@ -140,6 +140,69 @@ TEST_P(KvQuantizeTest, PagesMatchReferenceBytes) {
   }
 }
 
+// Every format at once, each item into a page of its own at a random token group: the bytes of
+// each page are what a call of its own gives on the reference backend.
+TEST_P(KvQuantizeTest, BatchWritesWhatEachCallWould) {
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  const std::vector<KvTierFormat> formats = Formats();
+  std::vector<KvPageLayout> layouts;
+  std::vector<std::vector<float>> rows;  // k, v per item
+  std::vector<std::vector<uint8_t>> want;
+  std::vector<GuardedBuffer> buffers;  // k, v, page per item
+  std::vector<KvQuantizeParams> items;
+  for (const KvTierFormat& f : formats) {
+    auto layout = ComputePageLayout(f);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    layouts.push_back(*layout);
+  }
+  for (size_t i = 0; i < formats.size(); ++i) {
+    const KvTierFormat& f = formats[i];
+    const KvPageLayout& l = layouts[i];
+    const int64_t g = l.token_group, groups = l.tokens / g;
+    const int64_t slot = g * static_cast<int64_t>(rng() % groups);
+    const int64_t tokens = g * (1 + static_cast<int64_t>(rng() % (groups - slot / g)));
+    const std::vector<float> k = KvRows(rng, tokens, f.head_dim, true);
+    const std::vector<float> v = KvRows(rng, tokens, f.head_dim, false);
+    KvQuantizeParams p{.k = k.data(),
+                       .v = v.data(),
+                       .stride = f.head_dim,
+                       .tokens = tokens,
+                       .format = f,
+                       .layout = l,
+                       .slot = slot};
+    want.emplace_back(f.page_bytes, 0);
+    p.page = want.back().data();
+    ref::KvQuantize(p);
+    for (const std::vector<float>* src : {&k, &v}) {
+      auto b = GuardedBuffer::Create(*backend_, src->size());
+      ASSERT_TRUE(b.ok() && b->Upload(*src).ok());
+      buffers.push_back(std::move(*b));
+    }
+    auto page = GuardedBuffer::Create(*backend_, f.page_bytes / 4);
+    ASSERT_TRUE(page.ok() && page->Upload(std::vector<float>(f.page_bytes / 4, 0.f)).ok());
+    buffers.push_back(std::move(*page));
+    p.k = buffers[buffers.size() - 3].data();
+    p.v = buffers[buffers.size() - 2].data();
+    p.page = reinterpret_cast<uint8_t*>(buffers.back().data());
+    items.push_back(p);
+  }
+  const absl::Status st = backend_->KvQuantizeBatch(items);
+  ASSERT_TRUE(st.ok()) << st;
+  for (size_t i = 0; i < items.size(); ++i) {
+    auto got = buffers[3 * i + 2].DownloadChecked();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(std::memcmp(got->data(), want[i].data(), want[i].size()), 0)
+        << KvTierFormatName(formats[i]) << " (item " << i << ")";
+  }
+  items[1].slot = 1;  // off its token group or past the page: refused, named
+  items[1].tokens = layouts[1].tokens;
+  const absl::Status bad = backend_->KvQuantizeBatch(items);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_THAT(bad.message(), ::testing::HasSubstr("item 1")) << bad;
+}
+
 TEST_P(KvQuantizeTest, RejectsWritesOffTheTokenGroup) {
   const KvTierFormat f = Formats()[2];  // K per channel, groups of 32 tokens
   auto layout = ComputePageLayout(f);

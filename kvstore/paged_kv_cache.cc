@@ -440,16 +440,31 @@ absl::Status PagedKvCache::Commit() {
   const std::vector<Seq*> seqs = std::move(step_seqs_);
   step_.reset();
   step_seqs_.clear();
-  for (size_t b = 0; b < plan.entries.size(); ++b) {
-    Seq& s = *seqs[b];
-    const int64_t n = plan.entries[b].tokens;
-    s.length += n;
-    PolicyView view(*this, plan.entries[b].seq, s);
-    TierChoice choice;
-    SLUICE_RETURN_IF_ERROR(Flush(s, view, &choice));
-    SLUICE_RETURN_IF_ERROR(policy_->AfterCommit(view, n, choice));
+  // Every sequence's window tokens bound for pages are placed first and quantized in one
+  // backend call for the whole step; then the windows shrink and the policies act.
+  const size_t n_batch = plan.entries.size();
+  std::vector<int64_t> flushed(n_batch, 0);
+  std::vector<TierChoice> choices(n_batch);
+  QuantizeBatch batch;
+  absl::Status st;
+  size_t planned = 0;
+  for (; planned < n_batch && st.ok(); ++planned) {
+    Seq& s = *seqs[planned];
+    s.length += plan.entries[planned].tokens;
+    PolicyView view(*this, plan.entries[planned].seq, s);
+    absl::StatusOr<int64_t> f = PlanFlush(s, view, &choices[planned], &batch);
+    if (f.ok()) flushed[planned] = *f;
+    st = f.status();
   }
-  return absl::OkStatus();
+  if (!st.ok()) --planned;  // the failed one placed nothing
+  SLUICE_RETURN_IF_ERROR(RunQuantizeBatch(batch));
+  for (size_t b = 0; b < planned; ++b) {
+    Seq& s = *seqs[b];
+    SLUICE_RETURN_IF_ERROR(FinishFlush(s, flushed[b]));
+    PolicyView view(*this, plan.entries[b].seq, s);
+    SLUICE_RETURN_IF_ERROR(policy_->AfterCommit(view, plan.entries[b].tokens, choices[b]));
+  }
+  return st;
 }
 
 void PagedKvCache::AbortStep() {
@@ -513,7 +528,9 @@ absl::Status PagedKvCache::LayerDone(int layer) {
     }
     const int64_t flush = FlushCount(s, s.length + step_->entries[b].tokens);
     if (flush > 0) {
-      SLUICE_RETURN_IF_ERROR(FlushFixed(s, flush, nullptr, layer));
+      QuantizeBatch batch;
+      SLUICE_RETURN_IF_ERROR(FlushFixed(s, flush, nullptr, layer, &batch));
+      SLUICE_RETURN_IF_ERROR(RunQuantizeBatch(batch));
       s.k[layer].erase(s.k[layer].begin(), s.k[layer].begin() + flush * row_);
       s.v[layer].erase(s.v[layer].begin(), s.v[layer].begin() + flush * row_);
     }
@@ -530,7 +547,8 @@ absl::Status PagedKvCache::LayerDone(int layer) {
   return absl::OkStatus();
 }
 
-absl::Status PagedKvCache::Flush(Seq& s, policy::SequenceView& view, TierChoice* choice) {
+absl::StatusOr<int64_t> PagedKvCache::PlanFlush(Seq& s, policy::SequenceView& view,
+                                                TierChoice* choice, QuantizeBatch* batch) {
   const int64_t flush = FlushCount(s, s.length);
   if (!s.early.empty()) {
     // Streamed: every layer moved its tokens to pages when it was done.
@@ -544,15 +562,28 @@ absl::Status PagedKvCache::Flush(Seq& s, policy::SequenceView& view, TierChoice*
       }
     }
     s.compressed += flush;
-    return absl::OkStatus();
+    return 0;
   }
-  if (flush <= 0) return absl::OkStatus();
+  if (flush <= 0) return 0;
   if (options_.preset.high.huffman_bits > 0) {
     SLUICE_RETURN_IF_ERROR(FlushCoded(s, flush));
   } else {
     *choice = policy_->ChooseTiers(view, flush);
-    SLUICE_RETURN_IF_ERROR(FlushFixed(s, flush, choice->empty() ? nullptr : choice));
+    SLUICE_RETURN_IF_ERROR(FlushFixed(s, flush, choice->empty() ? nullptr : choice, -1, batch));
   }
+  return flush;
+}
+
+absl::Status PagedKvCache::RunQuantizeBatch(QuantizeBatch& batch) {
+  SLUICE_RETURN_IF_ERROR(backend_.KvQuantizeBatch(batch.items));
+  // Padding rows of a last token group: dead slots.
+  for (const QuantizeBatch::DeadSlot& d : batch.dead) ClearSlot(ValidBits(d.page, d.tier), d.slot);
+  batch = QuantizeBatch();
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::FinishFlush(Seq& s, int64_t flush) {
+  if (flush <= 0) return absl::OkStatus();
   for (int l = 0; l < options_.layers; ++l) {
     s.k[l].erase(s.k[l].begin(), s.k[l].begin() + flush * row_);
     s.v[l].erase(s.v[l].begin(), s.v[l].begin() + flush * row_);
@@ -570,7 +601,7 @@ absl::Status PagedKvCache::Flush(Seq& s, policy::SequenceView& view, TierChoice*
 }
 
 absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush, const TierChoice* choice,
-                                      int only_layer) {
+                                      int only_layer, QuantizeBatch* batch) {
   const int64_t d = options_.head_dim, group = layout_.token_group;
   const int64_t lists = static_cast<int64_t>(s.heads.size());
   const int64_t first = only_layer >= 0 ? only_layer * options_.kv_heads : 0;
@@ -608,7 +639,6 @@ absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush, const TierChoice* c
     return absl::ResourceExhaustedError(absl::StrFormat(
         "KV page pool exhausted while compressing %d tokens of sequence: %s", flush, st.message()));
   }
-  std::vector<float> k, v;  // gathered rows
   for (int64_t i = 0; i < lists * 2; ++i) {
     const int layer = static_cast<int>(i / 2 / options_.kv_heads);
     const int64_t h = i / 2 % options_.kv_heads;
@@ -621,8 +651,9 @@ absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush, const TierChoice* c
     const float* src_v = s.v[layer].data() + h * d;
     int64_t stride = row_;
     if (n < flush) {
-      k.resize(padded * d);
-      v.resize(padded * d);
+      // The rows this list keeps, gathered (kept until the batch is quantized).
+      std::vector<float>& k = batch->rows.emplace_back(padded * d);
+      std::vector<float>& v = batch->rows.emplace_back(padded * d);
       for (int64_t r = 0; r < padded; ++r) {
         const int64_t from = rows[i][std::min(r, n - 1)];
         std::memcpy(&k[r * d], src_k + from * row_, d * sizeof(float));
@@ -633,14 +664,14 @@ absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush, const TierChoice* c
       stride = d;
     }
     int64_t next = offsets[i];
-    SLUICE_RETURN_IF_ERROR(WriteRows(hp, tier, src_k, src_v, stride, padded, fresh, &next));
+    SLUICE_RETURN_IF_ERROR(WriteRows(hp, tier, src_k, src_v, stride, padded, fresh, &next, batch));
     TierPages& tp = hp.tier[tier];
     for (int64_t t : rows[i]) tp.positions.push_back(static_cast<int32_t>(s.compressed + t));
     // Padding: dead slots, listed under the last row's position (positions stay sorted).
     for (int64_t r = n; r < padded; ++r) tp.positions.push_back(tp.positions.back());
-    int64_t slot = tp.slots.back() - (padded - n);
-    uint64_t* valid = ValidBits(hp.page(tier, hp.count(tier) - 1), tier);
-    for (int64_t r = n; r < padded; ++r, ++slot) ClearSlot(valid, slot);
+    int32_t slot = tp.slots.back() - static_cast<int32_t>(padded - n);
+    const PageId last = hp.page(tier, hp.count(tier) - 1);
+    for (int64_t r = n; r < padded; ++r, ++slot) batch->dead.push_back({last, tier, slot});
   }
   for (HeadPages& hp : s.heads) {  // the dropped tokens' evictions are done
     auto& pending = hp.pending;
@@ -652,7 +683,7 @@ absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush, const TierChoice* c
 
 absl::Status PagedKvCache::WriteRows(HeadPages& hp, int t, const float* k, const float* v,
                                      int64_t stride, int64_t n, const std::vector<PageId>& fresh,
-                                     int64_t* next) {
+                                     int64_t* next, QuantizeBatch* batch) {
   const kernels::KvPageLayout& layout = layouts_[t];
   TierPages& tp = hp.tier[t];
   for (int64_t t0 = 0; t0 < n;) {
@@ -664,14 +695,14 @@ absl::Status PagedKvCache::WriteRows(HeadPages& hp, int t, const float* k, const
       tp.last_closed = false;
     }
     const int64_t chunk = std::min<int64_t>(n - t0, layout.tokens - tp.slots.back());
-    SLUICE_RETURN_IF_ERROR(backend_.KvQuantize({.k = k + t0 * stride,
-                                                .v = v + t0 * stride,
-                                                .stride = stride,
-                                                .tokens = chunk,
-                                                .format = formats_[t],
-                                                .layout = layout,
-                                                .page = pool_->data(hp.page(t, hp.count(t) - 1)),
-                                                .slot = tp.slots.back()}));
+    batch->items.push_back({.k = k + t0 * stride,
+                            .v = v + t0 * stride,
+                            .stride = stride,
+                            .tokens = chunk,
+                            .format = formats_[t],
+                            .layout = layout,
+                            .page = pool_->data(hp.page(t, hp.count(t) - 1)),
+                            .slot = tp.slots.back()});
     tp.slots.back() += static_cast<int32_t>(chunk);
     t0 += chunk;
   }
@@ -912,7 +943,9 @@ absl::Status PagedKvCache::Demote(HeadPages& hp, int64_t position, int32_t page,
     fresh.push_back(id);
   }
   int64_t next = 0;
-  SLUICE_RETURN_IF_ERROR(WriteRows(hp, 1, k.data(), v.data(), d, 1, fresh, &next));
+  QuantizeBatch batch;
+  SLUICE_RETURN_IF_ERROR(WriteRows(hp, 1, k.data(), v.data(), d, 1, fresh, &next, &batch));
+  SLUICE_RETURN_IF_ERROR(RunQuantizeBatch(batch));
   hp.tier[1].positions.push_back(static_cast<int32_t>(position));
   SLUICE_RETURN_IF_ERROR(EvictPaged(hp, {position}));  // finds the high-tier copy first
   ++demoted_;

@@ -16,6 +16,7 @@
 #define SLUICE_KVSTORE_PAGED_KV_CACHE_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -251,19 +252,42 @@ class PagedKvCache final : public model::KvCache {
   // options.attention_scale, or 1 / sqrt(head_dim) when it is 0.
   float AttentionScale() const;
   using TierChoice = policy::TierChoice;
-  // Moves whole token groups beyond the residual window into pages, where the policy's
-  // ChooseTiers (shown `view`) places them; *choice is that placement.
-  absl::Status Flush(Seq& s, policy::SequenceView& view, TierChoice* choice);
-  // Fixed-width formats: quantizes the first `flush` window tokens of every list into the
-  // tier `choice` gives them (high without one), dropping those evicted while in the window.
-  // `only_layer` >= 0: that layer's lists only (StreamLayers).
-  absl::Status FlushFixed(Seq& s, int64_t flush, const TierChoice* choice, int only_layer = -1);
+  // Quantization that a commit (or a layer streamed, or a demotion) places first and runs as
+  // one backend call (Backend::KvQuantizeBatch) once every list of the step has its slots.
+  struct QuantizeBatch {
+    std::vector<kernels::KvQuantizeParams> items;
+    std::deque<std::vector<float>> rows;  // gathered rows the items read
+    struct DeadSlot {
+      PageId page;
+      int tier;
+      int32_t slot;
+    };
+    std::vector<DeadSlot> dead;  // padding slots, cleared once the items ran
+  };
+  // A commit's flush, first half: places the whole token groups beyond the residual window in
+  // pages, where the policy's ChooseTiers (shown `view`) puts them (*choice), adding their
+  // quantization to `batch`; returns the tokens placed, for FinishFlush. Huffman-coded presets
+  // quantize here, unit by unit.
+  absl::StatusOr<int64_t> PlanFlush(Seq& s, policy::SequenceView& view, TierChoice* choice,
+                                    QuantizeBatch* batch);
+  // Runs the batch's quantization and marks its padding slots dead; empties it.
+  absl::Status RunQuantizeBatch(QuantizeBatch& batch);
+  // Second half, once the batch ran: the window lets go of the `flush` tokens now in pages, and
+  // evictions that waited for them happen.
+  absl::Status FinishFlush(Seq& s, int64_t flush);
+  // Fixed-width formats: places the first `flush` window tokens of every list into the tier
+  // `choice` gives them (high without one), dropping those evicted while in the window, their
+  // quantization added to `batch`. `only_layer` >= 0: that layer's lists only (StreamLayers).
+  absl::Status FlushFixed(Seq& s, int64_t flush, const TierChoice* choice, int only_layer,
+                          QuantizeBatch* batch);
   // The window tokens the next Flush moves to pages when the sequence has `length` tokens.
   int64_t FlushCount(const Seq& s, int64_t length) const;
-  // Quantizes n rows (row r at k + r * stride) into tier t of `hp` after its written slots,
-  // taking fresh pages from `fresh` (advancing *next) when the last one is full.
+  // Places n rows (row r at k + r * stride) in tier t of `hp` after its written slots, taking
+  // fresh pages from `fresh` (advancing *next) when the last one is full; their quantization
+  // goes to `batch`.
   absl::Status WriteRows(HeadPages& hp, int t, const float* k, const float* v, int64_t stride,
-                         int64_t n, const std::vector<PageId>& fresh, int64_t* next);
+                         int64_t n, const std::vector<PageId>& fresh, int64_t* next,
+                         QuantizeBatch* batch);
   // Evicts committed `positions` of one list (checked against s.length): paged ones at once,
   // window ones into hp.pending.
   absl::Status EvictList(int64_t seq, Seq& s, HeadPages& hp, absl::Span<const int64_t> positions);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/get_rows.h"
 #include "kernels/cpu/kv_quant.h"
@@ -76,6 +77,24 @@ absl::Status CpuBackend::DoKvQuantize(const KvQuantizeParams& p) {
     return KvQuantizeHuffman(p, [&](const KvQuantizeParams& unit) { cpu::KvQuantize(unit, isa_); });
   }
   cpu::KvQuantize(p, isa_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DoKvQuantizeBatch(absl::Span<const KvQuantizeParams> items) {
+  // Fixed-width items on the threads; coded ones (which fill pages unit by unit) after them.
+  const int64_t n = static_cast<int64_t>(items.size());
+#pragma omp parallel for num_threads(threads_) schedule(dynamic, 1) if (threads_ > 1 && n > 1)
+  for (int64_t i = 0; i < n; ++i) {
+    if (items[i].format.huffman_bits == 0 && items[i].tokens > 0) cpu::KvQuantize(items[i], isa_);
+  }
+  for (const KvQuantizeParams& p : items) {
+    if (p.format.huffman_bits == 0) continue;
+    if (p.tokens == 0) {
+      *p.tokens_written = 0;
+      continue;
+    }
+    SLUICE_RETURN_IF_ERROR(DoKvQuantize(p));
+  }
   return absl::OkStatus();
 }
 
