@@ -311,12 +311,16 @@ TEST_P(BatchPagedAttentionTest, EachSequenceAsItsOwnCall) {
   const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
   // q_tokens is each sequence's most; recent its most beyond its queries.
-  const std::vector<Case> cases = {Case{3, 9, 3, 64, 20, 4, true},
-                                   Case{1, 8, 2, 128, 70, 3, false, true},
-                                   Case{6, 4, 4, 32, 5, 3, false}, Case{2, 9, 3, 64, 3, 5, true}};
+  // The last two: a decode step (one query each, no scores), which the CUDA backend runs as
+  // one plan, with the KIVI kernel and with the generic one.
+  const std::vector<Case> cases = {
+      Case{3, 9, 3, 64, 20, 4, true},         Case{1, 8, 2, 128, 70, 3, false, true},
+      Case{6, 4, 4, 32, 5, 3, false},         Case{2, 9, 3, 64, 3, 5, true},
+      Case{1, 8, 2, 128, 70, 3, false, true}, Case{1, 9, 3, 64, 20, 4, true}};
   for (const Case& c : cases) {
     const int64_t index = &c - &*cases.begin();
-    const bool scores = index != 2, per_head = index == 3;
+    const bool decode_step = index >= 4;
+    const bool scores = index != 2 && !decode_step, per_head = index == 3;
     const int64_t batch = 1 + static_cast<int64_t>(rng() % 6);
     SCOPED_TRACE(::testing::Message()
                  << "case " << index << " batch " << batch << " seed " << seed);
@@ -368,7 +372,8 @@ TEST_P(BatchPagedAttentionTest, EachSequenceAsItsOwnCall) {
     std::vector<int64_t> recent(batch), ps_at(batch), rs_at(batch);
     int64_t ps_size = 0, rs_size = 0;
     for (int64_t b = 0; b < batch; ++b) {
-      const int64_t q_tokens = static_cast<int64_t>(rng() % (c.q_tokens + 1)) + (b > 0 ? 1 : 0);
+      const int64_t q_tokens =
+          decode_step ? 1 : static_cast<int64_t>(rng() % (c.q_tokens + 1)) + (b > 0 ? 1 : 0);
       q_indptr.push_back(q_indptr.back() + static_cast<int32_t>(std::min(q_tokens, c.q_tokens)));
       recent[b] = (q_indptr[b + 1] - q_indptr[b]) + static_cast<int64_t>(rng() % (c.recent + 1));
       int64_t seq_slots = 0;

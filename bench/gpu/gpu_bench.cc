@@ -449,6 +449,11 @@ absl::Status Run() {
           }
           std::vector<int64_t> recent_offsets(batch + 1);
           for (int64_t b = 0; b <= batch; ++b) recent_offsets[b] = b * recent;
+          std::vector<const float*> recent_k_rows, recent_v_rows;  // each sequence's window
+          for (int64_t b = 0; b < batch; ++b) {
+            recent_k_rows.push_back(As<float>(recent_k) + b * recent * shape.kv_heads * d);
+            recent_v_rows.push_back(As<float>(recent_v) + b * recent * shape.kv_heads * d);
+          }
           const kc::DecodeBatch desc{.batch = batch,
                                      .q_tokens = 1,
                                      .heads = shape.heads,
@@ -462,8 +467,8 @@ absl::Status Run() {
                                      .pages = pages.data(),
                                      .page_offsets = offsets.data(),
                                      .recent_offsets = recent_offsets.data(),
-                                     .recent_k = As<float>(recent_k),
-                                     .recent_v = As<float>(recent_v)};
+                                     .recent_k = recent_k_rows.data(),
+                                     .recent_v = recent_v_rows.data()};
           nlohmann::json row = {{"preset", name},
                                 {"batch", batch},
                                 {"context", context},

@@ -144,6 +144,11 @@ absl::Status CudaBackend::DoPagedAttention(const PagedAttentionParams& p) {
   return kernels::cuda::PagedAttention(p, impl_->stream, &impl_->decode_workspace);
 }
 
+absl::Status CudaBackend::DoBatchPagedAttention(const BatchPagedAttentionParams& p,
+                                                absl::Span<const PagedAttentionParams> sequences) {
+  return kernels::cuda::BatchPagedAttention(p, sequences, impl_->stream, &impl_->decode_workspace);
+}
+
 absl::Status CudaBackend::DoRmsNorm(const RmsNormParams& p) {
   if (p.rows > 0x7fffffff) {
     return absl::InvalidArgumentError(

@@ -40,6 +40,8 @@ class CudaBackend final : public Backend {
   absl::Status DoKvQuantize(const KvQuantizeParams& p) override;
   absl::Status DoKvDequantize(const KvDequantizeParams& p) override;
   absl::Status DoPagedAttention(const PagedAttentionParams& p) override;
+  absl::Status DoBatchPagedAttention(const BatchPagedAttentionParams& p,
+                                     absl::Span<const PagedAttentionParams> sequences) override;
 
  private:
   struct Impl;

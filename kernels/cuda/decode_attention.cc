@@ -245,8 +245,6 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
   p.head_dim8_div = MakeFastDiv(static_cast<uint32_t>(d / 8));
   p.group_div = MakeFastDiv(static_cast<uint32_t>(g));
   p.scale = b.scale;
-  p.recent_k = b.recent_k;
-  p.recent_v = b.recent_v;
   state->kernel =
       ChooseDecodeKernel(p.tiers, p.tier_count, static_cast<int>(d), static_cast<int>(rows));
   const bool fold_recent = state->kernel.kivi_bits != 0;
@@ -312,6 +310,8 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
   arrays.Upload(&p.key_offsets, key_offsets.data(), key_offsets.size());
   arrays.Upload(&p.slot_offsets, slot_offsets.data(), slot_offsets.size());
   arrays.Upload(&p.recent_offsets, b.recent_offsets, b.batch + 1);
+  arrays.Upload(&p.recent_k, b.recent_k, b.batch);
+  arrays.Upload(&p.recent_v, b.recent_v, b.batch);
   arrays.Scratch(&p.part_m, p.chunk_count * rows);
   arrays.Scratch(&p.part_l, p.chunk_count * rows);
   arrays.Scratch(&p.part_acc, p.chunk_count * rows * d);
@@ -393,12 +393,59 @@ absl::Status PagedAttention(const PagedAttentionParams& p, cudaStream_t stream,
                                                        .pages = p.pages,
                                                        .page_offsets = p.page_offsets,
                                                        .recent_offsets = recent_offsets,
-                                                       .recent_k = p.recent_k,
-                                                       .recent_v = p.recent_v},
+                                                       .recent_k = &p.recent_k,
+                                                       .recent_v = &p.recent_v},
                                                       stream, workspace));
   SLUICE_RETURN_IF_ERROR(
       plan.Run(p.q, p.out, stream, p.page_scores, p.recent_scores, p.scores_per_head));
   // Without a workspace the plan's device memory goes with it: let the kernels finish first.
+  if (workspace == nullptr) SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
+absl::Status BatchPagedAttention(const BatchPagedAttentionParams& p,
+                                 absl::Span<const PagedAttentionParams> sequences,
+                                 cudaStream_t stream, DecodeAttentionWorkspace* workspace) {
+  const int64_t q_tokens = sequences.front().q_tokens;
+  bool one_plan = p.page_scores == nullptr && q_tokens > 0;
+  for (const PagedAttentionParams& s : sequences) one_plan &= s.q_tokens == q_tokens;
+  if (!one_plan) {
+    for (const PagedAttentionParams& s : sequences) {
+      if (s.q_tokens > 0) SLUICE_RETURN_IF_ERROR(PagedAttention(s, stream, workspace));
+    }
+    return absl::OkStatus();
+  }
+  // One page list for the batch: sequence b's lists after those of the sequences before it.
+  const int64_t batch = static_cast<int64_t>(sequences.size());
+  std::vector<KvPageRef> pages;
+  std::vector<int32_t> page_offsets = {0};
+  std::vector<int64_t> recent_offsets = {0};
+  for (const PagedAttentionParams& s : sequences) {
+    for (int64_t h = 0; h < s.kv_heads; ++h) {
+      pages.insert(pages.end(), s.pages + s.page_offsets[h], s.pages + s.page_offsets[h + 1]);
+      page_offsets.push_back(static_cast<int32_t>(pages.size()));
+    }
+    recent_offsets.push_back(recent_offsets.back() + s.recent_tokens);
+  }
+  SLUICE_ASSIGN_OR_RETURN(DecodeAttentionPlan plan,
+                          DecodeAttentionPlan::Create({.batch = batch,
+                                                       .q_tokens = q_tokens,
+                                                       .heads = p.heads,
+                                                       .kv_heads = p.kv_heads,
+                                                       .head_dim = p.head_dim,
+                                                       .scale = p.scale,
+                                                       .formats = p.formats,
+                                                       .layouts = p.layouts,
+                                                       .codebooks = p.codebooks,
+                                                       .tier_count = p.tier_count,
+                                                       .pages = pages.data(),
+                                                       .page_offsets = page_offsets.data(),
+                                                       .recent_offsets = recent_offsets.data(),
+                                                       .recent_k = p.recent_k,
+                                                       .recent_v = p.recent_v},
+                                                      stream, workspace));
+  // Sequence b's queries are rows [b * q_tokens, (b + 1) * q_tokens): q and out as they are.
+  SLUICE_RETURN_IF_ERROR(plan.Run(p.q, p.out, stream));
   if (workspace == nullptr) SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return absl::OkStatus();
 }

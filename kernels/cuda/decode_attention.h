@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/op_params.h"
 
 namespace sluice::kernels::cuda {
@@ -52,11 +53,12 @@ struct DecodeBatch {
   int32_t tier_count = 0;
   const KvPageRef* pages = nullptr;       // [page_offsets[batch * kv_heads]]; data on device
   const int32_t* page_offsets = nullptr;  // [batch * kv_heads + 1]
-  // Recent (full-precision) tokens of sequence b: rows [recent_offsets[b], recent_offsets[b+1])
-  // of recent_k / recent_v, each row [kv_heads, head_dim]; at least q_tokens per sequence.
+  // Recent (full-precision) tokens of sequence b: recent_offsets[b + 1] - recent_offsets[b] of
+  // them (at least q_tokens), rows [kv_heads, head_dim] from recent_k[b] / recent_v[b] (each
+  // sequence keeps its own window; a packed array passes pointers into itself).
   const int64_t* recent_offsets = nullptr;  // [batch + 1]
-  const float* recent_k = nullptr;          // device
-  const float* recent_v = nullptr;          // device
+  const float* const* recent_k = nullptr;   // [batch], device pointers
+  const float* const* recent_v = nullptr;   // [batch], device pointers
   // Pages per chunk; 0 lets the plan choose (enough chunks to fill the GPU twice).
   int32_t pages_per_chunk = 0;
 };
@@ -114,6 +116,14 @@ class DecodeAttentionPlan {
 // workspace, the plan is built in it and the call returns without waiting for the kernels.
 absl::Status PagedAttention(const PagedAttentionParams& p, cudaStream_t stream,
                             DecodeAttentionWorkspace* workspace = nullptr);
+
+// Backend::BatchPagedAttention on the GPU: the whole step in one plan and one launch when every
+// sequence has the same number of queries and no key scores are asked for (a decode step);
+// otherwise each sequence as PagedAttention. `sequences` are the batch's sequences as
+// Backend::BatchPagedAttention resolved them.
+absl::Status BatchPagedAttention(const BatchPagedAttentionParams& p,
+                                 absl::Span<const PagedAttentionParams> sequences,
+                                 cudaStream_t stream, DecodeAttentionWorkspace* workspace);
 
 }  // namespace sluice::kernels::cuda
 

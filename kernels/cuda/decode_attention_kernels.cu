@@ -338,11 +338,12 @@ __device__ __forceinline__ void RunRecent(const DecodeKernelParams& p, const Sme
                                           int rows_here, float* logits, int key_base) {
   const int d = p.head_dim, vt = p.view_tokens;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t base = p.recent_offsets[b];
+  const float* recent_k = p.recent_k[b];
+  const float* recent_v = p.recent_v[b];
   const int n = i1 - i0;
   for (int j = warp; j < n; j += kWarps) {
     const int i = i0 + j;
-    const float* k = p.recent_k + ((base + i) * p.kv_heads + kvh) * d;
+    const float* k = recent_k + (static_cast<int64_t>(i) * p.kv_heads + kvh) * d;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.f;
@@ -370,7 +371,7 @@ __device__ __forceinline__ void RunRecent(const DecodeKernelParams& p, const Sme
 #pragma unroll
     for (int r = 0; r < R; ++r) a[r] = 0.f;
     for (int j = 0; j < n; ++j) {
-      const float x = p.recent_v[((base + i0 + j) * p.kv_heads + kvh) * d + c];
+      const float x = recent_v[(static_cast<int64_t>(i0 + j) * p.kv_heads + kvh) * d + c];
 #pragma unroll
       for (int r = 0; r < R; ++r) a[r] = fmaf(s.sc[r * vt + j], x, a[r]);
     }
@@ -998,12 +999,13 @@ __device__ __forceinline__ void KiviFinish(const DecodeKernelParams& p, const Ki
     for (int r = 0; r < R; ++r) {
       limit[r] = r < rows_here ? rcount - p.q_tokens + (row0 + r) / p.group : -1;
     }
-    const int64_t base = p.recent_offsets[b];
+    const float* recent_k = p.recent_k[b];
+    const float* recent_v = p.recent_v[b];
     const int key0 = p.key_offsets[chunk.bh + 1] - p.key_offsets[chunk.bh] - rcount;
     for (int i0 = chunk.recent_begin; i0 < chunk.recent_end; i0 += kRecentView) {
       const int n = min(chunk.recent_end - i0, kRecentView);
       for (int j = warp; j < n; j += kWarps) {
-        const float* k = p.recent_k + ((base + i0 + j) * p.kv_heads + kvh) * D;
+        const float* k = recent_k + (static_cast<int64_t>(i0 + j) * p.kv_heads + kvh) * D;
         float a[R] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < D / 32; ++i) {
@@ -1034,7 +1036,7 @@ __device__ __forceinline__ void KiviFinish(const DecodeKernelParams& p, const Ki
 #pragma unroll
         for (int r = 0; r < R; ++r) o[r] = s.red[r * D + c] * s.factor[r];
         for (int t = 0; t < n; ++t) {
-          const float x = p.recent_v[((base + i0 + t) * p.kv_heads + kvh) * D + c];
+          const float x = recent_v[(static_cast<int64_t>(i0 + t) * p.kv_heads + kvh) * D + c];
 #pragma unroll
           for (int r = 0; r < R; ++r) o[r] = fmaf(s.sc[r * vt + t], x, o[r]);
         }

@@ -105,9 +105,10 @@ struct DecodeKernelParams {
   // Keys of each bh: its pages' slots (dead or alive), then its recent tokens.
   const int32_t* key_offsets = nullptr;     // device [bh_count + 1]
   const int32_t* slot_offsets = nullptr;    // device [bh_count + 1]: paged slots only
-  const int64_t* recent_offsets = nullptr;  // device [batch + 1]
-  const float* recent_k = nullptr;          // [recent rows, kv_heads, head_dim]
-  const float* recent_v = nullptr;
+  const int64_t* recent_offsets = nullptr;  // device [batch + 1]: prefix sums of recent tokens
+  // Device [batch]: sequence b's recent tokens [its recent tokens, kv_heads, head_dim].
+  const float* const* recent_k = nullptr;
+  const float* const* recent_v = nullptr;
   const float* q = nullptr;  // [batch, q_tokens, heads, head_dim]
   float* out = nullptr;      // [batch, q_tokens, heads, head_dim]
   int32_t chunk_count = 0;

@@ -186,6 +186,12 @@ void CheckBatch(const Case& c, std::mt19937_64& rng, uint64_t seed,
 #ifdef SLUICE_CUDA_EMU
   const PlanCost before = sluice::emu::Counters();
 #endif
+  // Each sequence's window: pointers into the packed device rows.
+  std::vector<const float*> recent_k, recent_v;
+  for (size_t b = 0; b + 1 < recent_offsets.size(); ++b) {
+    recent_k.push_back(drk.data() + recent_offsets[b] * c.kv_heads * c.d);
+    recent_v.push_back(drv.data() + recent_offsets[b] * c.kv_heads * c.d);
+  }
   auto plan = DecodeAttentionPlan::Create({.batch = c.batch,
                                            .q_tokens = 1,
                                            .heads = c.heads,
@@ -199,8 +205,8 @@ void CheckBatch(const Case& c, std::mt19937_64& rng, uint64_t seed,
                                            .pages = device_refs.data(),
                                            .page_offsets = offsets.data(),
                                            .recent_offsets = recent_offsets.data(),
-                                           .recent_k = drk.data(),
-                                           .recent_v = drv.data(),
+                                           .recent_k = recent_k.data(),
+                                           .recent_v = recent_v.data(),
                                            .pages_per_chunk = c.chunk},
                                           nullptr, workspace);
   ASSERT_TRUE(plan.ok()) << plan.status();
