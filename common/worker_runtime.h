@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
-#include "kvstore/paged_kv_cache.h"
+#include "kvstore/cache/paged_kv_cache.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "proto/sluice.pb.h"

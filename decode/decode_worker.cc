@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
-#include "kvstore/crc32c.h"
 #include "kvstore/kv_preset.h"
+#include "kvstore/wire/crc32c.h"
 
 namespace sluice::decode {
 

@@ -51,7 +51,7 @@
 
 namespace sluice::kvstore {
 
-// Which tokens a preset evicts (kvstore/paged_kv_cache.h applies it).
+// Which tokens a preset evicts (kvstore/cache/paged_kv_cache.h applies it).
 enum class KvPolicyKind { kNone, kSinks, kSnapKv, kH2o, kPyramid, kMiniKv, kLeanKv };
 
 struct KvPolicy {

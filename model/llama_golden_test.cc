@@ -12,7 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kvstore/paged_kv_cache.h"
+#include "kvstore/cache/paged_kv_cache.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/model_path.h"

@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/ref/ref_backend.h"
-#include "kvstore/paged_kv_cache.h"
+#include "kvstore/cache/paged_kv_cache.h"
 #include "model/test_util/gguf_writer.h"
 #include "model/test_util/tiny_llama.h"
 

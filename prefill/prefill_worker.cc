@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
-#include "kvstore/crc32c.h"
 #include "kvstore/kv_preset.h"
+#include "kvstore/wire/crc32c.h"
 #include "model/sampler.h"
 
 namespace sluice::prefill {

@@ -1,6 +1,8 @@
 #include "router/request_flow.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -86,6 +88,10 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowReq
   };
   // A worker that failed this attempt: marked down when gone, never tried again for r.
   auto drop = [&](Worker* w, std::set<Worker*>& tried, const absl::Status& st) {
+    const std::string line =
+        absl::StrFormat("router: request %s: %s worker %s failed (%s); trying another\n",
+                        r.request_id, w->role, w->address, st.ToString());
+    std::fputs(line.c_str(), stderr);
     workers_.MarkDown(w, std::string(st.message()));
     tried.insert(w);
     Retry(w->role.c_str());

@@ -26,6 +26,11 @@ WorkerRegistry::WorkerRegistry(const std::vector<std::string>& prefill,
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
+  // A worker that was not listening yet (or restarted) is connected again within a second:
+  // while a channel backs off, every call on it fails at once.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   for (const auto& [role, list] : {std::pair{"prefill", &prefill}, std::pair{"decode", &decode}}) {
     for (const std::string& address : *list) {
       auto w = std::make_unique<Worker>();

@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "kvstore/cache/paged_kv_cache.h"
 #include "kvstore/kv_preset.h"
-#include "kvstore/paged_kv_cache.h"
 #include "tools/eval_metrics.h"
 
 namespace sluice::tools {

@@ -18,14 +18,14 @@ COMMON=(-std=c++20 -g -O1 -I"$ROOT" -Wno-unused-command-line-argument)
 
 # ---- page_wire: the page parser ----
 target=page_wire
-srcs=("$ROOT/kvstore/page_wire.cc" "$ROOT/kvstore/crc32c.cc")
+srcs=("$ROOT/kvstore/wire/page_wire.cc" "$ROOT/kvstore/wire/crc32c.cc")
 corpus="$WORK/$target/corpus"
 mkdir -p "$corpus" "$WORK/$target/findings"
 # Seeds: valid pages of several shapes, written by a small program linked with the parser.
 cat >"$WORK/$target/seed.cc" <<'CC'
 #include <fstream>
 #include <string>
-#include "kvstore/page_wire.h"
+#include "kvstore/wire/page_wire.h"
 int main(int argc, char** argv) {
   using namespace sluice::kvstore;
   for (int i = 0; i < 4; ++i) {
@@ -40,7 +40,7 @@ CC
 "$CXX" "${COMMON[@]}" "$WORK/$target/seed.cc" "${srcs[@]}" $ABSL -o "$WORK/$target/seed"
 "$WORK/$target/seed" "$corpus"
 "$CXX" "${COMMON[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  "$ROOT/kvstore/page_wire_fuzz.cc" "${srcs[@]}" $ABSL -o "$WORK/$target/fuzzer"
+  "$ROOT/kvstore/wire/page_wire_fuzz.cc" "${srcs[@]}" $ABSL -o "$WORK/$target/fuzzer"
 echo "fuzz: $target for ${SECONDS_PER_TARGET}s (ASan + UBSan)" >&2
 if ! "$WORK/$target/fuzzer" -max_total_time="$SECONDS_PER_TARGET" -print_final_stats=1 \
     -artifact_prefix="$WORK/$target/findings/" "$corpus" >"$WORK/$target/log" 2>&1; then

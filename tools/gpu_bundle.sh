@@ -10,8 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 targets=(//kernels:backend_ops_test //kernels/cuda:warp_mma_test //kernels/cuda:decode_attention_test
-  //kvstore/cuda:gpu_page_allocator_test
-  //kvstore/cuda:gpu_compaction_test //bench/gpu:gpu_bench)
+  //kvstore/memory/cuda:gpu_page_allocator_test
+  //kvstore/memory/cuda:gpu_compaction_test //bench/gpu:gpu_bench)
 bazel build --jobs="${SLUICE_JOBS:-2}" "${targets[@]}"
 rm -rf .gpu
 stage=.gpu/stage

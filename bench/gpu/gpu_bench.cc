@@ -38,7 +38,7 @@
 #include "kernels/huffman.h"
 #include "kernels/kv_huffman.h"
 #include "kernels/ref/ref_backend.h"
-#include "kvstore/kv_codebooks.h"
+#include "kvstore/cache/kv_codebooks.h"
 #include "kvstore/kv_preset.h"
 #include "nlohmann/json.hpp"
 

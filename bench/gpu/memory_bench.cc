@@ -15,12 +15,12 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_array.h"
 #include "kernels/kv_format.h"
-#include "kvstore/compaction.h"
-#include "kvstore/cuda/gpu_compaction.h"
-#include "kvstore/cuda/gpu_page_allocator.h"
 #include "kvstore/kv_preset.h"
-#include "kvstore/page_pool.h"
-#include "kvstore/slot_bitmap.h"
+#include "kvstore/memory/compaction.h"
+#include "kvstore/memory/cuda/gpu_compaction.h"
+#include "kvstore/memory/cuda/gpu_page_allocator.h"
+#include "kvstore/memory/page_pool.h"
+#include "kvstore/memory/slot_bitmap.h"
 
 namespace sluice::bench {
 namespace {

@@ -1,7 +1,7 @@
 // Token policies: which of a sequence's tokens a KV cache keeps, and in which tier.
 //
-// A policy decides; the cache (kvstore/paged_kv_cache.h) carries out. The cache calls a policy
-// at three points of a sequence's life and never asks which policy it runs:
+// A policy decides; the cache (kvstore/cache/paged_kv_cache.h) carries out. The cache calls a
+// policy at three points of a sequence's life and never asks which policy it runs:
 //   prompt      SelectPrompt: from the attention of the whole prompt, the prompt tokens of each
 //               kv-head that never reach pages (snapkv, pyramid, minikv)
 //   flush       ChooseTiers: for each token leaving the full-precision window, the tier it goes

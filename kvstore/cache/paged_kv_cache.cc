@@ -1,0 +1,1165 @@
+#include "kvstore/cache/paged_kv_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/status_macros.h"
+#include "kernels/kv_huffman.h"
+#include "kvstore/cache/kv_codebooks.h"
+#include "kvstore/memory/compaction.h"
+#include "kvstore/memory/slot_bitmap.h"
+
+namespace sluice::kvstore {
+
+int64_t KvCacheStats::held_bytes() const { return pages.bytes() + residual_bytes + codebook_bytes; }
+
+int64_t KvCacheStats::fp16_bytes() const {
+  // fp16 bytes of the residual tokens: 2 bytes x 2 (K, V) per channel; residual_bytes holds
+  // fp32, i.e. twice that.
+  return pages.fp16_bytes + residual_bytes / 2;
+}
+
+double KvCacheStats::ratio_vs_fp16() const {
+  const int64_t held = held_bytes();
+  return held == 0 ? 0 : static_cast<double>(fp16_bytes()) / static_cast<double>(held);
+}
+
+namespace {
+
+// The attention scale the options ask for: theirs, or 1 / sqrt(head_dim) when it is 0.
+float ScaleOf(const PagedKvCacheOptions& o) {
+  return o.attention_scale > 0.f ? o.attention_scale
+                                 : 1.f / std::sqrt(static_cast<float>(o.head_dim));
+}
+
+}  // namespace
+
+template <typename Fn>
+void PagedKvCache::ForEachLive(const HeadPages& hp, int t, Fn fn) const {
+  const TierPages& tp = hp.tier[t];
+  int64_t index = 0;
+  for (int32_t p = 0; p < hp.count(t); ++p) {
+    const uint64_t* valid = ValidBits(hp.page(t, p), t);
+    for (int32_t j = 0; j < tp.slots[p]; ++j, ++index) {
+      if (TestSlot(valid, j)) fn(tp.positions[index], p, j);
+    }
+  }
+}
+
+class PagedKvCache::PolicyView final : public policy::SequenceView {
+ public:
+  PolicyView(PagedKvCache& cache, int64_t id, Seq& s) : cache_(cache), id_(id), s_(s) {}
+  int64_t length() const override { return s_.length; }
+  int64_t compressed() const override { return s_.compressed; }
+  policy::SequenceState& state() override { return s_.policy; }
+  policy::ListState& list(int64_t i) override { return s_.heads[i].policy; }
+  int64_t lists() const override { return static_cast<int64_t>(s_.heads.size()); }
+  void ForEachLive(int64_t i, int tier,
+                   absl::FunctionRef<void(const policy::LiveToken&)> fn) const override {
+    cache_.ForEachLive(s_.heads[i], tier, [&](int64_t position, int32_t page, int32_t slot) {
+      fn({.position = position, .page = page, .slot = slot});
+    });
+  }
+  absl::Status Evict(int64_t i, absl::Span<const int64_t> positions) override {
+    return cache_.EvictList(id_, s_, s_.heads[i], positions);
+  }
+  absl::Status Demote(int64_t i, const policy::LiveToken& token) override {
+    return cache_.Demote(s_.heads[i], token.position, token.page, token.slot);
+  }
+
+ private:
+  PagedKvCache& cache_;
+  const int64_t id_;
+  Seq& s_;
+};
+
+absl::StatusOr<int64_t> PagesForSequence(const KvPreset& preset, int32_t layers, int64_t kv_heads,
+                                         int64_t tokens) {
+  kernels::KvTierFormat format = preset.high;
+  // Huffman-coded pages: every code at the longest length a codebook may give it.
+  if (format.huffman_bits > 0) format.huffman_bits = kernels::kMaxHuffmanCodeLength;
+  SLUICE_ASSIGN_OR_RETURN(kernels::KvPageLayout layout, kernels::ComputePageLayout(format));
+  // Two tiers: low-tier pages hold more tokens than high-tier ones, so splitting the tokens
+  // between them costs at most the low tier's partly filled last page more.
+  const int64_t extra = preset.low ? 1 : 0;
+  return ((tokens + layout.tokens - 1) / layout.tokens + extra) * layers * kv_heads;
+}
+
+absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const PagedKvCacheOptions& o,
+                                                                   kernels::Backend& backend) {
+  if (o.layers <= 0 || o.heads <= 0 || o.kv_heads <= 0 || o.heads % o.kv_heads != 0 ||
+      o.head_dim <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("bad KV cache shape: layers=%d heads=%d kv_heads=%d head_dim=%d", o.layers,
+                        o.heads, o.kv_heads, o.head_dim));
+  }
+  if (o.preset.high.head_dim != o.head_dim) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("preset %s is for head_dim %d, the model has %d", o.preset.name,
+                        o.preset.high.head_dim, o.head_dim));
+  }
+  if (backend.kind() == kernels::BackendKind::kCuda) {
+    return absl::UnimplementedError(
+        "the paged KV cache keeps its pool in host memory; use the "
+        "cpu backend");
+  }
+  if (o.preset.residual < 0) return absl::InvalidArgumentError("preset residual must be >= 0");
+  SLUICE_ASSIGN_OR_RETURN(kernels::KvPageLayout layout, kernels::ComputePageLayout(o.preset.high));
+  kernels::KvPageLayout low_layout = layout;
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<policy::TokenPolicy> token_policy,
+                          policy::MakeTokenPolicy(o.preset.policy, {.layers = o.layers,
+                                                                    .heads = o.heads,
+                                                                    .kv_heads = o.kv_heads,
+                                                                    .head_dim = o.head_dim,
+                                                                    .scale = ScaleOf(o)}));
+  if (token_policy->two_tiers() != o.preset.low.has_value()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "preset %s: a low tier goes with a two-tier policy (leankv) and only with one; policy %s",
+        o.preset.name, token_policy->name()));
+  }
+  if (o.preset.low) {
+    const kernels::KvTierFormat& low = *o.preset.low;
+    SLUICE_ASSIGN_OR_RETURN(low_layout, kernels::ComputePageLayout(low));
+    if (low.head_dim != o.head_dim || low.page_bytes != o.preset.high.page_bytes ||
+        layout.token_group != 1 || low_layout.token_group != 1 || low.huffman_bits > 0 ||
+        o.preset.high.huffman_bits > 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "preset %s: both tiers need the model's head_dim, one page size, keys grouped per "
+          "token and fixed-width codes (high %s, low %s)",
+          o.preset.name, kernels::KvTierFormatName(o.preset.high), kernels::KvTierFormatName(low)));
+    }
+  }
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool,
+                          o.arena != nullptr ? PagePool::CreateOver(o.arena, o.arena_bytes, o.pages,
+                                                                    o.preset.high.page_bytes)
+                                             : PagePool::Create(o.pages, o.preset.high.page_bytes));
+  return std::unique_ptr<PagedKvCache>(
+      new PagedKvCache(o, layout, low_layout, std::move(pool), std::move(token_policy), backend));
+}
+
+PagedKvCache::PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLayout high,
+                           kernels::KvPageLayout low, std::unique_ptr<PagePool> pool,
+                           std::unique_ptr<policy::TokenPolicy> policy, kernels::Backend& backend)
+    : options_(options),
+      tiers_(options.preset.low ? 2 : 1),
+      formats_{options.preset.high, options.preset.low.value_or(options.preset.high)},
+      layouts_{high, low},
+      layout_(layouts_[0]),
+      row_(options.kv_heads * options.head_dim),
+      pool_(std::move(pool)),
+      policy_(std::move(policy)),
+      backend_(backend),
+      codebooks_(options.layers) {}
+
+PagedKvCache::~PagedKvCache() {
+  for (auto& [id, s] : seqs_) {
+    for (const HeadPages& h : s.heads) pool_->Free(h.table.AllPages()).IgnoreError();
+  }
+}
+
+absl::Status PagedKvCache::AddSequence(int64_t seq, int64_t max_tokens) {
+  if (max_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("max_tokens=%d must be > 0", max_tokens));
+  }
+  if (seqs_.contains(seq)) {
+    return absl::AlreadyExistsError(absl::StrFormat("sequence %d already has a KV cache", seq));
+  }
+  Seq& s = seqs_[seq];
+  s.max_tokens = max_tokens;
+  s.k.resize(options_.layers);
+  s.v.resize(options_.layers);
+  s.heads.resize(options_.layers * options_.kv_heads);
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::RemoveSequence(int64_t seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    return absl::NotFoundError(absl::StrFormat("sequence %d has no KV cache", seq));
+  }
+  if (InStep(seq)) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("sequence %d is in the open step; commit or abort it first", seq));
+  }
+  std::vector<PageId> ids;
+  for (const HeadPages& h : it->second.heads) {
+    const std::vector<PageId> pages = h.table.AllPages();
+    ids.insert(ids.end(), pages.begin(), pages.end());
+  }
+  seqs_.erase(it);
+  return pool_->Free(ids);
+}
+
+absl::StatusOr<PagedKvCache::Seq*> PagedKvCache::Find(int64_t seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    return absl::NotFoundError(absl::StrFormat("sequence %d has no KV cache", seq));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<int64_t> PagedKvCache::Length(int64_t seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    return absl::NotFoundError(absl::StrFormat("sequence %d has no KV cache", seq));
+  }
+  return it->second.length;
+}
+
+bool PagedKvCache::InStep(int64_t seq) const {
+  if (!step_) return false;
+  for (const model::StepEntry& e : step_->entries) {
+    if (e.seq == seq) return true;
+  }
+  return false;
+}
+
+absl::Status PagedKvCache::BeginStep(absl::Span<const model::StepEntry> batch) {
+  if (step_) {
+    return absl::FailedPreconditionError("a step is open; commit or abort it before the next");
+  }
+  if (batch.empty()) return absl::InvalidArgumentError("a step needs at least one sequence");
+  std::vector<Seq*> seqs;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const model::StepEntry& e = batch[b];
+    if (e.tokens <= 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sequence %d: %d new tokens; a step entry needs at least one", e.seq, e.tokens));
+    }
+    for (size_t o = 0; o < b; ++o) {
+      if (batch[o].seq == e.seq) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("sequence %d is in the step twice", e.seq));
+      }
+    }
+    SLUICE_ASSIGN_OR_RETURN(Seq * s, Find(e.seq));
+    if (s->lost_step) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "sequence %d lost a step after streaming part of it to pages; remove it", e.seq));
+    }
+    if (s->length + e.tokens > s->max_tokens) {
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("sequence %d: %d + %d tokens exceed its room of %d", e.seq, s->length,
+                          e.tokens, s->max_tokens));
+    }
+    seqs.push_back(s);
+  }
+  const int64_t n_batch = static_cast<int64_t>(batch.size()), kvh = options_.kv_heads;
+  const int layers = options_.layers;
+  StepPlan plan;
+  plan.entries.assign(batch.begin(), batch.end());
+  plan.q_indptr = {0};
+  for (int64_t b = 0; b < n_batch; ++b) {
+    Seq& s = *seqs[b];
+    const int64_t resid = s.length - s.compressed;
+    plan.q_indptr.push_back(plan.q_indptr.back() + static_cast<int32_t>(batch[b].tokens));
+    plan.write_row.push_back(resid);
+    plan.recent_tokens.push_back(resid + batch[b].tokens);
+    // The window takes the new rows now, so its address holds for the whole step.
+    for (int l = 0; l < layers; ++l) {
+      s.k[l].resize((resid + batch[b].tokens) * row_);
+      s.v[l].resize((resid + batch[b].tokens) * row_);
+    }
+  }
+  const bool per_head = policy_->scores() == policy::ScoreMode::kPerQueryHead;
+  const int64_t group = per_head ? options_.heads / kvh : 1;
+  for (int t = 0; t < tiers_; ++t) plan.indptr[t] = {0};
+  plan.recent_k.reserve(layers * n_batch);
+  plan.recent_v.reserve(layers * n_batch);
+  plan.page_score_offsets.reserve(layers * n_batch);
+  plan.recent_score_offsets.reserve(layers * n_batch);
+  for (int l = 0; l < layers; ++l) {
+    int64_t page_scores = 0, recent_scores = 0;
+    for (int64_t b = 0; b < n_batch; ++b) {
+      Seq& s = *seqs[b];
+      int64_t seq_slots = 0;
+      for (int64_t h = 0; h < kvh; ++h) {
+        const HeadPages& hp = s.heads[l * kvh + h];
+        for (int t = 0; t < tiers_; ++t) {
+          for (int32_t i = 0; i < hp.count(t); ++i) {
+            plan.ids[t].push_back(hp.page(t, i));
+            plan.slots[t].push_back(hp.tier[t].slots[i]);
+            seq_slots += hp.tier[t].slots[i];
+          }
+          plan.indptr[t].push_back(static_cast<int32_t>(plan.ids[t].size()));
+        }
+      }
+      plan.recent_k.push_back(s.k[l].data());
+      plan.recent_v.push_back(s.v[l].data());
+      plan.seq_slots.push_back(seq_slots);
+      plan.page_score_offsets.push_back(page_scores);
+      plan.recent_score_offsets.push_back(recent_scores);
+      page_scores += group * seq_slots;
+      recent_scores += group * kvh * plan.recent_tokens[b];
+    }
+    plan.page_score_size.push_back(page_scores);
+    plan.recent_score_size.push_back(recent_scores);
+  }
+  plan.written.assign(layers, false);
+  step_ = std::move(plan);
+  step_seqs_ = std::move(seqs);
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::CheckStepLayer(int layer) const {
+  if (!step_) return absl::FailedPreconditionError("no step is open; BeginStep first");
+  if (layer < 0 || layer >= options_.layers) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("layer %d outside [0, %d)", layer, options_.layers));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::Write(int layer, const float* k, const float* v) {
+  SLUICE_RETURN_IF_ERROR(CheckStepLayer(layer));
+  const StepPlan& plan = *step_;
+  for (size_t b = 0; b < plan.entries.size(); ++b) {
+    Seq& s = *step_seqs_[b];
+    const int64_t n = plan.entries[b].tokens, row = plan.q_indptr[b];
+    std::memcpy(s.k[layer].data() + plan.write_row[b] * row_, k + row * row_,
+                n * row_ * sizeof(float));
+    std::memcpy(s.v[layer].data() + plan.write_row[b] * row_, v + row * row_,
+                n * row_ * sizeof(float));
+  }
+  step_->written[layer] = true;
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::Attend(int layer, const float* q, float* out) {
+  SLUICE_RETURN_IF_ERROR(CheckStepLayer(layer));
+  const StepPlan& plan = *step_;
+  if (!plan.written[layer]) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("layer %d: attention over new tokens that were not written", layer));
+  }
+  const int64_t n_batch = static_cast<int64_t>(plan.entries.size()), kvh = options_.kv_heads;
+  const int64_t q_row = options_.heads * options_.head_dim;
+  // A policy that selects from the whole prompt: its drops wait in the window for the commit.
+  if (policy_->selects_prompt()) {
+    for (int64_t b = 0; b < n_batch; ++b) {
+      Seq& s = *step_seqs_[b];
+      const int64_t n = plan.entries[b].tokens;
+      if (s.length != 0 || n <= 1) continue;
+      SLUICE_ASSIGN_OR_RETURN(const std::vector<std::vector<int64_t>> dropped,
+                              policy_->SelectPrompt(backend_, {.layer = layer,
+                                                               .q = q + plan.q_indptr[b] * q_row,
+                                                               .k = s.k[layer].data(),
+                                                               .v = s.v[layer].data(),
+                                                               .n = n}));
+      for (int64_t h = 0; h < kvh; ++h) AddPending(s.heads[layer * kvh + h], dropped[h]);
+    }
+  }
+  // Policies that score: every key's attention adds to its score (pages in tier and table
+  // order, slot by slot, are the order of the tiers' positions), per query head if asked.
+  const policy::ScoreMode mode = policy_->scores();
+  const bool scores = mode != policy::ScoreMode::kNone;
+  const bool per_head = mode == policy::ScoreMode::kPerQueryHead;
+  const int64_t group = per_head ? options_.heads / kvh : 1;
+  const int64_t at = layer * n_batch;  // the layer's first (layer, entry) of the plan
+  if (scores) {
+    page_scores_.assign(std::max<int64_t>(1, plan.page_score_size[layer]), 0.f);
+    recent_scores_.assign(std::max<int64_t>(1, plan.recent_score_size[layer]), 0.f);
+  }
+  const kernels::KvCodebooks codebooks[2] = {Codebooks(layer), {}};
+  kernels::BatchPagedAttentionParams p{
+      .batch = n_batch,
+      .q_indptr = plan.q_indptr.data(),
+      .q = q,
+      .out = out,
+      .heads = options_.heads,
+      .kv_heads = kvh,
+      .head_dim = options_.head_dim,
+      .scale = AttentionScale(),
+      .formats = formats_,
+      .layouts = layouts_,
+      .codebooks = codebooks,
+      .tier_count = tiers_,
+      .pool = pool_->data(0),
+      .page_bytes = pool_->page_bytes(),
+      .pool_pages = static_cast<int32_t>(pool_->num_pages()),
+      .recent_k = plan.recent_k.data() + at,
+      .recent_v = plan.recent_v.data() + at,
+      .recent_tokens = plan.recent_tokens.data(),
+      .page_scores = scores ? page_scores_.data() : nullptr,
+      .recent_scores = scores ? recent_scores_.data() : nullptr,
+      .page_score_offsets = scores ? plan.page_score_offsets.data() + at : nullptr,
+      .recent_score_offsets = scores ? plan.recent_score_offsets.data() + at : nullptr,
+      .scores_per_head = per_head};
+  for (int t = 0; t < tiers_; ++t) {
+    p.tables[t] = {.indptr = plan.indptr[t].data() + at * kvh,
+                   .ids = plan.ids[t].data(),
+                   .slots = plan.slots[t].data()};
+  }
+  SLUICE_RETURN_IF_ERROR(backend_.BatchPagedAttention(p));
+  if (!scores) return absl::OkStatus();
+  for (int64_t b = 0; b < n_batch; ++b) {
+    Seq& s = *step_seqs_[b];
+    const int64_t n = plan.entries[b].tokens, recent = plan.recent_tokens[b];
+    const int64_t total_slots = plan.seq_slots[at + b];
+    const float* page_scores = page_scores_.data() + plan.page_score_offsets[at + b];
+    const float* recent_scores = recent_scores_.data() + plan.recent_score_offsets[at + b];
+    int64_t slot = 0;
+    for (int64_t h = 0; h < kvh; ++h) {
+      HeadPages& hp = s.heads[layer * kvh + h];
+      std::vector<float>& score = hp.policy.score;
+      score.resize((s.length + n) * group, 0.f);
+      for (int t = 0; t < tiers_; ++t) {
+        for (int32_t pos : hp.tier[t].positions) {
+          for (int64_t g = 0; g < group; ++g) {
+            score[pos * group + g] += page_scores[g * total_slots + slot];
+          }
+          ++slot;
+        }
+      }
+      for (int64_t r = 0; r < recent; ++r) {
+        for (int64_t g = 0; g < group; ++g) {
+          score[(s.compressed + r) * group + g] += recent_scores[(h * group + g) * recent + r];
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::Commit() {
+  if (!step_) return absl::FailedPreconditionError("no step is open; BeginStep first");
+  for (int l = 0; l < options_.layers; ++l) {
+    if (!step_->written[l]) {
+      const absl::Status st = absl::FailedPreconditionError(
+          absl::StrFormat("committing a step that layer %d did not write", l));
+      AbortStep();
+      return st;
+    }
+  }
+  const StepPlan plan = *std::move(step_);
+  const std::vector<Seq*> seqs = std::move(step_seqs_);
+  step_.reset();
+  step_seqs_.clear();
+  // Every sequence's window tokens bound for pages are placed first and quantized in one
+  // backend call for the whole step; then the windows shrink and the policies act.
+  const size_t n_batch = plan.entries.size();
+  std::vector<int64_t> flushed(n_batch, 0);
+  std::vector<TierChoice> choices(n_batch);
+  QuantizeBatch batch;
+  absl::Status st;
+  size_t planned = 0;
+  for (; planned < n_batch && st.ok(); ++planned) {
+    Seq& s = *seqs[planned];
+    s.length += plan.entries[planned].tokens;
+    PolicyView view(*this, plan.entries[planned].seq, s);
+    absl::StatusOr<int64_t> f = PlanFlush(s, view, &choices[planned], &batch);
+    if (f.ok()) flushed[planned] = *f;
+    st = f.status();
+  }
+  if (!st.ok()) --planned;  // the failed one placed nothing
+  SLUICE_RETURN_IF_ERROR(RunQuantizeBatch(batch));
+  for (size_t b = 0; b < planned; ++b) {
+    Seq& s = *seqs[b];
+    SLUICE_RETURN_IF_ERROR(FinishFlush(s, flushed[b]));
+    PolicyView view(*this, plan.entries[b].seq, s);
+    SLUICE_RETURN_IF_ERROR(policy_->AfterCommit(view, plan.entries[b].tokens, choices[b]));
+  }
+  return st;
+}
+
+void PagedKvCache::AbortStep() {
+  if (!step_) return;
+  const int64_t group = policy_->scores() == policy::ScoreMode::kPerQueryHead
+                            ? options_.heads / options_.kv_heads
+                            : 1;
+  for (Seq* s : step_seqs_) {
+    // The step's tokens take no score and no pending eviction with them (the weight its
+    // queries gave the committed tokens stays).
+    for (HeadPages& hp : s->heads) {
+      if (static_cast<int64_t>(hp.policy.score.size()) > s->length * group) {
+        hp.policy.score.resize(s->length * group);
+      }
+      hp.pending.erase(std::lower_bound(hp.pending.begin(), hp.pending.end(), s->length),
+                       hp.pending.end());
+    }
+    if (!s->early.empty()) {
+      // Some layers may have moved tokens of the step to pages already: the sequence's layers
+      // disagree now, and only removing it is safe.
+      s->lost_step = true;
+      s->early.clear();
+      s->listener = nullptr;
+    }
+    const int64_t resid = s->length - s->compressed;
+    for (int l = 0; l < options_.layers; ++l) {
+      s->k[l].resize(resid * row_);
+      s->v[l].resize(resid * row_);
+    }
+  }
+  step_.reset();
+  step_seqs_.clear();
+}
+
+int64_t PagedKvCache::FlushCount(const Seq& s, int64_t length) const {
+  const int64_t group = layout_.token_group;
+  const int64_t movable = length - s.compressed - options_.preset.residual;
+  return movable > 0 ? movable / group * group : 0;
+}
+
+absl::Status PagedKvCache::StreamLayers(int64_t seq, LayerListener listener) {
+  SLUICE_ASSIGN_OR_RETURN(Seq * s, Find(seq));
+  if (policy_->changes_pages() || tiers_ != 1 || options_.preset.high.huffman_bits > 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "preset %s changes or codes its pages after a commit; its KV cannot stream by layer",
+        options_.preset.name));
+  }
+  s->listener = std::move(listener);
+  s->early.assign(options_.layers, -1);
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::LayerDone(int layer) {
+  SLUICE_RETURN_IF_ERROR(CheckStepLayer(layer));
+  for (size_t b = 0; b < step_->entries.size(); ++b) {
+    Seq& s = *step_seqs_[b];
+    if (s.early.empty()) continue;
+    if (s.early[layer] >= 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sequence %d: layer %d is not a layer left to stream", step_->entries[b].seq, layer));
+    }
+    const int64_t flush = FlushCount(s, s.length + step_->entries[b].tokens);
+    if (flush > 0) {
+      QuantizeBatch batch;
+      SLUICE_RETURN_IF_ERROR(FlushFixed(s, flush, nullptr, layer, &batch));
+      SLUICE_RETURN_IF_ERROR(RunQuantizeBatch(batch));
+      s.k[layer].erase(s.k[layer].begin(), s.k[layer].begin() + flush * row_);
+      s.v[layer].erase(s.v[layer].begin(), s.v[layer].begin() + flush * row_);
+    }
+    s.early[layer] = flush;
+    if (s.listener) {
+      std::vector<PageId> pages;
+      for (int64_t h = 0; h < options_.kv_heads; ++h) {
+        const HeadPages& hp = s.heads[layer * options_.kv_heads + h];
+        for (int32_t i = 0; i < hp.count(0); ++i) pages.push_back(hp.page(0, i));
+      }
+      s.listener(layer, std::move(pages));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> PagedKvCache::PlanFlush(Seq& s, policy::SequenceView& view,
+                                                TierChoice* choice, QuantizeBatch* batch) {
+  const int64_t flush = FlushCount(s, s.length);
+  if (!s.early.empty()) {
+    // Streamed: every layer moved its tokens to pages when it was done.
+    std::vector<int64_t> early = std::move(s.early);
+    s.early.clear();
+    s.listener = nullptr;
+    for (int l = 0; l < options_.layers; ++l) {
+      if (early[l] != flush) {
+        return absl::InternalError(absl::StrFormat(
+            "layer %d streamed %d tokens to pages, the commit moves %d", l, early[l], flush));
+      }
+    }
+    s.compressed += flush;
+    return 0;
+  }
+  if (flush <= 0) return 0;
+  if (options_.preset.high.huffman_bits > 0) {
+    SLUICE_RETURN_IF_ERROR(FlushCoded(s, flush));
+  } else {
+    *choice = policy_->ChooseTiers(view, flush);
+    SLUICE_RETURN_IF_ERROR(FlushFixed(s, flush, choice->empty() ? nullptr : choice, -1, batch));
+  }
+  return flush;
+}
+
+absl::Status PagedKvCache::RunQuantizeBatch(QuantizeBatch& batch) {
+  SLUICE_RETURN_IF_ERROR(backend_.KvQuantizeBatch(batch.items));
+  // Padding rows of a last token group: dead slots.
+  for (const QuantizeBatch::DeadSlot& d : batch.dead) ClearSlot(ValidBits(d.page, d.tier), d.slot);
+  batch = QuantizeBatch();
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::FinishFlush(Seq& s, int64_t flush) {
+  if (flush <= 0) return absl::OkStatus();
+  for (int l = 0; l < options_.layers; ++l) {
+    s.k[l].erase(s.k[l].begin(), s.k[l].begin() + flush * row_);
+    s.v[l].erase(s.v[l].begin(), s.v[l].begin() + flush * row_);
+  }
+  s.compressed += flush;
+  // Evictions that waited for their tokens to reach pages.
+  for (HeadPages& hp : s.heads) {
+    const auto paged = std::lower_bound(hp.pending.begin(), hp.pending.end(), s.compressed);
+    if (paged == hp.pending.begin()) continue;
+    std::vector<int64_t> now(hp.pending.begin(), paged);
+    hp.pending.erase(hp.pending.begin(), paged);
+    SLUICE_RETURN_IF_ERROR(EvictPaged(hp, now));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush, const TierChoice* choice,
+                                      int only_layer, QuantizeBatch* batch) {
+  const int64_t d = options_.head_dim, group = layout_.token_group;
+  const int64_t lists = static_cast<int64_t>(s.heads.size());
+  const int64_t first = only_layer >= 0 ? only_layer * options_.kv_heads : 0;
+  const int64_t last = only_layer >= 0 ? first + options_.kv_heads : lists;
+  // The rows each (layer, head) writes to each tier. Tokens evicted while still in the
+  // full-precision window (a prompt-phase policy) are dropped here and never take a slot; with
+  // K grouped over several tokens, the last group is padded with copies of its last row in
+  // dead slots.
+  std::vector<std::vector<int64_t>> rows(lists * 2);
+  for (int64_t i = first; i < last; ++i) {
+    const std::vector<int64_t>& pending = s.heads[i].pending;
+    auto next_evicted = std::lower_bound(pending.begin(), pending.end(), s.compressed);
+    for (int64_t t = 0; t < flush; ++t) {
+      if (next_evicted != pending.end() && *next_evicted == s.compressed + t) {
+        ++next_evicted;
+        continue;
+      }
+      const int tier = choice != nullptr ? (*choice)[i][t] : 0;
+      if (tier >= 0) rows[i * 2 + tier].push_back(t);
+    }
+  }
+  // Pages each list needs in each tier beyond the room left in its last page; one batch
+  // allocation.
+  std::vector<int32_t> counts(lists * 2);
+  for (int64_t i = 0; i < lists * 2; ++i) {
+    const TierPages& tp = s.heads[i / 2].tier[i % 2];
+    const int64_t cap = layouts_[i % 2].tokens;
+    const int64_t room = tp.LastOpen(cap) ? cap - tp.slots.back() : 0;
+    const int64_t n = (static_cast<int64_t>(rows[i].size()) + group - 1) / group * group;
+    counts[i] = static_cast<int32_t>(std::max<int64_t>(0, (n - room + cap - 1) / cap));
+  }
+  std::vector<int64_t> offsets;
+  std::vector<PageId> fresh;
+  if (absl::Status st = pool_->Allocate(counts, &offsets, &fresh); !st.ok()) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "KV page pool exhausted while compressing %d tokens of sequence: %s", flush, st.message()));
+  }
+  for (int64_t i = 0; i < lists * 2; ++i) {
+    const int layer = static_cast<int>(i / 2 / options_.kv_heads);
+    const int64_t h = i / 2 % options_.kv_heads;
+    const int tier = static_cast<int>(i % 2);
+    HeadPages& hp = s.heads[i / 2];
+    const int64_t n = static_cast<int64_t>(rows[i].size());
+    if (n == 0) continue;
+    const int64_t padded = (n + group - 1) / group * group;
+    const float* src_k = s.k[layer].data() + h * d;
+    const float* src_v = s.v[layer].data() + h * d;
+    int64_t stride = row_;
+    if (n < flush) {
+      // The rows this list keeps, gathered (kept until the batch is quantized).
+      std::vector<float>& k = batch->rows.emplace_back(padded * d);
+      std::vector<float>& v = batch->rows.emplace_back(padded * d);
+      for (int64_t r = 0; r < padded; ++r) {
+        const int64_t from = rows[i][std::min(r, n - 1)];
+        std::memcpy(&k[r * d], src_k + from * row_, d * sizeof(float));
+        std::memcpy(&v[r * d], src_v + from * row_, d * sizeof(float));
+      }
+      src_k = k.data();
+      src_v = v.data();
+      stride = d;
+    }
+    int64_t next = offsets[i];
+    SLUICE_RETURN_IF_ERROR(WriteRows(hp, tier, src_k, src_v, stride, padded, fresh, &next, batch));
+    TierPages& tp = hp.tier[tier];
+    for (int64_t t : rows[i]) tp.positions.push_back(static_cast<int32_t>(s.compressed + t));
+    // Padding: dead slots, listed under the last row's position (positions stay sorted).
+    for (int64_t r = n; r < padded; ++r) tp.positions.push_back(tp.positions.back());
+    int32_t slot = tp.slots.back() - static_cast<int32_t>(padded - n);
+    const PageId last = hp.page(tier, hp.count(tier) - 1);
+    for (int64_t r = n; r < padded; ++r, ++slot) batch->dead.push_back({last, tier, slot});
+  }
+  for (HeadPages& hp : s.heads) {  // the dropped tokens' evictions are done
+    auto& pending = hp.pending;
+    pending.erase(std::lower_bound(pending.begin(), pending.end(), s.compressed),
+                  std::lower_bound(pending.begin(), pending.end(), s.compressed + flush));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::WriteRows(HeadPages& hp, int t, const float* k, const float* v,
+                                     int64_t stride, int64_t n, const std::vector<PageId>& fresh,
+                                     int64_t* next, QuantizeBatch* batch) {
+  const kernels::KvPageLayout& layout = layouts_[t];
+  TierPages& tp = hp.tier[t];
+  for (int64_t t0 = 0; t0 < n;) {
+    if (!tp.LastOpen(layout.tokens)) {
+      const PageId id = fresh[(*next)++];
+      std::memset(ValidBits(id, t), 0, SlotBitmapWords(layout.tokens) * sizeof(uint64_t));
+      SLUICE_RETURN_IF_ERROR(hp.Push(t, id));
+      tp.slots.push_back(0);
+      tp.last_closed = false;
+    }
+    const int64_t chunk = std::min<int64_t>(n - t0, layout.tokens - tp.slots.back());
+    batch->items.push_back({.k = k + t0 * stride,
+                            .v = v + t0 * stride,
+                            .stride = stride,
+                            .tokens = chunk,
+                            .format = formats_[t],
+                            .layout = layout,
+                            .page = pool_->data(hp.page(t, hp.count(t) - 1)),
+                            .slot = tp.slots.back()});
+    tp.slots.back() += static_cast<int32_t>(chunk);
+    t0 += chunk;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::BuildCodebooks(const Seq& s, int layer, int64_t tokens) {
+  // All kv-heads of the layer share its codebooks: their rows go in together, one head after
+  // another.
+  const int64_t d = options_.head_dim;
+  std::vector<float> k(options_.kv_heads * tokens * d), v(k.size());
+  for (int64_t h = 0; h < options_.kv_heads; ++h) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::memcpy(&k[(h * tokens + t) * d], s.k[layer].data() + t * row_ + h * d, d * 4);
+      std::memcpy(&v[(h * tokens + t) * d], s.v[layer].data() + t * row_ + h * d, d * 4);
+    }
+  }
+  SLUICE_ASSIGN_OR_RETURN(
+      KvCodebookPair books,
+      BuildKvCodebooks(backend_, options_.preset.high, k.data(), v.data(), d,
+                       options_.kv_heads * tokens, static_cast<uint32_t>(layer) * 2 + 1));
+  codebooks_[layer] = std::make_unique<KvCodebookPair>(std::move(books));
+  return absl::OkStatus();
+}
+
+float PagedKvCache::AttentionScale() const { return ScaleOf(options_); }
+
+kernels::KvCodebooks PagedKvCache::Codebooks(int layer) const {
+  if (layer < 0 || layer >= static_cast<int>(codebooks_.size()) || !codebooks_[layer]) return {};
+  return {.k = &codebooks_[layer]->k, .v = &codebooks_[layer]->v};
+}
+
+absl::Status PagedKvCache::FlushCoded(Seq& s, int64_t flush) {
+  for (int l = 0; l < options_.layers; ++l) {
+    if (!codebooks_[l]) SLUICE_RETURN_IF_ERROR(BuildCodebooks(s, l, flush));
+  }
+  // How many pages each list will need is known only once its units are coded, so pages come
+  // one at a time; on failure every list goes back to where it was.
+  struct Mark {
+    int32_t pages;
+    int32_t last_slots;
+    bool last_closed;
+  };
+  std::vector<Mark> marks;
+  marks.reserve(s.heads.size());
+  for (const HeadPages& hp : s.heads) {
+    const TierPages& tp = hp.tier[0];
+    marks.push_back(
+        {hp.table.high_count(), tp.slots.empty() ? 0 : tp.slots.back(), tp.last_closed});
+  }
+  auto roll_back = [&](absl::Status st) {
+    for (size_t i = 0; i < s.heads.size(); ++i) {
+      HeadPages& hp = s.heads[i];
+      TierPages& tp = hp.tier[0];
+      std::vector<PageId> added;
+      while (hp.table.high_count() > marks[i].pages) added.push_back(*hp.table.PopHigh());
+      pool_->Free(added).IgnoreError();  // pages this flush took; none is shared
+      tp.slots.resize(marks[i].pages);
+      if (!tp.slots.empty()) tp.slots.back() = marks[i].last_slots;
+      int64_t written = 0;
+      for (int32_t n : tp.slots) written += n;
+      tp.positions.resize(written);
+      tp.last_closed = marks[i].last_closed;
+    }
+    return st;
+  };
+  const int64_t lists = static_cast<int64_t>(s.heads.size());
+  for (int64_t i = 0; i < lists; ++i) {
+    const int layer = static_cast<int>(i / options_.kv_heads);
+    const int64_t h = i % options_.kv_heads;
+    HeadPages& hp = s.heads[i];
+    TierPages& tp = hp.tier[0];
+    for (int64_t t0 = 0; t0 < flush;) {
+      if (!tp.LastOpen(layout_.tokens)) {
+        absl::StatusOr<PageId> id = AllocatePage(flush);
+        if (!id.ok()) return roll_back(id.status());
+        if (absl::Status st = hp.table.PushHigh(*id); !st.ok()) {
+          pool_->Free({*id}).IgnoreError();
+          return roll_back(st);
+        }
+        tp.slots.push_back(0);
+        tp.last_closed = false;
+      }
+      int64_t written = 0;
+      const int64_t want = std::min<int64_t>(flush - t0, layout_.tokens - tp.slots.back());
+      absl::Status st =
+          backend_.KvQuantize({.k = s.k[layer].data() + t0 * row_ + h * options_.head_dim,
+                               .v = s.v[layer].data() + t0 * row_ + h * options_.head_dim,
+                               .stride = row_,
+                               .tokens = want,
+                               .format = options_.preset.high,
+                               .layout = layout_,
+                               .page = pool_->data(hp.table.high(hp.table.high_count() - 1)),
+                               .slot = tp.slots.back(),
+                               .codebooks = Codebooks(layer),
+                               .tokens_written = &written});
+      if (!st.ok()) return roll_back(st);
+      if (written == 0 && tp.slots.back() == 0) {
+        return roll_back(absl::InternalError(
+            absl::StrFormat("layer %d: one unit of %s does not fit an empty %d-byte page", layer,
+                            kernels::KvTierFormatName(options_.preset.high), layout_.bytes_used)));
+      }
+      if (written < want) tp.last_closed = true;  // its bitstream is full
+      for (int64_t t = t0; t < t0 + written; ++t) {
+        tp.positions.push_back(static_cast<int32_t>(s.compressed + t));
+      }
+      tp.slots.back() += static_cast<int32_t>(written);
+      t0 += written;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PageId> PagedKvCache::AllocatePage(int64_t tokens) {
+  absl::StatusOr<PageId> id = pool_->AllocateOne();
+  if (!id.ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("KV page pool exhausted while compressing %d tokens of sequence: %s",
+                        tokens, id.status().message()));
+  }
+  std::memset(ValidBits(*id, 0), 0, SlotBitmapWords(layout_.tokens) * sizeof(uint64_t));
+  return *id;
+}
+
+absl::Status PagedKvCache::ForkSequence(int64_t src, int64_t dst, int64_t max_tokens) {
+  SLUICE_ASSIGN_OR_RETURN(Seq * from, Find(src));
+  if (seqs_.contains(dst)) {
+    return absl::AlreadyExistsError(absl::StrFormat("sequence %d already has a KV cache", dst));
+  }
+  if (max_tokens < from->length) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("max_tokens=%d is less than the %d tokens forked from sequence %d",
+                        max_tokens, from->length, src));
+  }
+  const int64_t resid = from->length - from->compressed;
+  for (int l = 0; l < options_.layers; ++l) {
+    if (static_cast<int64_t>(from->k[l].size()) != resid * row_) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "sequence %d has written tokens it has not committed; fork after Commit", src));
+    }
+  }
+  // Full pages are shared; each tier's partly filled last page gets a private copy.
+  std::vector<PageId> shared;
+  std::vector<int32_t> copies(from->heads.size() * 2);
+  for (size_t i = 0; i < from->heads.size(); ++i) {
+    const HeadPages& hp = from->heads[i];
+    for (int t = 0; t < tiers_; ++t) {
+      const bool partial = hp.tier[t].LastOpen(layouts_[t].tokens);
+      for (int32_t j = 0; j < hp.count(t) - (partial ? 1 : 0); ++j) shared.push_back(hp.page(t, j));
+      copies[i * 2 + t] = partial ? 1 : 0;
+    }
+  }
+  std::vector<int64_t> offsets;
+  std::vector<PageId> fresh;
+  SLUICE_RETURN_IF_ERROR(pool_->Allocate(copies, &offsets, &fresh));
+  if (absl::Status st = pool_->Retain(shared); !st.ok()) {
+    pool_->Free(fresh).IgnoreError();
+    return st;
+  }
+  Seq to;
+  to.max_tokens = max_tokens;
+  to.length = from->length;
+  to.compressed = from->compressed;
+  to.policy = from->policy;
+  to.k = from->k;
+  to.v = from->v;
+  to.heads.resize(from->heads.size());
+  for (size_t i = 0; i < from->heads.size(); ++i) {
+    const HeadPages& hp = from->heads[i];
+    HeadPages& out = to.heads[i];
+    for (int t = 0; t < tiers_; ++t) {
+      const int32_t n = hp.count(t);
+      for (int32_t j = 0; j < n; ++j) {
+        PageId id = hp.page(t, j);
+        if (j == n - 1 && copies[i * 2 + t] == 1) {
+          id = fresh[offsets[i * 2 + t]];
+          std::memcpy(pool_->data(id), pool_->data(hp.page(t, j)), pool_->page_bytes());
+        }
+        SLUICE_RETURN_IF_ERROR(out.Push(t, id));
+      }
+      out.tier[t] = hp.tier[t];
+    }
+    out.pending = hp.pending;
+    out.policy = hp.policy;
+  }
+  seqs_.emplace(dst, std::move(to));
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::Evict(int64_t seq, int layer, int64_t kv_head,
+                                 absl::Span<const int64_t> positions) {
+  SLUICE_ASSIGN_OR_RETURN(Seq * s, Find(seq));
+  if (layer < 0 || layer >= options_.layers || kv_head < 0 || kv_head >= options_.kv_heads) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("layer %d / kv-head %d outside [0, %d) / [0, %d)", layer, kv_head,
+                        options_.layers, options_.kv_heads));
+  }
+  if (InStep(seq)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "sequence %d is in the open step, whose page tables hold its pages; evict after it", seq));
+  }
+  return EvictList(seq, *s, s->heads[layer * options_.kv_heads + kv_head], positions);
+}
+
+absl::Status PagedKvCache::EvictList(int64_t seq, Seq& s, HeadPages& hp,
+                                     absl::Span<const int64_t> positions) {
+  for (int64_t p : positions) {
+    if (p < 0 || p >= s.length) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sequence %d: position %d outside its %d committed tokens", seq, p, s.length));
+    }
+  }
+  std::vector<int64_t> paged, window;
+  for (int64_t p : positions) (p < s.compressed ? paged : window).push_back(p);
+  AddPending(hp, window);
+  return EvictPaged(hp, paged);
+}
+
+void PagedKvCache::AddPending(HeadPages& hp, absl::Span<const int64_t> positions) {
+  hp.pending.insert(hp.pending.end(), positions.begin(), positions.end());
+  std::sort(hp.pending.begin(), hp.pending.end());
+  hp.pending.erase(std::unique(hp.pending.begin(), hp.pending.end()), hp.pending.end());
+}
+
+absl::Status PagedKvCache::Demote(HeadPages& hp, int64_t position, int32_t page, int32_t slot) {
+  const int64_t d = options_.head_dim;
+  std::vector<float> k(d), v(d);
+  SLUICE_RETURN_IF_ERROR(backend_.KvDequantize({.page = pool_->data(hp.page(0, page)),
+                                                .format = formats_[0],
+                                                .layout = layouts_[0],
+                                                .slot = slot,
+                                                .tokens = 1,
+                                                .k = k.data(),
+                                                .v = v.data()}));
+  std::vector<PageId> fresh;
+  if (!hp.tier[1].LastOpen(layouts_[1].tokens)) {
+    SLUICE_ASSIGN_OR_RETURN(const PageId id, AllocatePage(1));
+    fresh.push_back(id);
+  }
+  int64_t next = 0;
+  QuantizeBatch batch;
+  SLUICE_RETURN_IF_ERROR(WriteRows(hp, 1, k.data(), v.data(), d, 1, fresh, &next, &batch));
+  SLUICE_RETURN_IF_ERROR(RunQuantizeBatch(batch));
+  hp.tier[1].positions.push_back(static_cast<int32_t>(position));
+  SLUICE_RETURN_IF_ERROR(EvictPaged(hp, {position}));  // finds the high-tier copy first
+  ++demoted_;
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::EvictPaged(HeadPages& hp, const std::vector<int64_t>& positions) {
+  // Each position's live slot, the high tier's before the low tier's (a demoted token is live
+  // in both until its high-tier copy goes). Compaction reorders slots, so positions are found
+  // by search: a scan of the positions array each for a few, one pass over the live slots for
+  // many.
+  std::vector<int64_t> want = positions;
+  std::sort(want.begin(), want.end());
+  want.erase(std::unique(want.begin(), want.end()), want.end());
+  std::vector<bool> found(want.size(), false);
+  struct Hit {
+    int t;
+    int32_t page, slot;
+  };
+  std::vector<Hit> hits;
+  if (want.size() <= 8) {
+    // A few positions (a policy's step): a scan of the positions array for each, which costs a
+    // third of a pass over the live slots (perf, h2o at batch 16).
+    for (const int64_t position : want) {
+      bool hit = false;
+      for (int t = 0; t < tiers_ && !hit; ++t) {
+        const std::vector<int32_t>& positions = hp.tier[t].positions;
+        const int32_t p = static_cast<int32_t>(position);
+        for (auto at = std::find(positions.begin(), positions.end(), p); at != positions.end();
+             at = std::find(at + 1, positions.end(), p)) {
+          int64_t slot = at - positions.begin();
+          int32_t page = 0;
+          while (slot >= hp.tier[t].slots[page]) slot -= hp.tier[t].slots[page++];
+          if (!TestSlot(ValidBits(hp.page(t, page), t), slot)) continue;  // a dead copy
+          hits.push_back({t, page, static_cast<int32_t>(slot)});
+          hit = true;
+          break;
+        }
+      }
+    }
+  } else {
+    for (int t = 0; t < tiers_ && hits.size() < want.size(); ++t) {
+      ForEachLive(hp, t, [&](int64_t position, int32_t page, int32_t slot) {
+        const auto at = std::lower_bound(want.begin(), want.end(), position);
+        if (at == want.end() || *at != position || found[at - want.begin()]) return;
+        found[at - want.begin()] = true;
+        hits.push_back({t, page, slot});
+      });
+    }
+  }
+  std::vector<int32_t> touched[2];
+  for (const Hit& h : hits) {
+    PageId id = hp.page(h.t, h.page);
+    if (pool_->refcount(id) > 1) {  // shared with a fork: this sequence gets its own copy
+      SLUICE_ASSIGN_OR_RETURN(const PageId copy, AllocatePage(1));
+      std::memcpy(pool_->data(copy), pool_->data(id), pool_->page_bytes());
+      SLUICE_RETURN_IF_ERROR(pool_->Free({id}));
+      SLUICE_RETURN_IF_ERROR(hp.Replace(h.t, h.page, copy));
+      id = copy;
+    }
+    ClearSlot(ValidBits(id, h.t), h.slot);
+    touched[h.t].push_back(h.page);
+  }
+  for (int t = 0; t < tiers_; ++t) {
+    TierPages& tp = hp.tier[t];
+    std::sort(touched[t].begin(), touched[t].end());
+    touched[t].erase(std::unique(touched[t].begin(), touched[t].end()), touched[t].end());
+    // Pages with no live slot go back to the pool; from the back, so the indices hold.
+    for (auto it = touched[t].rbegin(); it != touched[t].rend(); ++it) {
+      const int32_t i = *it;
+      const PageId id = hp.page(t, i);
+      if (CountValid(ValidBits(id, t), tp.slots[i]) > 0) continue;
+      const bool last = i + 1 == hp.count(t);
+      SLUICE_RETURN_IF_ERROR(hp.Erase(t, i));
+      SLUICE_RETURN_IF_ERROR(pool_->Free({id}));
+      int64_t begin = 0;
+      for (int32_t j = 0; j < i; ++j) begin += tp.slots[j];
+      tp.positions.erase(tp.positions.begin() + begin, tp.positions.begin() + begin + tp.slots[i]);
+      tp.slots.erase(tp.slots.begin() + i);
+      // The page before a freed last page was full or closed; new tokens open a fresh one.
+      if (last) tp.last_closed = !tp.slots.empty();
+    }
+    SLUICE_RETURN_IF_ERROR(MaybeCompact(hp, t));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::MaybeCompact(HeadPages& hp, int t) {
+  // Tokens move slot by slot only where K is grouped per token and codes have a fixed width.
+  const kernels::KvPageLayout& layout = layouts_[t];
+  if (layout.token_group != 1 || formats_[t].huffman_bits > 0) return absl::OkStatus();
+  TierPages& tp = hp.tier[t];
+  const int32_t cap = layout.tokens;
+  const int32_t n = hp.count(t);
+  std::vector<SlotBitmapView> views(n);
+  std::vector<uint64_t*> bitmaps(n);
+  int64_t written = 0, live = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    const PageId id = hp.page(t, i);
+    if (pool_->refcount(id) > 1) return absl::OkStatus();  // shared with a fork: leave as is
+    bitmaps[i] = ValidBits(id, t);
+    views[i] = {.words = bitmaps[i], .used_slots = tp.slots[i]};
+    written += tp.slots[i];
+    live += CountValid(bitmaps[i], tp.slots[i]);
+  }
+  // Compact once a page's worth of slots is dead: the planner keeps the fullest pages, moves
+  // the other pages' live tokens into their holes and frees the pages it emptied.
+  if (written - live < cap) return absl::OkStatus();
+  const absl::Time start = absl::Now();
+  SLUICE_ASSIGN_OR_RETURN(const CompactionPlan plan, PlanCompaction(views, cap));
+  // Each page's slot positions, to follow the moves.
+  std::vector<std::vector<int32_t>> positions(n);
+  int64_t index = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    positions[i].assign(tp.positions.begin() + index, tp.positions.begin() + index + tp.slots[i]);
+    index += tp.slots[i];
+    // Slots a kept page gains: every one is a move's destination.
+    positions[i].resize(std::max(tp.slots[i], plan.used_after[i]),
+                        positions[i].empty() ? 0 : positions[i].back());
+  }
+  SLUICE_RETURN_IF_ERROR(ApplyCompaction(plan, bitmaps, [&](const SlotMove& m) {
+    for (int32_t k = 0; k < m.slots; ++k) {
+      kernels::KvMoveSlot(formats_[t], layout, pool_->data(hp.page(t, m.src_page)), m.src_slot + k,
+                          pool_->data(hp.page(t, m.dst_page)), m.dst_slot + k);
+      positions[m.dst_page][m.dst_slot + k] = positions[m.src_page][m.src_slot + k];
+    }
+  }));
+  // The kept pages stay in table order, except that the one with the most room after its
+  // used slots goes last, where new tokens are appended; the emptied pages go back.
+  std::vector<bool> gone(n, false);
+  for (int32_t i : plan.freed) gone[i] = true;
+  std::vector<int32_t> order;
+  for (int32_t i = 0; i < n; ++i) {
+    if (!gone[i]) order.push_back(i);
+  }
+  if (!order.empty()) {
+    const auto roomiest = std::max_element(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return plan.used_after[a] > plan.used_after[b];
+    });
+    std::rotate(roomiest, roomiest + 1, order.end());
+  }
+  std::vector<PageId> ids(n), freed;
+  for (int32_t i = 0; i < n; ++i) ids[i] = hp.page(t, i);
+  for (int32_t i : plan.freed) freed.push_back(ids[i]);
+  while (hp.count(t) > 0) SLUICE_RETURN_IF_ERROR(hp.Pop(t).status());
+  tp.slots.clear();
+  tp.positions.clear();
+  for (int32_t i : order) {
+    SLUICE_RETURN_IF_ERROR(hp.Push(t, ids[i]));
+    tp.slots.push_back(plan.used_after[i]);
+    tp.positions.insert(tp.positions.end(), positions[i].begin(),
+                        positions[i].begin() + plan.used_after[i]);
+  }
+  SLUICE_RETURN_IF_ERROR(pool_->Free(freed));
+  tp.last_closed = false;
+  ++compactions_;
+  compaction_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<PagedKvCache::TokenPlace>> PagedKvCache::LiveTokens(
+    int64_t seq, int layer, int64_t kv_head) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    return absl::NotFoundError(absl::StrFormat("sequence %d has no KV cache", seq));
+  }
+  if (layer < 0 || layer >= options_.layers || kv_head < 0 || kv_head >= options_.kv_heads) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("layer %d / kv-head %d outside [0, %d) / [0, %d)", layer, kv_head,
+                        options_.layers, options_.kv_heads));
+  }
+  const HeadPages& hp = it->second.heads[layer * options_.kv_heads + kv_head];
+  std::vector<TokenPlace> out;
+  for (int t = 0; t < tiers_; ++t) {
+    ForEachLive(hp, t, [&](int64_t pos, int32_t, int32_t) { out.push_back({pos, t}); });
+  }
+  return out;
+}
+
+KvCacheStats PagedKvCache::Stats() const {
+  KvCacheStats st;
+  st.sequences = static_cast<int64_t>(seqs_.size());
+  st.demoted = demoted_;
+  st.compactions = compactions_;
+  st.compaction_seconds = compaction_seconds_;
+  st.pages.page_bytes = options_.preset.high.page_bytes;
+  // Pages shared between forked sequences count once; their tokens count for every sequence
+  // in the fp16 baseline (without sharing, each would hold its own copy).
+  absl::flat_hash_map<PageId, std::pair<int, int32_t>> used;  // tier, slots written
+  for (const auto& [id, s] : seqs_) {
+    for (const HeadPages& hp : s.heads) {
+      for (int t = 0; t < tiers_; ++t) {
+        for (int32_t i = 0; i < hp.count(t); ++i) used[hp.page(t, i)] = {t, hp.tier[t].slots[i]};
+      }
+    }
+    st.pages.fp16_bytes +=
+        Fp16KvBytes(s.compressed * options_.layers * options_.kv_heads, options_.head_dim);
+    const int64_t resid = (s.length - s.compressed) * options_.layers * options_.kv_heads;
+    st.residual_tokens += resid;
+    st.residual_bytes += resid * options_.head_dim * 2 * 4;
+  }
+  for (const auto& books : codebooks_) {
+    if (books) {
+      st.codebook_bytes += static_cast<int64_t>(kernels::SerializeCodebook(books->k).size() +
+                                                kernels::SerializeCodebook(books->v).size());
+    }
+  }
+  for (const auto& [id, where] : used) {
+    const auto [t, n] = where;
+    (t == 0 ? st.pages.pages_high : st.pages.pages_low) += 1;
+    st.pages.allocated_slots += layouts_[t].tokens;
+    st.pages.live_slots += CountValid(ValidBits(id, t), n);
+  }
+  return st;
+}
+
+}  // namespace sluice::kvstore

@@ -1,0 +1,340 @@
+// The model's KV cache in compressed pages: the KvCache the model runs on.
+//
+// New tokens stay in full precision (fp32, the residual window) until more than the preset's
+// `residual` are committed; then whole token groups are quantized into pages of the preset's
+// format, one page list per (sequence, layer, kv-head), drawn from one PagePool. Attention runs
+// over the pages and the residual window together (Backend::PagedAttention), so a prompt's own
+// attention always sees its full-precision keys, as in KIVI and in a prefill worker.
+//
+// Huffman-coded presets (kvcomp) keep one K and one V codebook per layer, built from the codes
+// of the first tokens that layer compresses (the prompt's, in prefill) and used for every later
+// page of that layer in every sequence (KVComp §3.2). Their pages hold as many whole units as
+// their codes fit, so a page may close with fewer than layout().tokens slots.
+//
+// Not thread-safe: one owner thread (the scheduler loop) drives it.
+#ifndef SLUICE_KVSTORE_CACHE_PAGED_KV_CACHE_H_
+#define SLUICE_KVSTORE_CACHE_PAGED_KV_CACHE_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/node_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/backend.h"
+#include "kernels/huffman.h"
+#include "kernels/kv_format.h"
+#include "kernels/op_params.h"
+#include "kvstore/cache/kv_codebooks.h"
+#include "kvstore/kv_preset.h"
+#include "kvstore/memory/kv_accounting.h"
+#include "kvstore/memory/page_pool.h"
+#include "kvstore/memory/page_table.h"
+#include "kvstore/policy/token_policy.h"
+#include "model/kv_cache.h"
+
+namespace sluice::kvstore {
+
+struct PagedKvCacheOptions {
+  int32_t layers = 0;
+  int64_t heads = 0;     // query heads
+  int64_t kv_heads = 0;  // divides heads
+  int64_t head_dim = 0;
+  KvPreset preset;
+  int64_t pages = 0;            // pool size
+  float attention_scale = 0.f;  // 0: 1 / sqrt(head_dim)
+  // The pool's memory when the caller provides it (a transport's exposed region, so that peers
+  // write pages straight into it): pages * the preset's page_bytes bytes, 64-byte aligned,
+  // outliving the cache. Null: the pool allocates its own.
+  uint8_t* arena = nullptr;
+  size_t arena_bytes = 0;
+};
+
+// What a cache holds right now.
+struct KvCacheStats {
+  KvAccounting pages;           // compressed tokens in pages
+  int64_t residual_tokens = 0;  // tokens x kv-heads x layers held in fp32 outside pages
+  int64_t residual_bytes = 0;
+  int64_t codebook_bytes = 0;  // serialized Huffman codebooks (kvcomp), shared by all sequences
+  int64_t sequences = 0;
+  int64_t demoted = 0;            // leankv: tokens moved from the high to the low tier, ever
+  int64_t compactions = 0;        // page lists compacted, ever
+  double compaction_seconds = 0;  // time spent compacting, ever
+  // Everything held: whole pages (slack included), residual windows, codebooks.
+  int64_t held_bytes() const;
+  // The same tokens as fp16 K and V.
+  int64_t fp16_bytes() const;
+  // fp16_bytes() / held_bytes().
+  double ratio_vs_fp16() const;
+};
+
+// Pages one sequence of `tokens` tokens can occupy at most with `preset`.
+absl::StatusOr<int64_t> PagesForSequence(const KvPreset& preset, int32_t layers, int64_t kv_heads,
+                                         int64_t tokens);
+
+class PagedKvCache final : public model::KvCache {
+ public:
+  // The backend runs quantization and attention on host memory (cpu or ref); it must outlive
+  // the cache.
+  static absl::StatusOr<std::unique_ptr<PagedKvCache>> Create(const PagedKvCacheOptions& options,
+                                                              kernels::Backend& backend);
+  ~PagedKvCache() override;
+
+  absl::Status AddSequence(int64_t seq, int64_t max_tokens) override;
+  absl::Status RemoveSequence(int64_t seq) override;
+  absl::StatusOr<int64_t> Length(int64_t seq) const override;
+  // The step plan (see StepPlan): BeginStep builds it once; each layer's Write and Attend read
+  // it, and Attend hands the backend one BatchPagedAttention for the whole batch.
+  absl::Status BeginStep(absl::Span<const model::StepEntry> batch) override;
+  absl::Status Write(int layer, const float* k, const float* v) override;
+  absl::Status Attend(int layer, const float* q, float* out) override;
+  absl::Status LayerDone(int layer) override;
+  absl::Status Commit() override;
+  void AbortStep() override;
+
+  // A forward pass as BeginStep plans it. Pages do not change during a pass (they change at the
+  // commit, and a streamed layer's new pages come after its attention), so one page table
+  // serves every layer.
+  struct StepPlan {
+    std::vector<model::StepEntry> entries;  // [batch]
+    std::vector<int32_t> q_indptr;          // [batch + 1]: entry b's rows of the step
+    // Write slots: entry b's new tokens take window rows [write_row[b], recent_tokens[b]) of
+    // every layer (the window of full-precision tokens that attention reads after the pages).
+    std::vector<int64_t> write_row;      // [batch]
+    std::vector<int64_t> recent_tokens;  // [batch]
+    // The page tables, one per tier, in compressed sparse rows over every layer's lists: list
+    // (layer * batch + b) * kv_heads + h owns pages ids[t][indptr[t][list]] ... (ids of the
+    // pool) holding slots[t][...] slots each (kernels::KvPageTable).
+    std::vector<int32_t> indptr[2], ids[2], slots[2];
+    // Per (layer, entry), at layer * batch + b: the window, the slots of the entry's pages (all
+    // its lists) and where its scores go in that layer's score arrays.
+    std::vector<const float*> recent_k, recent_v;
+    std::vector<int64_t> seq_slots;
+    std::vector<int64_t> page_score_offsets, recent_score_offsets;
+    std::vector<int64_t> page_score_size, recent_score_size;  // [layers]
+    std::vector<bool> written;                                // [layers]
+  };
+  // The open step's plan; null between steps.
+  const StepPlan* step() const { return step_ ? &*step_ : nullptr; }
+
+  // Starts sequence `dst` (room for `max_tokens`) as a copy of `src`'s committed tokens:
+  // full pages are shared by reference count (a common prompt prefix costs its pages once);
+  // each partly filled last page and the residual window are copied, since both sequences go
+  // on writing there. AlreadyExists / NotFound for the ids; FailedPrecondition if `src` has
+  // written tokens it has not committed; ResourceExhausted if the copies find no pages.
+  absl::Status ForkSequence(int64_t src, int64_t dst, int64_t max_tokens);
+
+  // Evicts the tokens at `positions` of one (sequence, layer, kv-head): tokens already in pages
+  // at once (their slots turn invalid; a page left with no live token returns to the pool, and
+  // a page shared with a fork is copied first), tokens still in the full-precision window when
+  // they move to pages. InvalidArgument for a position outside the committed tokens or an
+  // unknown layer or kv-head; ResourceExhausted if a shared page cannot be copied.
+  absl::Status Evict(int64_t seq, int layer, int64_t kv_head, absl::Span<const int64_t> positions);
+
+  // Disaggregation: a sequence's committed KV leaves one cache (a prefill worker's) and goes
+  // on in another (a decode worker's). `state` is a serialized KvSequenceState (lengths, the
+  // full-precision window, each list's page metadata and policy scores, Huffman codebooks, each
+  // page's CRC32C); `pages` are the sequence's pages in the order ImportSequence takes them.
+  // The pages stay the sequence's: copy their bytes (pool().data(id)) before removing it.
+  struct SequenceExport {
+    std::string state;
+    std::vector<PageId> pages;
+  };
+  // NotFound for an unknown sequence; FailedPrecondition if it has written tokens it has not
+  // committed.
+  absl::StatusOr<SequenceExport> ExportSequence(int64_t seq) const;
+  // At most how many bytes ExportSequence's state takes for a sequence of `tokens` committed
+  // tokens: what a decode worker reserves for the state next to the pages.
+  int64_t StateBytesBound(int64_t tokens) const;
+  // Starts `seq` (room for `max_tokens`) from an exported `state` whose pages' bytes already sit
+  // in this cache's pool at pages[0, n), n being the pages the state lists (allocated by the
+  // caller with refcount 1, in export order). On success the sequence owns those n pages and n
+  // is returned; the caller frees the pages after them. On error nothing changes and every page
+  // stays the caller's. InvalidArgument naming the field for a state that does not parse or
+  // does not fit this cache (another preset or shape, counts that do not add up, positions out
+  // of range, fewer pages than it lists); DataLoss for a page whose bytes fail their checksum;
+  // FailedPrecondition for a Huffman codebook other than the one this cache already uses for
+  // that layer; AlreadyExists for a live `seq`.
+  absl::StatusOr<int64_t> ImportSequence(int64_t seq, int64_t max_tokens, std::string_view state,
+                                         absl::Span<const PageId> pages);
+
+  // Streaming a prompt's KV layer by layer (a prefill worker's last chunk): during the next
+  // forward pass of `seq`, each layer's tokens go into pages as soon as the layer is done
+  // (LayerDone) instead of at the commit, and `listener` gets that layer's pages, in the order
+  // ExportSequence lists them, while the next layer computes. The pass's Commit ends it. Only
+  // for presets whose pages never change after a commit (no eviction policy, one tier,
+  // fixed-width codes): FailedPrecondition for the others, which export after the commit.
+  using LayerListener = std::function<void(int layer, std::vector<PageId> pages)>;
+  absl::Status StreamLayers(int64_t seq, LayerListener listener);
+
+  KvCacheStats Stats() const;
+  // The live paged tokens of one (sequence, layer, kv-head): position and tier (0 high, 1 low),
+  // tier by tier in slot order. NotFound / InvalidArgument for an unknown sequence or list.
+  struct TokenPlace {
+    int64_t position;
+    int tier;
+  };
+  absl::StatusOr<std::vector<TokenPlace>> LiveTokens(int64_t seq, int layer, int64_t kv_head) const;
+  // The codebooks of `layer` (Huffman-coded presets, once that layer has compressed tokens);
+  // null codebooks otherwise.
+  kernels::KvCodebooks Codebooks(int layer) const;
+  const KvPreset& preset() const { return options_.preset; }
+  // The preset's token policy (kvstore/policy/): which tokens stay, and in which tier.
+  const policy::TokenPolicy& policy() const { return *policy_; }
+  const kernels::KvPageLayout& layout() const { return layout_; }  // the high tier's
+  const PagePool& pool() const { return *pool_; }
+  // For page reservations of a decode worker (pages a peer writes before ImportSequence).
+  PagePool& mutable_pool() { return *pool_; }
+
+ private:
+  // The pages of one tier of one (sequence, layer, kv-head).
+  struct TierPages {
+    std::vector<int32_t> slots;  // slots written in each page
+    // Position of every written slot, page after page: ascending in the high tier (pages fill
+    // in order); in the low tier, in the order tokens were demoted to it.
+    std::vector<int32_t> positions;
+    bool last_closed = false;  // the last page takes no more tokens
+    // Whether the last page can take more tokens.
+    bool LastOpen(int32_t capacity) const {
+      return !slots.empty() && !last_closed && slots.back() < capacity;
+    }
+  };
+  // The pages of one (sequence, layer, kv-head): high-tier pages from the left of the
+  // bidirectional table, low-tier pages (two-tier presets) from the right.
+  struct HeadPages {
+    BidirectionalPageTable table;
+    TierPages tier[2];             // [0] high, [1] low
+    std::vector<int64_t> pending;  // evicted positions still in the full-precision window
+    policy::ListState policy;      // the token policy's scores and marks
+    int32_t count(int t) const { return t == 0 ? table.high_count() : table.low_count(); }
+    PageId page(int t, int32_t i) const { return t == 0 ? table.high(i) : table.low(i); }
+    absl::Status Push(int t, PageId id) { return t == 0 ? table.PushHigh(id) : table.PushLow(id); }
+    absl::StatusOr<PageId> Pop(int t) { return t == 0 ? table.PopHigh() : table.PopLow(); }
+    absl::Status Erase(int t, int32_t i) { return t == 0 ? table.EraseHigh(i) : table.EraseLow(i); }
+    absl::Status Replace(int t, int32_t i, PageId id) {
+      return t == 0 ? table.ReplaceHigh(i, id) : table.ReplaceLow(i, id);
+    }
+  };
+  struct Seq {
+    int64_t max_tokens = 0;
+    int64_t length = 0;      // committed tokens
+    int64_t compressed = 0;  // the first `compressed` tokens live in pages
+    // Per layer: the residual window plus the written, not yet committed tokens,
+    // [tokens, kv_heads, head_dim].
+    std::vector<std::vector<float>> k, v;
+    std::vector<HeadPages> heads;  // [layers * kv_heads]
+    policy::SequenceState policy;  // the token policy's
+    // StreamLayers: the listener, and per layer the tokens it compressed ahead of the commit
+    // (-1: not yet).
+    LayerListener listener;
+    std::vector<int64_t> early;
+    // A step that streamed some layers to pages was aborted: the layers disagree.
+    bool lost_step = false;
+  };
+
+  // The token policy's view of one sequence (policy::SequenceView).
+  class PolicyView;
+
+  PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLayout high,
+               kernels::KvPageLayout low, std::unique_ptr<PagePool> pool,
+               std::unique_ptr<policy::TokenPolicy> policy, kernels::Backend& backend);
+  absl::StatusOr<Seq*> Find(int64_t seq);
+  // Whether the open step holds `seq`.
+  bool InStep(int64_t seq) const;
+  // FailedPrecondition without an open step, InvalidArgument for a layer outside the model.
+  absl::Status CheckStepLayer(int layer) const;
+  // options.attention_scale, or 1 / sqrt(head_dim) when it is 0.
+  float AttentionScale() const;
+  using TierChoice = policy::TierChoice;
+  // Quantization that a commit (or a layer streamed, or a demotion) places first and runs as
+  // one backend call (Backend::KvQuantizeBatch) once every list of the step has its slots.
+  struct QuantizeBatch {
+    std::vector<kernels::KvQuantizeParams> items;
+    std::deque<std::vector<float>> rows;  // gathered rows the items read
+    struct DeadSlot {
+      PageId page;
+      int tier;
+      int32_t slot;
+    };
+    std::vector<DeadSlot> dead;  // padding slots, cleared once the items ran
+  };
+  // A commit's flush, first half: places the whole token groups beyond the residual window in
+  // pages, where the policy's ChooseTiers (shown `view`) puts them (*choice), adding their
+  // quantization to `batch`; returns the tokens placed, for FinishFlush. Huffman-coded presets
+  // quantize here, unit by unit.
+  absl::StatusOr<int64_t> PlanFlush(Seq& s, policy::SequenceView& view, TierChoice* choice,
+                                    QuantizeBatch* batch);
+  // Runs the batch's quantization and marks its padding slots dead; empties it.
+  absl::Status RunQuantizeBatch(QuantizeBatch& batch);
+  // Second half, once the batch ran: the window lets go of the `flush` tokens now in pages, and
+  // evictions that waited for them happen.
+  absl::Status FinishFlush(Seq& s, int64_t flush);
+  // Fixed-width formats: places the first `flush` window tokens of every list into the tier
+  // `choice` gives them (high without one), dropping those evicted while in the window, their
+  // quantization added to `batch`. `only_layer` >= 0: that layer's lists only (StreamLayers).
+  absl::Status FlushFixed(Seq& s, int64_t flush, const TierChoice* choice, int only_layer,
+                          QuantizeBatch* batch);
+  // The window tokens the next Flush moves to pages when the sequence has `length` tokens.
+  int64_t FlushCount(const Seq& s, int64_t length) const;
+  // Places n rows (row r at k + r * stride) in tier t of `hp` after its written slots, taking
+  // fresh pages from `fresh` (advancing *next) when the last one is full; their quantization
+  // goes to `batch`.
+  absl::Status WriteRows(HeadPages& hp, int t, const float* k, const float* v, int64_t stride,
+                         int64_t n, const std::vector<PageId>& fresh, int64_t* next,
+                         QuantizeBatch* batch);
+  // Evicts committed `positions` of one list (checked against s.length): paged ones at once,
+  // window ones into hp.pending.
+  absl::Status EvictList(int64_t seq, Seq& s, HeadPages& hp, absl::Span<const int64_t> positions);
+  // Adds window `positions` to the evictions that wait for their tokens to reach pages.
+  static void AddPending(HeadPages& hp, absl::Span<const int64_t> positions);
+  // Clears the valid bits of paged `positions` and frees pages left with none.
+  absl::Status EvictPaged(HeadPages& hp, const std::vector<int64_t>& positions);
+  // Moves the live high-tier token at (page, slot) of `hp` to its low tier.
+  absl::Status Demote(HeadPages& hp, int64_t position, int32_t page, int32_t slot);
+  // Calls fn(position, page index, slot) for each live token of tier t, in slot order.
+  template <typename Fn>
+  void ForEachLive(const HeadPages& hp, int t, Fn fn) const;
+  // The valid bits of page `id` in tier t's layout.
+  uint64_t* ValidBits(PageId id, int t) const {
+    return reinterpret_cast<uint64_t*>(pool_->data(id) + layouts_[t].valid);
+  }
+  // Once a page's worth of tier t's slots is dead, compacts the list as PlanCompaction plans
+  // (kvstore/memory/compaction.h) and frees the pages it empties (fixed-width formats with K
+  // grouped per token; unshared pages only).
+  absl::Status MaybeCompact(HeadPages& hp, int t);
+  // Flush for Huffman-coded presets: pages one at a time, as many units as each fits.
+  absl::Status FlushCoded(Seq& s, int64_t flush);
+  // Builds the codebooks of `layer` from the codes of its first `tokens` tokens in `s`.
+  absl::Status BuildCodebooks(const Seq& s, int layer, int64_t tokens);
+  // One fresh page with its valid bits cleared; ResourceExhausted, naming the `tokens` being
+  // compressed, when the pool has none.
+  absl::StatusOr<PageId> AllocatePage(int64_t tokens);
+
+  const PagedKvCacheOptions options_;
+  const int tiers_;  // 2 for presets with a low tier
+  const kernels::KvTierFormat formats_[2];
+  const kernels::KvPageLayout layouts_[2];
+  const kernels::KvPageLayout& layout_;  // layouts_[0]
+  const int64_t row_;                    // kv_heads * head_dim
+  std::unique_ptr<PagePool> pool_;
+  std::unique_ptr<policy::TokenPolicy> policy_;
+  kernels::Backend& backend_;
+  absl::node_hash_map<int64_t, Seq> seqs_;  // node: the step keeps pointers to its sequences
+  std::optional<StepPlan> step_;
+  std::vector<Seq*> step_seqs_;                             // [batch], the step's sequences
+  std::vector<float> page_scores_, recent_scores_;          // one layer's scores during Attend
+  std::vector<std::unique_ptr<KvCodebookPair>> codebooks_;  // [layers]; null until built
+  int64_t demoted_ = 0;
+  int64_t compactions_ = 0;
+  double compaction_seconds_ = 0;
+};
+
+}  // namespace sluice::kvstore
+
+#endif  // SLUICE_KVSTORE_CACHE_PAGED_KV_CACHE_H_

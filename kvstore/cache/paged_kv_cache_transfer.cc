@@ -1,0 +1,290 @@
+// PagedKvCache::ExportSequence and ImportSequence: a sequence's KV moving between caches.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "kernels/huffman.h"
+#include "kvstore/cache/paged_kv_cache.h"
+#include "kvstore/wire/crc32c.h"
+#include "kvstore/wire/kv_sequence_state.pb.h"
+
+namespace sluice::kvstore {
+namespace {
+
+constexpr uint32_t kStateVersion = 1;
+
+absl::Status Bad(const std::string& what) {
+  return absl::InvalidArgumentError("KV sequence state: " + what);
+}
+
+// Whether every element lies in [lo, hi).
+template <typename T>
+bool AllIn(const google::protobuf::RepeatedField<T>& v, int64_t lo, int64_t hi) {
+  return std::all_of(v.begin(), v.end(), [&](T x) { return x >= lo && x < hi; });
+}
+
+}  // namespace
+
+int64_t PagedKvCache::StateBytesBound(int64_t tokens) const {
+  // A length-delimited field: its payload, a tag and a length of at most 10 bytes each.
+  auto field = [](int64_t payload) { return payload + 20; };
+  const int64_t lists = options_.layers * options_.kv_heads;
+  const int64_t group = options_.heads / options_.kv_heads;
+  const int64_t token_group = layout_.token_group;
+  // Tokens outside pages: at most the window and a group that did not fill.
+  const int64_t window = std::min<int64_t>(tokens, options_.preset.residual + token_group);
+  const int64_t pages =
+      PagesForSequence(options_.preset, options_.layers, options_.kv_heads, tokens)
+          .value_or(lists * (tokens + 2));
+  const int64_t list_pages = pages / lists + 2;
+  // Slot counts and positions are non-negative int32 varints: 5 bytes at most.
+  int64_t tier = field(list_pages * 5) + field((tokens + token_group) * 5) + 4;
+  int64_t list =
+      tiers_ * field(tier) + field(window * 10) + field(tokens * group * 4) + field(tokens);
+  int64_t bytes = 256 + static_cast<int64_t>(options_.preset.name.size());  // the scalars
+  bytes += 2 * options_.layers * field(window * row_ * static_cast<int64_t>(sizeof(float)));
+  bytes += lists * field(list);
+  // Codebooks: an 8-byte header and a nibble per symbol of at most 256, per K and V.
+  if (options_.preset.high.huffman_bits > 0) bytes += options_.layers * field(2 * field(8 + 128));
+  bytes += field(pages * 4);  // a CRC32C per page
+  return bytes;
+}
+
+absl::StatusOr<PagedKvCache::SequenceExport> PagedKvCache::ExportSequence(int64_t seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    return absl::NotFoundError(absl::StrFormat("sequence %d has no KV cache", seq));
+  }
+  const Seq& s = it->second;
+  const int64_t resid = s.length - s.compressed;
+  KvSequenceState st;
+  st.set_version(kStateVersion);
+  st.set_preset(options_.preset.name);
+  st.set_layers(options_.layers);
+  st.set_kv_heads(options_.kv_heads);
+  st.set_head_dim(options_.head_dim);
+  st.set_page_bytes(pool_->page_bytes());
+  st.set_length(s.length);
+  st.set_compressed(s.compressed);
+  st.set_sinks_evicted_to(s.policy.evicted_to);
+  for (int l = 0; l < options_.layers; ++l) {
+    if (static_cast<int64_t>(s.k[l].size()) != resid * row_) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "sequence %d has written tokens it has not committed; export after Commit", seq));
+    }
+    st.add_residual_k(s.k[l].data(), s.k[l].size() * sizeof(float));
+    st.add_residual_v(s.v[l].data(), s.v[l].size() * sizeof(float));
+  }
+  SequenceExport out;
+  for (const HeadPages& hp : s.heads) {
+    KvListState* list = st.add_lists();
+    for (int t = 0; t < tiers_; ++t) {
+      KvTierState* tier = list->add_tiers();
+      tier->mutable_slots()->Add(hp.tier[t].slots.begin(), hp.tier[t].slots.end());
+      tier->mutable_positions()->Add(hp.tier[t].positions.begin(), hp.tier[t].positions.end());
+      tier->set_last_closed(hp.tier[t].last_closed);
+      for (int32_t i = 0; i < hp.count(t); ++i) {
+        const PageId id = hp.page(t, i);
+        out.pages.push_back(id);
+        st.add_page_crc32c(Crc32c(pool_->data(id), pool_->page_bytes()));
+      }
+    }
+    list->mutable_pending()->Add(hp.pending.begin(), hp.pending.end());
+    list->mutable_score()->Add(hp.policy.score.begin(), hp.policy.score.end());
+    list->set_gone(std::string(hp.policy.gone.begin(), hp.policy.gone.end()));
+  }
+  if (options_.preset.high.huffman_bits > 0) {
+    for (int l = 0; l < options_.layers; ++l) {
+      KvLayerCodebooks* books = st.add_codebooks();
+      if (!codebooks_[l]) continue;
+      books->set_k(kernels::SerializeCodebook(codebooks_[l]->k));
+      books->set_v(kernels::SerializeCodebook(codebooks_[l]->v));
+    }
+  }
+  out.state = st.SerializeAsString();
+  return out;
+}
+
+absl::StatusOr<int64_t> PagedKvCache::ImportSequence(int64_t seq, int64_t max_tokens,
+                                                     std::string_view state,
+                                                     absl::Span<const PageId> pages) {
+  if (seqs_.contains(seq)) {
+    return absl::AlreadyExistsError(absl::StrFormat("sequence %d already has a KV cache", seq));
+  }
+  KvSequenceState st;
+  if (!st.ParseFromArray(state.data(), static_cast<int>(state.size()))) {
+    return Bad(absl::StrFormat("%d bytes do not parse", state.size()));
+  }
+  if (st.version() != kStateVersion) {
+    return Bad(absl::StrFormat("version %d, this cache reads %d", st.version(), kStateVersion));
+  }
+  if (st.preset() != options_.preset.name) {
+    return Bad(
+        absl::StrFormat("preset '%s', this cache runs '%s'", st.preset(), options_.preset.name));
+  }
+  if (st.layers() != options_.layers || st.kv_heads() != options_.kv_heads ||
+      st.head_dim() != options_.head_dim || st.page_bytes() != pool_->page_bytes()) {
+    return Bad(absl::StrFormat(
+        "shape layers=%d kv_heads=%d head_dim=%d page_bytes=%d, this cache has %d/%d/%d/%d",
+        st.layers(), st.kv_heads(), st.head_dim(), st.page_bytes(), options_.layers,
+        options_.kv_heads, options_.head_dim, pool_->page_bytes()));
+  }
+  const int64_t length = st.length(), compressed = st.compressed();
+  if (compressed < 0 || compressed > length || length > max_tokens) {
+    return Bad(absl::StrFormat("length=%d compressed=%d with room for %d tokens", length,
+                               compressed, max_tokens));
+  }
+  if (st.sinks_evicted_to() < -1 || st.sinks_evicted_to() > length) {
+    return Bad(
+        absl::StrFormat("sinks_evicted_to=%d outside [-1, %d]", st.sinks_evicted_to(), length));
+  }
+  const size_t resid_bytes = (length - compressed) * row_ * sizeof(float);
+  if (st.residual_k_size() != options_.layers || st.residual_v_size() != options_.layers) {
+    return Bad(absl::StrFormat("%d/%d residual layers, expected %d", st.residual_k_size(),
+                               st.residual_v_size(), options_.layers));
+  }
+  for (int l = 0; l < options_.layers; ++l) {
+    if (st.residual_k(l).size() != resid_bytes || st.residual_v(l).size() != resid_bytes) {
+      return Bad(absl::StrFormat("layer %d's residual window has %d/%d bytes, expected %d", l,
+                                 st.residual_k(l).size(), st.residual_v(l).size(), resid_bytes));
+    }
+  }
+  const int64_t lists = options_.layers * options_.kv_heads;
+  if (st.lists_size() != lists) {
+    return Bad(absl::StrFormat("%d page lists, expected %d", st.lists_size(), lists));
+  }
+  const int64_t group = options_.heads / options_.kv_heads;
+  int64_t listed = 0;
+  for (int64_t i = 0; i < lists; ++i) {
+    const KvListState& list = st.lists(i);
+    const std::string where = absl::StrFormat("list %d (layer %d, kv-head %d)", i,
+                                              i / options_.kv_heads, i % options_.kv_heads);
+    if (list.tiers_size() != tiers_) {
+      return Bad(
+          absl::StrFormat("%s has %d tiers, the preset %d", where, list.tiers_size(), tiers_));
+    }
+    for (int t = 0; t < tiers_; ++t) {
+      const KvTierState& tier = list.tiers(t);
+      if (!AllIn(tier.slots(), 1, layouts_[t].tokens + 1)) {
+        return Bad(absl::StrFormat("%s tier %d: a page's slot count is outside [1, %d]", where, t,
+                                   layouts_[t].tokens));
+      }
+      int64_t slots = 0;
+      for (int32_t n : tier.slots()) slots += n;
+      if (tier.positions_size() != slots || !AllIn(tier.positions(), 0, compressed)) {
+        return Bad(absl::StrFormat(
+            "%s tier %d: %d positions for %d slots, or a position outside the %d paged tokens",
+            where, t, tier.positions_size(), slots, compressed));
+      }
+      listed += tier.slots_size();
+    }
+    if (!AllIn(list.pending(), compressed, length) ||
+        !std::is_sorted(list.pending().begin(), list.pending().end())) {
+      return Bad(where + ": pending evictions unsorted or outside the full-precision window");
+    }
+    const int64_t scores = list.score_size();
+    if (scores != 0 && scores != length && scores != length * group) {
+      return Bad(absl::StrFormat("%s: %d scores for %d tokens", where, scores, length));
+    }
+    if (!list.gone().empty() && static_cast<int64_t>(list.gone().size()) != length) {
+      return Bad(absl::StrFormat("%s: %d eviction flags for %d tokens", where, list.gone().size(),
+                                 length));
+    }
+  }
+  if (st.page_crc32c_size() != listed) {
+    return Bad(absl::StrFormat("%d page checksums for %d pages", st.page_crc32c_size(), listed));
+  }
+  if (static_cast<int64_t>(pages.size()) < listed) {
+    return Bad(absl::StrFormat("it lists %d pages, %d were given", listed, pages.size()));
+  }
+  absl::flat_hash_set<PageId> distinct;
+  for (int64_t i = 0; i < listed; ++i) {
+    if (!distinct.insert(pages[i]).second) {
+      return Bad(absl::StrFormat("page id %d is given twice", pages[i]));
+    }
+    if (pages[i] < 0 || pages[i] >= pool_->num_pages() || pool_->refcount(pages[i]) != 1) {
+      return Bad(absl::StrFormat("page %d (id %d) is not one of this pool's allocated pages", i,
+                                 pages[i]));
+    }
+    const uint32_t crc = Crc32c(pool_->data(pages[i]), pool_->page_bytes());
+    if (crc != st.page_crc32c(i)) {
+      return absl::DataLossError(absl::StrFormat(
+          "KV sequence state: page %d (id %d) has CRC32C %08x, the sender's was %08x", i, pages[i],
+          crc, st.page_crc32c(i)));
+    }
+  }
+  // Huffman codebooks: adopted by a layer that has none, or equal to the layer's.
+  const bool coded = options_.preset.high.huffman_bits > 0;
+  if (coded && st.codebooks_size() != options_.layers) {
+    return Bad(
+        absl::StrFormat("%d codebook layers, expected %d", st.codebooks_size(), options_.layers));
+  }
+  std::vector<std::unique_ptr<KvCodebookPair>> adopted(options_.layers);
+  for (int l = 0; coded && l < options_.layers; ++l) {
+    const KvLayerCodebooks& books = st.codebooks(l);
+    if (books.k().empty() && books.v().empty()) continue;
+    if (codebooks_[l]) {
+      if (books.k() != kernels::SerializeCodebook(codebooks_[l]->k) ||
+          books.v() != kernels::SerializeCodebook(codebooks_[l]->v)) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "layer %d's Huffman codebooks differ from the ones this cache already uses", l));
+      }
+      continue;
+    }
+    auto pair = std::make_unique<KvCodebookPair>();
+    auto k = kernels::ParseCodebook(books.k());
+    auto v = kernels::ParseCodebook(books.v());
+    if (!k.ok() || !v.ok()) {
+      return Bad(absl::StrFormat("layer %d's codebooks: %s", l,
+                                 (k.ok() ? v.status() : k.status()).message()));
+    }
+    pair->k = *std::move(k);
+    pair->v = *std::move(v);
+    adopted[l] = std::move(pair);
+  }
+
+  Seq s;
+  s.max_tokens = max_tokens;
+  s.length = length;
+  s.compressed = compressed;
+  s.policy.evicted_to = st.sinks_evicted_to();
+  s.k.resize(options_.layers);
+  s.v.resize(options_.layers);
+  for (int l = 0; l < options_.layers; ++l) {
+    s.k[l].resize((length - compressed) * row_);
+    s.v[l].resize((length - compressed) * row_);
+    std::memcpy(s.k[l].data(), st.residual_k(l).data(), resid_bytes);
+    std::memcpy(s.v[l].data(), st.residual_v(l).data(), resid_bytes);
+  }
+  s.heads.resize(lists);
+  int64_t next = 0;
+  for (int64_t i = 0; i < lists; ++i) {
+    const KvListState& list = st.lists(i);
+    HeadPages& hp = s.heads[i];
+    for (int t = 0; t < tiers_; ++t) {
+      const KvTierState& tier = list.tiers(t);
+      for (int j = 0; j < tier.slots_size(); ++j) {
+        if (absl::Status pushed = hp.Push(t, pages[next++]); !pushed.ok()) {
+          return Bad(absl::StrFormat("list %d: %s", i, pushed.message()));
+        }
+      }
+      hp.tier[t].slots.assign(tier.slots().begin(), tier.slots().end());
+      hp.tier[t].positions.assign(tier.positions().begin(), tier.positions().end());
+      hp.tier[t].last_closed = tier.last_closed();
+    }
+    hp.pending.assign(list.pending().begin(), list.pending().end());
+    hp.policy.score.assign(list.score().begin(), list.score().end());
+    hp.policy.gone.assign(list.gone().begin(), list.gone().end());
+  }
+  for (int l = 0; l < options_.layers; ++l) {
+    if (adopted[l]) codebooks_[l] = std::move(adopted[l]);
+  }
+  seqs_.emplace(seq, std::move(s));
+  return listed;
+}
+
+}  // namespace sluice::kvstore
