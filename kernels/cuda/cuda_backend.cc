@@ -146,6 +146,9 @@ absl::Status CudaBackend::DoPagedAttention(const PagedAttentionParams& p) {
 
 absl::Status CudaBackend::DoBatchPagedAttention(const BatchPagedAttentionParams& p,
                                                 absl::Span<const PagedAttentionParams> sequences) {
+  if (!kernels::cuda::RunsAsOnePlan(p, sequences)) {
+    return Backend::DoBatchPagedAttention(p, sequences);  // sequence by sequence
+  }
   return kernels::cuda::BatchPagedAttention(p, sequences, impl_->stream, &impl_->decode_workspace);
 }
 

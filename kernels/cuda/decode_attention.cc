@@ -403,18 +403,25 @@ absl::Status PagedAttention(const PagedAttentionParams& p, cudaStream_t stream,
   return absl::OkStatus();
 }
 
+bool RunsAsOnePlan(const BatchPagedAttentionParams& p,
+                   absl::Span<const PagedAttentionParams> sequences) {
+  if (sequences.empty() || p.page_scores != nullptr || sequences.front().q_tokens == 0) {
+    return false;
+  }
+  for (const PagedAttentionParams& s : sequences) {
+    if (s.q_tokens != sequences.front().q_tokens) return false;
+  }
+  return true;
+}
+
 absl::Status BatchPagedAttention(const BatchPagedAttentionParams& p,
                                  absl::Span<const PagedAttentionParams> sequences,
                                  cudaStream_t stream, DecodeAttentionWorkspace* workspace) {
-  const int64_t q_tokens = sequences.front().q_tokens;
-  bool one_plan = p.page_scores == nullptr && q_tokens > 0;
-  for (const PagedAttentionParams& s : sequences) one_plan &= s.q_tokens == q_tokens;
-  if (!one_plan) {
-    for (const PagedAttentionParams& s : sequences) {
-      if (s.q_tokens > 0) SLUICE_RETURN_IF_ERROR(PagedAttention(s, stream, workspace));
-    }
-    return absl::OkStatus();
+  if (!RunsAsOnePlan(p, sequences)) {
+    return absl::InvalidArgumentError(
+        "decode attention: one plan takes sequences with the same queries and no scores");
   }
+  const int64_t q_tokens = sequences.front().q_tokens;
   // One page list for the batch: sequence b's lists after those of the sequences before it.
   const int64_t batch = static_cast<int64_t>(sequences.size());
   std::vector<KvPageRef> pages;

@@ -117,10 +117,12 @@ class DecodeAttentionPlan {
 absl::Status PagedAttention(const PagedAttentionParams& p, cudaStream_t stream,
                             DecodeAttentionWorkspace* workspace = nullptr);
 
-// Backend::BatchPagedAttention on the GPU: the whole step in one plan and one launch when every
-// sequence has the same number of queries and no key scores are asked for (a decode step);
-// otherwise each sequence as PagedAttention. `sequences` are the batch's sequences as
+// Whether a batch runs as one plan: every sequence has the same number of queries (a decode
+// step's one) and no key scores are asked for. `sequences` are the batch's sequences as
 // Backend::BatchPagedAttention resolved them.
+bool RunsAsOnePlan(const BatchPagedAttentionParams& p,
+                   absl::Span<const PagedAttentionParams> sequences);
+// Backend::BatchPagedAttention on the GPU for a batch that RunsAsOnePlan: one plan, one launch.
 absl::Status BatchPagedAttention(const BatchPagedAttentionParams& p,
                                  absl::Span<const PagedAttentionParams> sequences,
                                  cudaStream_t stream, DecodeAttentionWorkspace* workspace);
