@@ -288,16 +288,35 @@ absl::Status ValidatePagedAttention(const PagedAttentionParams& p) {
   return absl::OkStatus();
 }
 
-// Checks what the batch adds to PagedAttentionParams (the CSR tables, the pool, the per
-// sequence arrays) and resolves each sequence into a call of its own: its page refs go to
+// A view the op uses: in the backend's memory and at least `need` elements long.
+template <typename T>
+absl::Status CheckView(std::string_view op, std::string_view what, const BufferView<T>& v,
+                       int64_t need, MemorySpace space) {
+  if (need <= 0) return absl::OkStatus();
+  if (v.data == nullptr || v.size < need) {
+    return Invalid(op, absl::StrFormat("%s holds %d elements at %p, needs %d", what, v.size,
+                                       static_cast<const void*>(v.data), need));
+  }
+  if (v.space != space) {
+    return Invalid(op, absl::StrFormat("%s is in %s memory; this backend computes in %s memory",
+                                       what, MemorySpaceName(v.space), MemorySpaceName(space)));
+  }
+  return absl::OkStatus();
+}
+
+// Checks what the batch adds to PagedAttentionParams (the CSR tables, the pool, the views, the
+// per-sequence arrays) and resolves each sequence into a call of its own: its page refs go to
 // *refs, its page offsets (relative to its first ref) to *offsets.
-absl::Status SplitBatchPagedAttention(const BatchPagedAttentionParams& p,
+absl::Status SplitBatchPagedAttention(const BatchPagedAttentionParams& p, MemorySpace space,
                                       std::vector<KvPageRef>* refs, std::vector<int32_t>* offsets,
                                       std::vector<PagedAttentionParams>* sequences) {
   constexpr std::string_view kOp = "batch_paged_attention";
   if (p.batch < 0) return Invalid(kOp, absl::StrFormat("batch=%d < 0", p.batch));
   if (p.batch == 0) return absl::OkStatus();
-  if (p.kv_heads <= 0) return Invalid(kOp, absl::StrFormat("kv_heads=%d <= 0", p.kv_heads));
+  if (p.kv_heads <= 0 || p.heads <= 0 || p.head_dim <= 0) {
+    return Invalid(kOp, absl::StrFormat("bad shape heads=%d kv_heads=%d head_dim=%d", p.heads,
+                                        p.kv_heads, p.head_dim));
+  }
   if (p.q_indptr == nullptr || p.recent_k == nullptr || p.recent_v == nullptr ||
       p.recent_tokens == nullptr) {
     return Invalid(kOp, "q_indptr, recent_k, recent_v and recent_tokens must be non-null");
@@ -308,13 +327,22 @@ absl::Status SplitBatchPagedAttention(const BatchPagedAttentionParams& p,
                                         "for each",
                                         kMaxKvTiers));
   }
-  const bool scores = p.page_scores != nullptr;
-  if (scores != (p.recent_scores != nullptr) || scores != (p.page_score_offsets != nullptr) ||
+  const bool scores = p.page_scores.data != nullptr;
+  if (scores != (p.recent_scores.data != nullptr) || scores != (p.page_score_offsets != nullptr) ||
       scores != (p.recent_score_offsets != nullptr)) {
     return Invalid(kOp, "page_scores, recent_scores and their offsets go together");
   }
   if (p.q_indptr[0] != 0) return Invalid(kOp, "q_indptr[0] must be 0");
+  for (int64_t b = 0; b < p.batch; ++b) {
+    if (p.q_indptr[b + 1] < p.q_indptr[b]) {
+      return Invalid(kOp, absl::StrFormat("q_indptr decreases at sequence %d", b));
+    }
+  }
+  const int64_t rows = p.q_indptr[p.batch] * p.heads * p.head_dim;
+  SLUICE_RETURN_IF_ERROR(CheckView(kOp, "q", p.q, rows, space));
+  SLUICE_RETURN_IF_ERROR(CheckView(kOp, "out", p.out, rows, space));
   const int64_t lists = p.batch * p.kv_heads;
+  const int64_t pool_pages = p.page_bytes > 0 ? p.pool.size / p.page_bytes : 0;
   int64_t pages = 0;
   for (int32_t t = 0; t < p.tier_count; ++t) {
     const KvPageTable& table = p.tables[t];
@@ -326,23 +354,26 @@ absl::Status SplitBatchPagedAttention(const BatchPagedAttentionParams& p,
       }
     }
     const int64_t n = table.indptr[lists] - table.indptr[0];
-    if (n > 0 && (table.ids == nullptr || table.slots == nullptr)) {
+    if (n == 0) continue;
+    if (table.ids == nullptr || table.slots == nullptr) {
       return Invalid(kOp, absl::StrFormat("tier %d lists pages but its ids or slots are null", t));
     }
-    for (int32_t j = table.indptr[0]; j < table.indptr[lists]; ++j) {
-      if (table.ids[j] < 0 || table.ids[j] >= p.pool_pages) {
-        return Invalid(kOp, absl::StrFormat("tier %d: page id %d outside the pool's [0, %d)", t,
-                                            table.ids[j], p.pool_pages));
-      }
-    }
-    if (n > 0 && (p.page_bytes < p.formats[t].page_bytes || p.page_bytes % 16 != 0)) {
+    if (p.page_bytes < p.formats[t].page_bytes || p.page_bytes % 16 != 0) {
       return Invalid(kOp, absl::StrFormat("page_bytes %d: under tier %d's %d or not a multiple "
                                           "of 16",
                                           p.page_bytes, t, p.formats[t].page_bytes));
     }
+    for (int32_t j = table.indptr[0]; j < table.indptr[lists]; ++j) {
+      if (table.ids[j] < 0 || table.ids[j] >= pool_pages) {
+        return Invalid(kOp, absl::StrFormat("tier %d: page id %d outside the pool's [0, %d)", t,
+                                            table.ids[j], pool_pages));
+      }
+    }
     pages += n;
   }
-  if (pages > 0 && p.pool == nullptr) return Invalid(kOp, "pool must be non-null");
+  if (pages > 0) SLUICE_RETURN_IF_ERROR(CheckView(kOp, "pool", p.pool, p.pool.size, space));
+  const int64_t row = p.kv_heads * p.head_dim;
+  const int64_t group = p.scores_per_head ? p.heads / p.kv_heads : 1;
   refs->clear();
   refs->reserve(pages);
   offsets->assign(p.batch * (p.kv_heads + 1), 0);
@@ -350,44 +381,58 @@ absl::Status SplitBatchPagedAttention(const BatchPagedAttentionParams& p,
   sequences->reserve(p.batch);
   std::vector<size_t> first_ref(p.batch);
   for (int64_t b = 0; b < p.batch; ++b) {
-    if (p.q_indptr[b + 1] < p.q_indptr[b]) {
-      return Invalid(kOp, absl::StrFormat("q_indptr decreases at sequence %d", b));
-    }
+    const std::string seq = absl::StrFormat("sequence %d's ", b);
+    SLUICE_RETURN_IF_ERROR(
+        CheckView(kOp, seq + "recent_k", p.recent_k[b], p.recent_tokens[b] * row, space));
+    SLUICE_RETURN_IF_ERROR(
+        CheckView(kOp, seq + "recent_v", p.recent_v[b], p.recent_tokens[b] * row, space));
     first_ref[b] = refs->size();
+    int64_t slots = 0;
     for (int64_t h = 0; h < p.kv_heads; ++h) {
       const int64_t list = b * p.kv_heads + h;
       for (int32_t t = 0; t < p.tier_count; ++t) {
         const KvPageTable& table = p.tables[t];
         for (int32_t j = table.indptr[list]; j < table.indptr[list + 1]; ++j) {
-          refs->push_back({.data = p.pool + int64_t{table.ids[j]} * p.page_bytes,
+          refs->push_back({.data = p.pool.data + int64_t{table.ids[j]} * p.page_bytes,
                            .slots = table.slots[j],
                            .tier = t});
+          slots += table.slots[j];
         }
       }
       (*offsets)[b * (p.kv_heads + 1) + h + 1] = static_cast<int32_t>(refs->size() - first_ref[b]);
     }
     const int64_t q0 = p.q_indptr[b];
-    PagedAttentionParams s{.q = p.q == nullptr ? nullptr : p.q + q0 * p.heads * p.head_dim,
-                           .out = p.out == nullptr ? nullptr : p.out + q0 * p.heads * p.head_dim,
-                           .q_tokens = p.q_indptr[b + 1] - q0,
-                           .heads = p.heads,
-                           .kv_heads = p.kv_heads,
-                           .head_dim = p.head_dim,
-                           .scale = p.scale,
-                           .formats = p.formats,
-                           .layouts = p.layouts,
-                           .codebooks = p.codebooks,
-                           .tier_count = p.tier_count,
-                           .recent_k = p.recent_k[b],
-                           .recent_v = p.recent_v[b],
-                           .recent_tokens = p.recent_tokens[b],
-                           .scores_per_head = p.scores_per_head};
+    PagedAttentionParams s{
+        .q = p.q.data == nullptr ? nullptr : p.q.data + q0 * p.heads * p.head_dim,
+        .out = p.out.data == nullptr ? nullptr : p.out.data + q0 * p.heads * p.head_dim,
+        .q_tokens = p.q_indptr[b + 1] - q0,
+        .heads = p.heads,
+        .kv_heads = p.kv_heads,
+        .head_dim = p.head_dim,
+        .scale = p.scale,
+        .formats = p.formats,
+        .layouts = p.layouts,
+        .codebooks = p.codebooks,
+        .tier_count = p.tier_count,
+        .recent_k = p.recent_k[b].data,
+        .recent_v = p.recent_v[b].data,
+        .recent_tokens = p.recent_tokens[b],
+        .scores_per_head = p.scores_per_head};
     if (scores) {
-      if (p.page_score_offsets[b] < 0 || p.recent_score_offsets[b] < 0) {
-        return Invalid(kOp, absl::StrFormat("sequence %d: negative score offsets", b));
+      // The sequence's regions: [group, its slots] and [group * kv_heads, its recent tokens].
+      const int64_t ps = p.page_score_offsets[b], rs = p.recent_score_offsets[b];
+      const int64_t ps_need = group * slots, rs_need = group * p.kv_heads * p.recent_tokens[b];
+      if (ps < 0 || rs < 0 || ps + ps_need > p.page_scores.size ||
+          rs + rs_need > p.recent_scores.size) {
+        return Invalid(kOp, absl::StrFormat("sequence %d's scores [%d, +%d) and [%d, +%d) do not "
+                                            "fit page_scores (%d) and recent_scores (%d)",
+                                            b, ps, ps_need, rs, rs_need, p.page_scores.size,
+                                            p.recent_scores.size));
       }
-      s.page_scores = p.page_scores + p.page_score_offsets[b];
-      s.recent_scores = p.recent_scores + p.recent_score_offsets[b];
+      SLUICE_RETURN_IF_ERROR(CheckView(kOp, "page_scores", p.page_scores, 1, space));
+      SLUICE_RETURN_IF_ERROR(CheckView(kOp, "recent_scores", p.recent_scores, 1, space));
+      s.page_scores = p.page_scores.data + ps;
+      s.recent_scores = p.recent_scores.data + rs;
     }
     sequences->push_back(s);
   }
@@ -503,7 +548,7 @@ absl::Status Backend::BatchPagedAttention(const BatchPagedAttentionParams& p) {
   std::vector<KvPageRef> refs;
   std::vector<int32_t> offsets;
   std::vector<PagedAttentionParams> sequences;
-  SLUICE_RETURN_IF_ERROR(SplitBatchPagedAttention(p, &refs, &offsets, &sequences));
+  SLUICE_RETURN_IF_ERROR(SplitBatchPagedAttention(p, memory_space(), &refs, &offsets, &sequences));
   if (p.batch == 0 || p.q_indptr[p.batch] == 0) return absl::OkStatus();
   return DoBatchPagedAttention(p, sequences);
 }

@@ -44,6 +44,8 @@ class Backend {
   // Human-readable, e.g. "cpu (avx512, 2 threads)" or "cuda (NVIDIA H100, sm_90)".
   virtual std::string name() const = 0;
   virtual bool Supports(Op op) const = 0;
+  // Where its ops read and write: host memory (ref, cpu) or its device (cuda).
+  virtual MemorySpace memory_space() const { return MemorySpace::kHost; }
 
   // Buffers on this backend's device; host memory for ref and cpu.
   virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/buffer_view.h"
 #include "kernels/ggml_quant.h"
 #include "kernels/huffman.h"
 #include "kernels/kv_format.h"
@@ -209,8 +210,8 @@ struct KvPageTable {
 struct BatchPagedAttentionParams {
   int64_t batch = 0;
   const int32_t* q_indptr = nullptr;  // [batch + 1], host
-  const float* q = nullptr;           // [q_indptr[batch], heads, head_dim]
-  float* out = nullptr;               // [q_indptr[batch], heads, head_dim]
+  BufferView<const float> q;          // [q_indptr[batch], heads, head_dim]
+  BufferView<float> out;              // [q_indptr[batch], heads, head_dim]
   int64_t heads = 0;
   int64_t kv_heads = 0;  // divides heads
   int64_t head_dim = 0;
@@ -219,19 +220,21 @@ struct BatchPagedAttentionParams {
   const KvPageLayout* layouts = nullptr;   // [tier_count], host
   const KvCodebooks* codebooks = nullptr;  // [tier_count]; Huffman-coded tiers only
   int32_t tier_count = 0;
-  const uint8_t* pool = nullptr;    // the page pool: page id p at pool + p * page_bytes
+  // The page pool: page id p at pool.data + p * page_bytes; ids must lie in
+  // [0, pool.size / page_bytes).
+  BufferView<const uint8_t> pool;
   int64_t page_bytes = 0;           // >= every tier's format.page_bytes, a multiple of 16
-  int32_t pool_pages = 0;           // ids are in [0, pool_pages)
   KvPageTable tables[kMaxKvTiers];  // [tier_count]; lists = batch * kv_heads
-  // Sequence b's full-precision recent tokens: [recent_tokens[b], kv_heads, head_dim] at
-  // recent_k[b] / recent_v[b]; recent_tokens[b] >= its queries.
-  const float* const* recent_k = nullptr;  // [batch], host array of device pointers
-  const float* const* recent_v = nullptr;  // [batch]
-  const int64_t* recent_tokens = nullptr;  // [batch], host
+  // Sequence b's full-precision recent tokens, recent_tokens[b] of them (>= its queries):
+  // recent_k[b] / recent_v[b] hold [recent_tokens[b], kv_heads, head_dim].
+  const BufferView<const float>* recent_k = nullptr;  // [batch], host array of views
+  const BufferView<const float>* recent_v = nullptr;  // [batch]
+  const int64_t* recent_tokens = nullptr;             // [batch], host
   // Optional, all or none: cumulative attention as PagedAttentionParams gives it, sequence by
-  // sequence (see there; scores_per_head for every sequence alike).
-  float* page_scores = nullptr;
-  float* recent_scores = nullptr;
+  // sequence (see there; scores_per_head for every sequence alike); each sequence's regions
+  // must lie inside the views.
+  BufferView<float> page_scores;
+  BufferView<float> recent_scores;
   const int64_t* page_score_offsets = nullptr;    // [batch], host
   const int64_t* recent_score_offsets = nullptr;  // [batch], host
   bool scores_per_head = false;

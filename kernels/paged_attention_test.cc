@@ -452,19 +452,21 @@ TEST_P(BatchPagedAttentionTest, EachSequenceAsItsOwnCall) {
       ASSERT_TRUE(qb->Upload(q).ok());
     }
     std::vector<GuardedBuffer> recent_buffers;
-    std::vector<const float*> rk_ptr(batch), rv_ptr(batch);
+    const MemorySpace space = backend_->memory_space();
+    std::vector<BufferView<const float>> rk_view(batch), rv_view(batch);
     for (int64_t b = 0; b < batch; ++b) {
-      for (auto [src, dst] : {std::pair{&rk[b], &rk_ptr[b]}, std::pair{&rv[b], &rv_ptr[b]}}) {
+      for (auto [src, dst] : {std::pair{&rk[b], &rk_view[b]}, std::pair{&rv[b], &rv_view[b]}}) {
         auto buf = GuardedBuffer::Create(*backend_, src->size());
         ASSERT_TRUE(buf.ok() && buf->Upload(*src).ok());
-        *dst = buf->data();
+        *dst = {.data = buf->data(), .size = static_cast<int64_t>(src->size()), .space = space};
         recent_buffers.push_back(std::move(*buf));
       }
     }
+    const int64_t q_size = rows * c.heads * d;
     BatchPagedAttentionParams p{.batch = batch,
                                 .q_indptr = q_indptr.data(),
-                                .q = qb->data(),
-                                .out = ob->data(),
+                                .q = {.data = qb->data(), .size = q_size, .space = space},
+                                .out = {.data = ob->data(), .size = q_size, .space = space},
                                 .heads = c.heads,
                                 .kv_heads = c.kv_heads,
                                 .head_dim = d,
@@ -473,19 +475,20 @@ TEST_P(BatchPagedAttentionTest, EachSequenceAsItsOwnCall) {
                                 .layouts = tiers->layouts.data(),
                                 .codebooks = tiers->codebooks.data(),
                                 .tier_count = tier_count,
-                                .pool = reinterpret_cast<const uint8_t*>(pool_b->data()),
+                                .pool = {.data = reinterpret_cast<const uint8_t*>(pool_b->data()),
+                                         .size = pool_pages * page_bytes,
+                                         .space = space},
                                 .page_bytes = page_bytes,
-                                .pool_pages = pool_pages,
-                                .recent_k = rk_ptr.data(),
-                                .recent_v = rv_ptr.data(),
+                                .recent_k = rk_view.data(),
+                                .recent_v = rv_view.data(),
                                 .recent_tokens = recent.data(),
                                 .scores_per_head = per_head};
     for (int32_t t = 0; t < tier_count; ++t) {
       p.tables[t] = {.indptr = indptr[t].data(), .ids = ids[t].data(), .slots = slots[t].data()};
     }
     if (scores) {
-      p.page_scores = psb->data();
-      p.recent_scores = rsb->data();
+      p.page_scores = {.data = psb->data(), .size = ps_size, .space = space};
+      p.recent_scores = {.data = rsb->data(), .size = rs_size, .space = space};
       p.page_score_offsets = ps_at.data();
       p.recent_score_offsets = rs_at.data();
     }
@@ -505,41 +508,49 @@ TEST_P(BatchPagedAttentionTest, EachSequenceAsItsOwnCall) {
 }
 
 TEST_P(BatchPagedAttentionTest, RejectsTablesThatDoNotFit) {
+  // Checked before any kernel runs, so host arrays serve every backend here.
   const KvTierFormat f{.head_dim = 64, .page_bytes = 4096};
   auto l = ComputePageLayout(f);
   ASSERT_TRUE(l.ok());
+  const MemorySpace space = backend_->memory_space();
   std::vector<uint8_t> pool(2 * 4096);
   float x[64 * 2] = {};
-  const float* recent[] = {x};
+  const BufferView<const float> recent[] = {{.data = x, .size = 64, .space = space}};
   const int64_t recent_tokens[] = {1};
   const int32_t q_indptr[] = {0, 1}, indptr[] = {0, 1}, slots[] = {1};
   int32_t id = 2;  // one past the pool
   BatchPagedAttentionParams p{.batch = 1,
                               .q_indptr = q_indptr,
-                              .q = x,
-                              .out = x,
+                              .q = {.data = x, .size = 64, .space = space},
+                              .out = {.data = x, .size = 64, .space = space},
                               .heads = 1,
                               .kv_heads = 1,
                               .head_dim = 64,
                               .formats = &f,
                               .layouts = &*l,
                               .tier_count = 1,
-                              .pool = pool.data(),
+                              .pool = {.data = pool.data(), .size = 2 * 4096, .space = space},
                               .page_bytes = 4096,
-                              .pool_pages = 2,
                               .tables = {{.indptr = indptr, .ids = &id, .slots = slots}},
                               .recent_k = recent,
                               .recent_v = recent,
                               .recent_tokens = recent_tokens};
-  absl::Status st = backend_->BatchPagedAttention(p);
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-  EXPECT_THAT(st.message(), ::testing::HasSubstr("outside the pool")) << st;
+  auto expect_invalid = [&](std::string_view what) {
+    const absl::Status st = backend_->BatchPagedAttention(p);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_THAT(st.message(), ::testing::HasSubstr(what)) << st;
+  };
+  expect_invalid("outside the pool");
   id = 1;
   const int32_t too_many[] = {l->tokens + 1};
   p.tables[0].slots = too_many;
-  st = backend_->BatchPagedAttention(p);
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-  EXPECT_THAT(st.message(), ::testing::HasSubstr("sequence 0")) << st;
+  expect_invalid("sequence 0");
+  p.tables[0].slots = slots;
+  p.q.size = 63;  // one query row is 64 floats
+  expect_invalid("q holds 63 elements");
+  p.q.size = 64;
+  p.out.space = space == MemorySpace::kHost ? MemorySpace::kDevice : MemorySpace::kHost;
+  expect_invalid("this backend computes in");
 }
 
 SLUICE_INSTANTIATE_OP_TEST(BatchPagedAttentionTest);

@@ -20,6 +20,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   BackendKind kind() const override { return BackendKind::kCuda; }
+  MemorySpace memory_space() const override { return MemorySpace::kDevice; }
   std::string name() const override { return name_; }
   bool Supports(Op op) const override;
 

@@ -405,7 +405,7 @@ absl::Status PagedAttention(const PagedAttentionParams& p, cudaStream_t stream,
 
 bool RunsAsOnePlan(const BatchPagedAttentionParams& p,
                    absl::Span<const PagedAttentionParams> sequences) {
-  if (sequences.empty() || p.page_scores != nullptr || sequences.front().q_tokens == 0) {
+  if (sequences.empty() || p.page_scores.data != nullptr || sequences.front().q_tokens == 0) {
     return false;
   }
   for (const PagedAttentionParams& s : sequences) {
@@ -427,7 +427,10 @@ absl::Status BatchPagedAttention(const BatchPagedAttentionParams& p,
   std::vector<KvPageRef> pages;
   std::vector<int32_t> page_offsets = {0};
   std::vector<int64_t> recent_offsets = {0};
+  std::vector<const float*> recent_k, recent_v;  // each sequence's window
   for (const PagedAttentionParams& s : sequences) {
+    recent_k.push_back(s.recent_k);
+    recent_v.push_back(s.recent_v);
     for (int64_t h = 0; h < s.kv_heads; ++h) {
       pages.insert(pages.end(), s.pages + s.page_offsets[h], s.pages + s.page_offsets[h + 1]);
       page_offsets.push_back(static_cast<int32_t>(pages.size()));
@@ -448,11 +451,11 @@ absl::Status BatchPagedAttention(const BatchPagedAttentionParams& p,
                                                        .pages = pages.data(),
                                                        .page_offsets = page_offsets.data(),
                                                        .recent_offsets = recent_offsets.data(),
-                                                       .recent_k = p.recent_k,
-                                                       .recent_v = p.recent_v},
+                                                       .recent_k = recent_k.data(),
+                                                       .recent_v = recent_v.data()},
                                                       stream, workspace));
   // Sequence b's queries are rows [b * q_tokens, (b + 1) * q_tokens): q and out as they are.
-  SLUICE_RETURN_IF_ERROR(plan.Run(p.q, p.out, stream));
+  SLUICE_RETURN_IF_ERROR(plan.Run(p.q.data, p.out.data, stream));
   if (workspace == nullptr) SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return absl::OkStatus();
 }

@@ -269,6 +269,7 @@ absl::Status PagedKvCache::BeginStep(absl::Span<const model::StepEntry> batch) {
   const bool per_head = policy_->scores() == policy::ScoreMode::kPerQueryHead;
   const int64_t group = per_head ? options_.heads / kvh : 1;
   for (int t = 0; t < tiers_; ++t) plan.indptr[t] = {0};
+  const kernels::MemorySpace space = backend_.memory_space();
   plan.recent_k.reserve(layers * n_batch);
   plan.recent_v.reserve(layers * n_batch);
   plan.page_score_offsets.reserve(layers * n_batch);
@@ -289,8 +290,9 @@ absl::Status PagedKvCache::BeginStep(absl::Span<const model::StepEntry> batch) {
           plan.indptr[t].push_back(static_cast<int32_t>(plan.ids[t].size()));
         }
       }
-      plan.recent_k.push_back(s.k[l].data());
-      plan.recent_v.push_back(s.v[l].data());
+      const int64_t window = plan.recent_tokens[b] * row_;
+      plan.recent_k.push_back({.data = s.k[l].data(), .size = window, .space = space});
+      plan.recent_v.push_back({.data = s.v[l].data(), .size = window, .space = space});
       plan.seq_slots.push_back(seq_slots);
       plan.page_score_offsets.push_back(page_scores);
       plan.recent_score_offsets.push_back(recent_scores);
@@ -361,6 +363,8 @@ absl::Status PagedKvCache::Attend(int layer, const float* q, float* out) {
   const bool per_head = mode == policy::ScoreMode::kPerQueryHead;
   const int64_t group = per_head ? options_.heads / kvh : 1;
   const int64_t at = layer * n_batch;  // the layer's first (layer, entry) of the plan
+  const int64_t rows = plan.q_indptr.back();
+  const kernels::MemorySpace space = backend_.memory_space();
   if (scores) {
     page_scores_.assign(std::max<int64_t>(1, plan.page_score_size[layer]), 0.f);
     recent_scores_.assign(std::max<int64_t>(1, plan.recent_score_size[layer]), 0.f);
@@ -369,8 +373,8 @@ absl::Status PagedKvCache::Attend(int layer, const float* q, float* out) {
   kernels::BatchPagedAttentionParams p{
       .batch = n_batch,
       .q_indptr = plan.q_indptr.data(),
-      .q = q,
-      .out = out,
+      .q = {.data = q, .size = rows * q_row, .space = space},
+      .out = {.data = out, .size = rows * q_row, .space = space},
       .heads = options_.heads,
       .kv_heads = kvh,
       .head_dim = options_.head_dim,
@@ -379,14 +383,19 @@ absl::Status PagedKvCache::Attend(int layer, const float* q, float* out) {
       .layouts = layouts_,
       .codebooks = codebooks,
       .tier_count = tiers_,
-      .pool = pool_->data(0),
+      .pool = {.data = pool_->data(0),
+               .size = pool_->num_pages() * pool_->page_bytes(),
+               .space = space},
       .page_bytes = pool_->page_bytes(),
-      .pool_pages = static_cast<int32_t>(pool_->num_pages()),
       .recent_k = plan.recent_k.data() + at,
       .recent_v = plan.recent_v.data() + at,
       .recent_tokens = plan.recent_tokens.data(),
-      .page_scores = scores ? page_scores_.data() : nullptr,
-      .recent_scores = scores ? recent_scores_.data() : nullptr,
+      .page_scores = {.data = scores ? page_scores_.data() : nullptr,
+                      .size = static_cast<int64_t>(page_scores_.size()),
+                      .space = space},
+      .recent_scores = {.data = scores ? recent_scores_.data() : nullptr,
+                        .size = static_cast<int64_t>(recent_scores_.size()),
+                        .space = space},
       .page_score_offsets = scores ? plan.page_score_offsets.data() + at : nullptr,
       .recent_score_offsets = scores ? plan.recent_score_offsets.data() + at : nullptr,
       .scores_per_head = per_head};

@@ -114,7 +114,7 @@ class PagedKvCache final : public model::KvCache {
     std::vector<int32_t> indptr[2], ids[2], slots[2];
     // Per (layer, entry), at layer * batch + b: the window, the slots of the entry's pages (all
     // its lists) and where its scores go in that layer's score arrays.
-    std::vector<const float*> recent_k, recent_v;
+    std::vector<kernels::BufferView<const float>> recent_k, recent_v;
     std::vector<int64_t> seq_slots;
     std::vector<int64_t> page_score_offsets, recent_score_offsets;
     std::vector<int64_t> page_score_size, recent_score_size;  // [layers]
