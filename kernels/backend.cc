@@ -288,20 +288,22 @@ absl::Status ValidatePagedAttention(const PagedAttentionParams& p) {
   return absl::OkStatus();
 }
 
-// A view the op uses: in the backend's memory and at least `need` elements long.
+// A view the op uses: in the backend's memory and at least `need` elements long. `seq` >= 0
+// names the sequence the view is of (the message is built only on failure).
 template <typename T>
 absl::Status CheckView(std::string_view op, std::string_view what, const BufferView<T>& v,
-                       int64_t need, MemorySpace space) {
+                       int64_t need, MemorySpace space, int64_t seq = -1) {
   if (need <= 0) return absl::OkStatus();
-  if (v.data == nullptr || v.size < need) {
-    return Invalid(op, absl::StrFormat("%s holds %d elements at %p, needs %d", what, v.size,
+  const bool short_view = v.data == nullptr || v.size < need;
+  if (!short_view && v.space == space) return absl::OkStatus();
+  const std::string name =
+      seq >= 0 ? absl::StrFormat("sequence %d's %s", seq, what) : std::string(what);
+  if (short_view) {
+    return Invalid(op, absl::StrFormat("%s holds %d elements at %p, needs %d", name, v.size,
                                        static_cast<const void*>(v.data), need));
   }
-  if (v.space != space) {
-    return Invalid(op, absl::StrFormat("%s is in %s memory; this backend computes in %s memory",
-                                       what, MemorySpaceName(v.space), MemorySpaceName(space)));
-  }
-  return absl::OkStatus();
+  return Invalid(op, absl::StrFormat("%s is in %s memory; this backend computes in %s memory", name,
+                                     MemorySpaceName(v.space), MemorySpaceName(space)));
 }
 
 // Checks what the batch adds to PagedAttentionParams (the CSR tables, the pool, the views, the
@@ -381,11 +383,10 @@ absl::Status SplitBatchPagedAttention(const BatchPagedAttentionParams& p, Memory
   sequences->reserve(p.batch);
   std::vector<size_t> first_ref(p.batch);
   for (int64_t b = 0; b < p.batch; ++b) {
-    const std::string seq = absl::StrFormat("sequence %d's ", b);
     SLUICE_RETURN_IF_ERROR(
-        CheckView(kOp, seq + "recent_k", p.recent_k[b], p.recent_tokens[b] * row, space));
+        CheckView(kOp, "recent_k", p.recent_k[b], p.recent_tokens[b] * row, space, b));
     SLUICE_RETURN_IF_ERROR(
-        CheckView(kOp, seq + "recent_v", p.recent_v[b], p.recent_tokens[b] * row, space));
+        CheckView(kOp, "recent_v", p.recent_v[b], p.recent_tokens[b] * row, space, b));
     first_ref[b] = refs->size();
     int64_t slots = 0;
     for (int64_t h = 0; h < p.kv_heads; ++h) {
@@ -429,8 +430,11 @@ absl::Status SplitBatchPagedAttention(const BatchPagedAttentionParams& p, Memory
                                             b, ps, ps_need, rs, rs_need, p.page_scores.size,
                                             p.recent_scores.size));
       }
-      SLUICE_RETURN_IF_ERROR(CheckView(kOp, "page_scores", p.page_scores, 1, space));
-      SLUICE_RETURN_IF_ERROR(CheckView(kOp, "recent_scores", p.recent_scores, 1, space));
+      // The views must reach each region's end; a sequence with no paged slots reads no
+      // page_scores, so they may be empty.
+      SLUICE_RETURN_IF_ERROR(
+          CheckView(kOp, "page_scores", p.page_scores, ps_need > 0 ? ps + ps_need : 0, space));
+      SLUICE_RETURN_IF_ERROR(CheckView(kOp, "recent_scores", p.recent_scores, rs + rs_need, space));
       s.page_scores = p.page_scores.data + ps;
       s.recent_scores = p.recent_scores.data + rs;
     }

@@ -2,6 +2,8 @@
 
 #include <omp.h>
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -81,21 +83,18 @@ absl::Status CpuBackend::DoKvQuantize(const KvQuantizeParams& p) {
 }
 
 absl::Status CpuBackend::DoKvQuantizeBatch(absl::Span<const KvQuantizeParams> items) {
-  // Fixed-width items on the threads; coded ones (which fill pages unit by unit) after them.
+  // Fixed-width items on the threads; coded ones (which fill pages unit by unit) after them,
+  // as the default runs them.
   const int64_t n = static_cast<int64_t>(items.size());
+  std::vector<KvQuantizeParams> coded;
 #pragma omp parallel for num_threads(threads_) schedule(dynamic, 1) if (threads_ > 1 && n > 1)
   for (int64_t i = 0; i < n; ++i) {
     if (items[i].format.huffman_bits == 0 && items[i].tokens > 0) cpu::KvQuantize(items[i], isa_);
   }
   for (const KvQuantizeParams& p : items) {
-    if (p.format.huffman_bits == 0) continue;
-    if (p.tokens == 0) {
-      *p.tokens_written = 0;
-      continue;
-    }
-    SLUICE_RETURN_IF_ERROR(DoKvQuantize(p));
+    if (p.format.huffman_bits > 0) coded.push_back(p);
   }
-  return absl::OkStatus();
+  return Backend::DoKvQuantizeBatch(coded);
 }
 
 absl::Status CpuBackend::DoKvDequantize(const KvDequantizeParams& p) {
@@ -108,22 +107,28 @@ absl::Status CpuBackend::DoKvDequantize(const KvDequantizeParams& p) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The fused CPU kernel keeps a kv-head's query heads in registers: up to kPagedAttentionMaxGroup.
+absl::Status CheckGroup(int64_t heads, int64_t kv_heads) {
+  if (heads / kv_heads <= cpu::kPagedAttentionMaxGroup) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat("paged_attention: ", heads / kv_heads,
+                                               " query heads per kv-head; the CPU "
+                                               "kernel handles up to ",
+                                               cpu::kPagedAttentionMaxGroup));
+}
+
+}  // namespace
+
 absl::Status CpuBackend::DoPagedAttention(const PagedAttentionParams& p) {
-  if (p.heads / p.kv_heads > cpu::kPagedAttentionMaxGroup) {
-    return absl::UnimplementedError(absl::StrCat("paged_attention: ", p.heads / p.kv_heads,
-                                                 " query heads per kv-head; the CPU "
-                                                 "kernel handles up to ",
-                                                 cpu::kPagedAttentionMaxGroup));
-  }
+  SLUICE_RETURN_IF_ERROR(CheckGroup(p.heads, p.kv_heads));
   cpu::PagedAttention(p, isa_, threads_);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::DoBatchPagedAttention(const BatchPagedAttentionParams& p,
                                                absl::Span<const PagedAttentionParams> sequences) {
-  if (p.heads / p.kv_heads > cpu::kPagedAttentionMaxGroup) {
-    return DoPagedAttention(sequences.front());  // the error
-  }
+  SLUICE_RETURN_IF_ERROR(CheckGroup(p.heads, p.kv_heads));
   cpu::PagedAttention(sequences, isa_, threads_);
   return absl::OkStatus();
 }
