@@ -280,7 +280,7 @@ class PagedKvCache final : public model::KvCache {
   // quantization added to `batch`. `only_layer` >= 0: that layer's lists only (StreamLayers).
   absl::Status FlushFixed(Seq& s, int64_t flush, const TierChoice* choice, int only_layer,
                           QuantizeBatch* batch);
-  // The window tokens the next Flush moves to pages when the sequence has `length` tokens.
+  // The window tokens a commit moves to pages when the sequence has `length` tokens.
   int64_t FlushCount(const Seq& s, int64_t length) const;
   // Places n rows (row r at k + r * stride) in tier t of `hp` after its written slots, taking
   // fresh pages from `fresh` (advancing *next) when the last one is full; their quantization
