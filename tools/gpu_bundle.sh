@@ -9,9 +9,10 @@
 # cuBLAS is not bundled (its libraries are hundreds of MiB): accept.sh finds the GPU machine's own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets=(//kernels:backend_ops_test //kernels/cuda:warp_mma_test //kernels/cuda:decode_attention_test
-  //kvstore/memory/cuda:gpu_page_allocator_test
-  //kvstore/memory/cuda:gpu_compaction_test //bench/gpu:gpu_bench)
+# The binaries: GPU_BUNDLE_BINARIES in tools/BUILD (what //tools:gpu_bundle_test stages).
+mapfile -t targets < <(bazel query --noshow_progress \
+  'kind("cc_binary|cc_test", labels(data, //tools:gpu_bundle_test))' | sort)
+(( ${#targets[@]} > 0 )) || { echo "no binaries in //tools:gpu_bundle_test" >&2; exit 1; }
 bazel build --jobs="${SLUICE_JOBS:-2}" "${targets[@]}"
 rm -rf .gpu
 stage=.gpu/stage

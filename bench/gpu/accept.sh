@@ -77,6 +77,7 @@ PY
 
 tests=(
   "warp_mma_test"
+  "huffman_unit_test"
   "decode_attention_test"
   "backend_ops_test --gtest_filter=*/cuda"
   "gpu_page_allocator_test"
@@ -84,6 +85,7 @@ tests=(
 )
 small_tests=(
   "warp_mma_test"
+  "huffman_unit_test"
   "backend_ops_test --gtest_filter=*/cuda"
   "decode_attention_test --gtest_filter=*Small*"
   "gpu_page_allocator_test --gtest_filter=-*Large*"

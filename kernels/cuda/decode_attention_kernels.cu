@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/decode_attention_kernels.h"
+#include "kernels/cuda/huffman_unit.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/warp_mma.cuh"
 
@@ -389,44 +390,22 @@ __device__ __forceinline__ void LoadPage(uint8_t* dst, const uint8_t* src, int b
   __pipeline_commit();
 }
 
-// 32 bits of a bitstream starting at bit `pos` (the stream's words 4-byte aligned).
-__device__ __forceinline__ uint32_t BitWindow(const uint32_t* words, uint32_t pos) {
-  return __funnelshift_r(words[pos >> 5], words[(pos >> 5) + 1], pos & 31);
-}
-
-// Decodes unit `index` of the Huffman-coded page `page` (shared memory) into `unit`: one thread
-// per stream (4 K, 4 V), the others copy the unit's meta. Branch-free: one table lookup and
-// one add per symbol.
+// Decodes unit `index` of the Huffman-coded page `page` (shared memory) into `unit`: every
+// thread decodes (huffman_unit.cuh), then copies its share of the unit's meta.
 __device__ __forceinline__ void DecodeUnit(const DecodeTier& tier, int d, const uint8_t* page,
                                            int index, uint8_t* unit) {
+  static_assert(kDecodeThreads == kHuffmanUnitThreads, "a block decodes a unit");
   const KvPageLayout& l = tier.layout;
   const KvPageLayout& ul = tier.unit_layout;
-  const int n = d * l.unit_tokens / kKvHuffmanStreams;
-  const uint32_t* streams =
-      reinterpret_cast<const uint32_t*>(page + l.streams) + index * 2 * kKvHuffmanStreams;
-  const uint32_t* words = reinterpret_cast<const uint32_t*>(page + l.bitstream);
-  if (threadIdx.x < 2 * kKvHuffmanStreams) {
-    const int st = threadIdx.x;
-    const bool key = st < kKvHuffmanStreams;
-    const uint16_t* table = key ? tier.k_table : tier.v_table;
-    const uint32_t mask = (1u << (key ? tier.k_table_bits : tier.v_table_bits)) - 1;
-    uint8_t* out = unit + (key ? ul.k_codes + st * n : ul.v_codes + (st - kKvHuffmanStreams) * n);
-    uint32_t pos = streams[st];
-    for (int i = 0; i < n; ++i) {
-      const uint32_t e = __ldg(table + (BitWindow(words, pos) & mask));
-      out[i] = static_cast<uint8_t>(e & 0xff);
-      pos += e >> 8;
-    }
-  } else {
-    const uint8_t* meta = page + l.unit_meta + index * l.unit_meta_bytes;
-    const int kb = l.unit_k_meta_bytes;
-    for (int i = threadIdx.x - 8; i < l.unit_meta_bytes; i += kDecodeThreads - 8) {
-      if (i < kb) {
-        unit[ul.k_meta + i] = meta[i];
-      } else {
-        unit[ul.v_meta + i - kb] = meta[i];
-      }
-    }
+  DecodeHuffmanUnit(
+      reinterpret_cast<const uint32_t*>(page + l.bitstream),
+      reinterpret_cast<const uint32_t*>(page + l.streams) + index * 2 * kKvHuffmanStreams,
+      d * l.unit_tokens / kKvHuffmanStreams, tier.k_table, (1u << tier.k_table_bits) - 1,
+      tier.v_table, (1u << tier.v_table_bits) - 1, unit + ul.k_codes, unit + ul.v_codes);
+  const uint8_t* meta = page + l.unit_meta + index * l.unit_meta_bytes;
+  const int kb = l.unit_k_meta_bytes;
+  for (int i = threadIdx.x; i < l.unit_meta_bytes; i += kDecodeThreads) {
+    unit[i < kb ? ul.k_meta + i : ul.v_meta + i - kb] = meta[i];
   }
 }
 

@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/device_array.h"
+#include "kernels/cuda/device_testing.h"
 #include "kernels/kv_format.h"
 #include "kernels/ref/kv_quant.h"
 #include "kernels/ref/paged_attention.h"
@@ -22,16 +23,7 @@
 namespace sluice::kernels::cuda {
 namespace {
 
-// A device copy of host data.
-template <typename T>
-DeviceArray<T> OnGpu(const std::vector<T>& host) {
-  auto a = DeviceArray<T>::Create(std::max<size_t>(1, host.size()));
-  EXPECT_TRUE(a.ok()) << a.status();
-  if (!a.ok()) return {};
-  EXPECT_EQ(cudaMemcpy(a->data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
-            cudaSuccess);
-  return std::move(*a);
-}
+using testing::OnGpu;
 
 // Every tier kind in one plan (the generic kernel), or with kivi_bits one KIVI tier (the KIVI
 // kernel: sluice and kivi4 with 4 bits, kivi2 and minikv with 2).

@@ -2,6 +2,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include "kernels/cuda/huffman_unit.cuh"
 #include "kernels/cuda/kv_huffman.h"
 #include "kernels/cuda/launch.cuh"
 
@@ -131,41 +132,26 @@ __global__ void __launch_bounds__(kEncodeThreads)
   if (threadIdx.x == 0) *job.tokens_written = written;
 }
 
-__device__ __forceinline__ uint32_t BitWindow(const uint32_t* words, uint32_t pos) {
-  return __funnelshift_r(words[pos >> 5], words[(pos >> 5) + 1], pos & 31);
-}
-
-// Eight threads per job: thread s decodes stream s, then copies every eighth meta byte.
-__global__ void DecodeKernel(const HuffmanTierDesc tier, const uint16_t* __restrict__ k_table,
-                             int32_t k_bits, const uint16_t* __restrict__ v_table, int32_t v_bits,
-                             const HuffmanDecodeJob* __restrict__ jobs, int32_t job_count) {
-  const int64_t gid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t j = gid / kStreamsPerUnit;
-  const int st = static_cast<int>(gid % kStreamsPerUnit);
-  if (j >= job_count) return;
-  const HuffmanDecodeJob job = jobs[j];
+// One block per job: its threads decode the unit's streams (huffman_unit.cuh), then copy the
+// unit's meta and valid bits.
+__global__ void __launch_bounds__(kHuffmanUnitThreads)
+    DecodeKernel(const HuffmanTierDesc tier, const uint16_t* __restrict__ k_table, int32_t k_bits,
+                 const uint16_t* __restrict__ v_table, int32_t v_bits,
+                 const HuffmanDecodeJob* __restrict__ jobs) {
+  const HuffmanDecodeJob job = jobs[blockIdx.x];
   const KvPageLayout& l = tier.layout;
   const KvPageLayout& ul = tier.unit_layout;
-  const int n = tier.format.head_dim * l.unit_tokens / kKvHuffmanStreams;
-  const uint32_t* streams =
-      reinterpret_cast<const uint32_t*>(job.page + l.streams) + job.unit * kStreamsPerUnit;
-  const uint32_t* words = reinterpret_cast<const uint32_t*>(job.page + l.bitstream);
-  const bool key = st < kKvHuffmanStreams;
-  const uint16_t* table = key ? k_table : v_table;
-  const uint32_t mask = (1u << (key ? k_bits : v_bits)) - 1;
-  uint8_t* out = job.out + (key ? ul.k_codes + st * n : ul.v_codes + (st - kKvHuffmanStreams) * n);
-  uint32_t pos = streams[st];
-  for (int i = 0; i < n; ++i) {
-    const uint32_t e = __ldg(table + (BitWindow(words, pos) & mask));
-    out[i] = static_cast<uint8_t>(e & 0xff);
-    pos += e >> 8;
-  }
+  DecodeHuffmanUnit(
+      reinterpret_cast<const uint32_t*>(job.page + l.bitstream),
+      reinterpret_cast<const uint32_t*>(job.page + l.streams) + job.unit * kStreamsPerUnit,
+      tier.format.head_dim * l.unit_tokens / kKvHuffmanStreams, k_table, (1u << k_bits) - 1,
+      v_table, (1u << v_bits) - 1, job.out + ul.k_codes, job.out + ul.v_codes);
   const uint8_t* meta = job.page + l.unit_meta + static_cast<int64_t>(job.unit) * l.unit_meta_bytes;
-  for (int i = st; i < l.unit_meta_bytes; i += kStreamsPerUnit) {
+  for (int i = threadIdx.x; i < l.unit_meta_bytes; i += kHuffmanUnitThreads) {
     job.out[i < l.unit_k_meta_bytes ? ul.k_meta + i : ul.v_meta + i - l.unit_k_meta_bytes] =
         meta[i];
   }
-  if (st == 0) {
+  if (threadIdx.x == 0) {
     const int u = l.unit_tokens;
     const int64_t first = static_cast<int64_t>(job.unit) * u;
     const uint64_t word = reinterpret_cast<const uint64_t*>(job.page + l.valid)[first / 64];
@@ -189,11 +175,8 @@ cudaError_t LaunchHuffmanDecode(const HuffmanTierDesc& tier, const uint16_t* k_t
                                 const HuffmanDecodeJob* jobs, int32_t job_count,
                                 cudaStream_t stream) {
   if (job_count <= 0) return cudaSuccess;
-  constexpr int kThreads = 128;
-  const int64_t threads = static_cast<int64_t>(job_count) * kStreamsPerUnit;
-  SLUICE_LAUNCH(static_cast<unsigned>((threads + kThreads - 1) / kThreads), kThreads, 0, stream,
-                DecodeKernel)
-  (tier, k_table, k_bits, v_table, v_bits, jobs, job_count);
+  SLUICE_LAUNCH(static_cast<unsigned>(job_count), kHuffmanUnitThreads, 0, stream, DecodeKernel)
+  (tier, k_table, k_bits, v_table, v_bits, jobs);
   return cudaGetLastError();
 }
 

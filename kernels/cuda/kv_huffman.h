@@ -4,8 +4,8 @@
 //    lengths decides whether the unit fits, a block scan of the lengths gives every symbol its
 //    bit offset, and threads OR their codes into the zeroed bitstream. The page's bitstream
 //    offset advances once per unit: the one serial step.
-//  - Decode: one thread per stream (four K and four V streams per unit), one table lookup and
-//    one add per symbol, no branches on the bits.
+//  - Decode: one block per unit, 16 threads per stream (four K and four V streams per unit),
+//    one table lookup and one add per symbol (huffman_unit.cuh).
 // No absl here: launchers return cudaError_t; the backend turns them into Status.
 #ifndef SLUICE_KERNELS_CUDA_KV_HUFFMAN_H_
 #define SLUICE_KERNELS_CUDA_KV_HUFFMAN_H_

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_array.h"
+#include "kernels/cuda/device_testing.h"
 #include "kernels/cuda/warp_mma_testing.h"
 #include "kernels/test_util/backend_cases.h"
 
@@ -24,15 +25,7 @@ float ToHalf(float x) {
   return std::nearbyint(x / ulp) * ulp;
 }
 
-template <typename T>
-DeviceArray<T> OnGpu(const std::vector<T>& host) {
-  auto a = DeviceArray<T>::Create(host.size());
-  EXPECT_TRUE(a.ok()) << a.status();
-  if (!a.ok()) return {};
-  EXPECT_EQ(cudaMemcpy(a->data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
-            cudaSuccess);
-  return std::move(*a);
-}
+using testing::OnGpu;
 
 TEST(WarpMma, MatchesAScalarProductInPtxLayout) {
   if (absl::Status gpu = CudaDeviceAvailable(); !gpu.ok()) GTEST_SKIP() << gpu;

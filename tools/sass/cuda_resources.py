@@ -177,7 +177,7 @@ def _stream(fn: sass_parse.Function) -> List[Tuple[int, str, Optional[int]]]:
     return [(i.addr, i.pred + i.opcode, i.target) for i in fn.instrs]
 
 
-def model(lineinfo_cubin: str, production: List[sass_parse.Function], source: str,
+def model(lineinfo_cubin: str, production: List[sass_parse.Function], sources: Dict[str, str],
           layouts: dict, tools: Dict[str, str]) -> dict:
     """The issue-bound model on every preset's tiers (issue_model.py), each with the kernel the
     decode plan runs on it (issue_model.model_for)."""
@@ -198,7 +198,7 @@ def model(lineinfo_cubin: str, production: List[sass_parse.Function], source: st
                 "the -lineinfo build of decode_attention_kernels.cu differs from the production "
                 f"archive (or lacks {km.kernel}): its line info cannot describe the real SASS. "
                 "Keep tools/sass/nvcc_lineinfo.bzl's flags equal to third_party/cuda.bzl's.")
-        rows, unmatched = issue_model.match(li[0], source, km)
+        rows, unmatched = issue_model.match(li[0], sources, km)
         if unmatched:
             raise issue_model.ModelError(
                 f"issue model: loops inside {km.kernel}'s page loop that no row of "
@@ -298,7 +298,7 @@ def ratchet(current: List[dict], known: List[dict]) -> List[str]:
     return problems
 
 
-def analyze(archives: List[str], lineinfo_cubin: str, source: str, layouts_binary: str,
+def analyze(archives: List[str], lineinfo_cubin: str, sources: List[str], layouts_binary: str,
             tools: Dict[str, str]) -> dict:
     records, decode_fns = [], None
     for a in archives:
@@ -309,8 +309,11 @@ def analyze(archives: List[str], lineinfo_cubin: str, source: str, layouts_binar
     if decode_fns is None:
         raise ToolError("the decode_attention_kernels archive is not among the inputs")
     layouts = json.loads(_run([layouts_binary]))
-    with open(source) as f:
-        issue = model(lineinfo_cubin, decode_fns, f.read(), layouts, tools)
+    texts = {}
+    for path in sources:
+        with open(path) as f:
+            texts[os.path.basename(path)] = f.read()
+    issue = model(lineinfo_cubin, decode_fns, texts, layouts, tools)
     version = _run([tools["cuobjdump"], "--version"]).strip().splitlines()[-1]
     result = {"command": "bazel run //tools/sass:cuda_resources -- --out "
                          "$PWD/bench/results/cuda-resources.json",
@@ -359,7 +362,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the JSON here (relative: to the workspace)")
     ap.add_argument("--lineinfo", required=True, help="the -lineinfo decode kernels cubin")
-    ap.add_argument("--source", required=True, help="decode_attention_kernels.cu")
+    ap.add_argument("--source", required=True, action="append",
+                    help="decode_attention_kernels.cu and the headers the issue model anchors in")
     ap.add_argument("--layouts", required=True, help="the page_layouts binary")
     ap.add_argument("archives", nargs="+", help="lib*_nvcc.a")
     args = ap.parse_args()

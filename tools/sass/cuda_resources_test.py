@@ -78,7 +78,7 @@ class GateTest(unittest.TestCase):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--lineinfo", required=True)
-    ap.add_argument("--source", required=True)
+    ap.add_argument("--source", required=True, action="append")
     ap.add_argument("--layouts", required=True)
     ap.add_argument("--known", required=True)
     ap.add_argument("archives", nargs="+")

@@ -49,15 +49,21 @@ THREADS = 128  # kDecodeThreads
 WARPS = THREADS // 32
 ROWS_PER_BLOCK = 4  # R: query rows per block; Llama-3-8B decode has 32 / 8 = 4 per kv-head
 SOURCE = "kernels/cuda/decode_attention_kernels.cu"
+# Headers whose inlined loops the kernels run (anchored as "file:Function").
+HEADERS = ("kernels/cuda/huffman_unit.cuh",)
 KERNEL = re.compile(r"ChunkKernel<%d>" % ROWS_PER_BLOCK)
+HUFFMAN_LANES = 16  # kHuffmanStreamLanes: lanes that decode one stream
 
 # The kernel's loops, by the text of their `for` inside a function (the nth such text, from 0).
+# A function spelled "file:Name" is looked up in that header instead of SOURCE.
 ANCHORS = {
     "page": ("ChunkKernel", "for (int pi = chunk.page_begin;", 0),
     "unit": ("ChunkKernel", "for (int index = 0; index * u < ref.slots;", 0),
     "load": ("LoadPage", "for (int i = threadIdx.x * 16;", 0),
-    "decode": ("DecodeUnit", "for (int i = 0; i < n; ++i)", 0),
-    "unit_meta": ("DecodeUnit", "for (int i = threadIdx.x - 8;", 0),
+    "scan": ("huffman_unit.cuh:HuffmanScan", "for (; pos < end; ++c)", 0),
+    "rounds": ("huffman_unit.cuh:DecodeHuffmanUnit", "for (int round = 0; round < kLanes;", 0),
+    "decode": ("huffman_unit.cuh:DecodeHuffmanUnit", "for (int i = first; pos < hi; ++i)", 0),
+    "unit_meta": ("DecodeUnit", "for (int i = threadIdx.x; i < l.unit_meta_bytes;", 0),
     "meta_k": ("ConvertMeta", "for (int i = threadIdx.x; i < kh;", 0),
     "meta_v": ("ConvertMeta", "for (int i = threadIdx.x; i < vh;", 0),
     "score_token": ("ScoreView", "for (int t = threadIdx.x; t < v.n;", 0),
@@ -242,6 +248,11 @@ class Page:
         l = self.tier["layout"]
         return l["tokens"] // l["unit_tokens"] if self.huffman else 0
 
+    @property
+    def lane_codes(self) -> int:
+        """Codes each lane of a Huffman stream decodes: a sixteenth of d * U / 4."""
+        return -(-(self.d * self.tier["layout"]["unit_tokens"] // 4) // HUFFMAN_LANES)
+
     def view(self) -> View:
         if self.huffman:
             ul = self.tier["unit_layout"]
@@ -258,18 +269,33 @@ PAGE_ROWS = [
     Row("load", ("load",), "load", lambda p: [(1, k) for k in strided(p.load_bytes // 16)],
         ("LDGSTS", 1)),
     Row("unit", ("unit",), "overhead", lambda p: [(WARPS * p.units, 1)] if p.huffman else []),
-    # Threads 0..7 decode one stream each (d * U / 4 symbols); the rest copy the unit's meta.
+    # Every warp decodes two of the unit's 8 streams, 16 lanes each (huffman_unit.cuh): a scan
+    # from each lane's guessed start, one round that rescans from the previous lane's end (and
+    # the vote of a second that finds nothing to change: the lanes of a KV stream synchronize
+    # within their sixteenth; huffman_unit_test also covers codes that take more rounds), then
+    # the pass that writes the codes. Each pass runs a sixteenth of the stream's codes.
+    Row("scan", ("unit", "scan"), "decode",
+        lambda p: [(WARPS * p.units, p.lane_codes)] if p.huffman else [], ("LDG", 1)),
+    Row("rounds", ("unit", "rounds"), "decode",
+        lambda p: [(WARPS * p.units, 2)] if p.huffman else []),
+    Row("rescan", ("unit", "rounds", "scan"), "decode",
+        lambda p: [(WARPS * p.units, p.lane_codes)] if p.huffman else [], ("LDG", 1)),
     Row("decode", ("unit", "decode"), "decode",
-        lambda p: [(p.units, p.d * p.tier["layout"]["unit_tokens"] // 4)] if p.huffman else [],
-        ("STS.U8", 1)),
+        lambda p: [(WARPS * p.units, p.lane_codes)] if p.huffman else [], ("STS.U8", 1)),
     Row("unit_meta", ("unit", "unit_meta"), "decode",
-        lambda p: [(p.units, k) for k in strided(p.tier["layout"]["unit_meta_bytes"], -8,
-                                                 THREADS - 8)] if p.huffman else [],
-        ("STS.U8", 1)),
+        lambda p: [(p.units, k) for k in strided(p.tier["layout"]["unit_meta_bytes"])]
+        if p.huffman else [], ("STS.U8", 1)),
 ]
 
 
-def _function_span(lines: List[str], name: str) -> Tuple[int, int]:
+Position = Tuple[str, int]  # (file name without its directory, 1-based line)
+
+
+def _base(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+def _function_span(lines: List[str], name: str, file: str) -> Tuple[int, int]:
     """[first, last] line index of the definition of `name` (its body by brace matching)."""
     for i, line in enumerate(lines):
         if not re.search(r"\b%s\s*\(" % re.escape(name), line):
@@ -288,37 +314,47 @@ def _function_span(lines: List[str], name: str) -> Tuple[int, int]:
                     depth -= 1
             if started and depth == 0:
                 return i, j
-    raise ModelError(f"{SOURCE}: no definition of {name}() (update ANCHORS in issue_model.py)")
+    raise ModelError(f"{file}: no definition of {name}() (update ANCHORS in issue_model.py)")
 
 
-def anchor_lines(source: str, anchors: Optional[Dict[str, Tuple[str, str, int]]] = None
-                 ) -> Dict[str, int]:
-    """1-based line of each anchor (default: ANCHORS) in the kernel source."""
-    lines = source.splitlines(keepends=True)
+def anchor_lines(sources, anchors: Optional[Dict[str, Tuple[str, str, int]]] = None
+                 ) -> Dict[str, Position]:
+    """Position of each anchor (default: ANCHORS). `sources`: the kernel source's text, or
+    {file name: text} for it and the headers anchors name ("file:Function")."""
+    if isinstance(sources, str):
+        sources = {_base(SOURCE): sources}
     out = {}
     for key, (fn, text, nth) in (ANCHORS if anchors is None else anchors).items():
-        first, last = _function_span(lines, fn)
+        file, _, name = fn.rpartition(":")
+        file = file or _base(SOURCE)
+        if file not in sources:
+            raise ModelError(f"issue model: anchor '{key}' is in {file}, which was not read")
+        lines = sources[file].splitlines(keepends=True)
+        first, last = _function_span(lines, name, file)
         hits = [i for i in range(first, last + 1) if text in lines[i]]
         if len(hits) <= nth:
-            raise ModelError(f"{SOURCE}: loop '{key}' ({text!r}, occurrence {nth} in {fn}) not "
+            raise ModelError(f"{file}: loop '{key}' ({text!r}, occurrence {nth} in {name}) not "
                              "found: the kernel changed; update ANCHORS and ROWS in "
                              "tools/sass/issue_model.py")
-        out[key] = hits[nth] + 1
+        out[key] = (file, hits[nth] + 1)
     return out
 
 
 @dataclasses.dataclass
 class SassLoop:
     loop: sass_parse.Loop
-    path: Tuple[int, ...]  # latch source lines of the enclosing loops, outermost first, then own
+    path: Tuple[Position, ...]  # latch positions of the enclosing loops, outermost first, own last
 
 
 def loop_paths(fn: sass_parse.Function) -> List[SassLoop]:
     loops = sass_parse.find_loops(fn.instrs)
     by_addr = {i.addr: i for i in fn.instrs}
 
+    files = {_base(f) for f in (SOURCE,) + HEADERS}
+
     def latch_line(l):
-        return by_addr[l.end].line_in(SOURCE.rsplit("/", 1)[-1])
+        """The innermost position of the latch's inline chain in the modeled files."""
+        return next(((_base(f), n) for f, n in by_addr[l.end].lines if _base(f) in files), None)
 
     out = []
     for l in loops:
@@ -342,13 +378,13 @@ class Matched:
     addrs: List[int]
 
 
-def match(fn: sass_parse.Function, source: str, km: Optional["KernelModel"] = None
+def match(fn: sass_parse.Function, sources, km: Optional["KernelModel"] = None
           ) -> Tuple[List[Matched], List[SassLoop]]:
     """Every table row of the kernel model `km` (default: the generic kernel's) with its SASS
     loops, and the SASS loops inside the page loop that no row describes. Raises ModelError when
     a row finds no loop or its signature does not fit."""
     km = GENERIC if km is None else km
-    lines = anchor_lines(source, km.anchors)
+    lines = anchor_lines(sources, km.anchors)
     sass_loops = loop_paths(fn)
     page = (lines["page"],)
     prefixes = {"page": [page]}

@@ -28,7 +28,7 @@ class StridedTest(unittest.TestCase):
         self.assertEqual(im.strided(768), [6, 6, 6, 6])
         self.assertEqual(im.strided(961), [8, 8, 8, 7])  # lane 0 of each warp is the busiest
         self.assertEqual(im.strided(0), [0, 0, 0, 0])
-        # DecodeUnit's meta copy: threads 8.. of the block, stride 120.
+        # A loop over threads 8.. of the block, stride 120.
         self.assertEqual(im.strided(640, -8, 120), [6, 6, 5, 5])
 
 
@@ -50,7 +50,18 @@ class AnchorTest(unittest.TestCase):
     def test_finds_the_loop_inside_its_function(self):
         im.ANCHORS = {"helper": ("Helper", "for (int i = threadIdx.x; i < n;", 0),
                       "kernel": ("Kernel", "for (int i = threadIdx.x; i < n;", 0)}
-        self.assertEqual(im.anchor_lines(SOURCE), {"helper": 2, "kernel": 9})
+        self.assertEqual(im.anchor_lines(SOURCE), {"helper": ("decode_attention_kernels.cu", 2),
+                                                   "kernel": ("decode_attention_kernels.cu", 9)})
+
+    def test_anchors_in_a_header_are_looked_up_there(self):
+        header = "__device__ int Scan(int n) {\n  int c = 0;\n  for (; c < n; ++c) {}\n}\n"
+        im.ANCHORS = {"scan": ("part.cuh:Scan", "for (; c < n;", 0),
+                      "kernel": ("Kernel", "for (int i = threadIdx.x; i < n;", 0)}
+        self.assertEqual(
+            im.anchor_lines({"decode_attention_kernels.cu": SOURCE, "part.cuh": header}),
+            {"scan": ("part.cuh", 3), "kernel": ("decode_attention_kernels.cu", 9)})
+        with self.assertRaisesRegex(im.ModelError, "part.cuh, which was not read"):
+            im.anchor_lines(SOURCE)
 
     def test_missing_loop_says_what_to_update(self):
         im.ANCHORS = {"gone": ("Kernel", "for (int j = 0;", 0)}
