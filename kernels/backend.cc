@@ -311,7 +311,8 @@ absl::Status CheckView(std::string_view op, std::string_view what, const BufferV
 // *refs, its page offsets (relative to its first ref) to *offsets.
 absl::Status SplitBatchPagedAttention(const BatchPagedAttentionParams& p, MemorySpace space,
                                       std::vector<KvPageRef>* refs, std::vector<int32_t>* offsets,
-                                      std::vector<PagedAttentionParams>* sequences) {
+                                      std::vector<PagedAttentionParams>* sequences,
+                                      bool check_io = true) {
   constexpr std::string_view kOp = "batch_paged_attention";
   if (p.batch < 0) return Invalid(kOp, absl::StrFormat("batch=%d < 0", p.batch));
   if (p.batch == 0) return absl::OkStatus();
@@ -341,8 +342,10 @@ absl::Status SplitBatchPagedAttention(const BatchPagedAttentionParams& p, Memory
     }
   }
   const int64_t rows = p.q_indptr[p.batch] * p.heads * p.head_dim;
-  SLUICE_RETURN_IF_ERROR(CheckView(kOp, "q", p.q, rows, space));
-  SLUICE_RETURN_IF_ERROR(CheckView(kOp, "out", p.out, rows, space));
+  if (check_io) {
+    SLUICE_RETURN_IF_ERROR(CheckView(kOp, "q", p.q, rows, space));
+    SLUICE_RETURN_IF_ERROR(CheckView(kOp, "out", p.out, rows, space));
+  }
   const int64_t lists = p.batch * p.kv_heads;
   const int64_t pool_pages = p.page_bytes > 0 ? p.pool.size / p.page_bytes : 0;
   int64_t pages = 0;
@@ -444,7 +447,12 @@ absl::Status SplitBatchPagedAttention(const BatchPagedAttentionParams& p, Memory
     PagedAttentionParams& s = (*sequences)[b];
     s.pages = refs->data() + first_ref[b];
     s.page_offsets = offsets->data() + b * (p.kv_heads + 1);
-    if (absl::Status st = ValidatePagedAttention(s); !st.ok()) {
+    PagedAttentionParams checked = s;
+    if (!check_io) {  // a plan's: the queries and outputs come with each layer's call
+      static float placeholder;
+      checked.q = checked.out = &placeholder;
+    }
+    if (absl::Status st = ValidatePagedAttention(checked); !st.ok()) {
       return Invalid(kOp, absl::StrFormat("sequence %d: %s", b, st.message()));
     }
   }
@@ -552,6 +560,9 @@ absl::Status Backend::BatchPagedAttention(const BatchPagedAttentionParams& p) {
   std::vector<KvPageRef> refs;
   std::vector<int32_t> offsets;
   std::vector<PagedAttentionParams> sequences;
+  if (p.plan != nullptr && p.plan->backend() != this) {
+    return Invalid("batch_paged_attention", "the plan was made by another backend");
+  }
   SLUICE_RETURN_IF_ERROR(SplitBatchPagedAttention(p, memory_space(), &refs, &offsets, &sequences));
   if (p.batch == 0 || p.q_indptr[p.batch] == 0) return absl::OkStatus();
   return DoBatchPagedAttention(p, sequences);
@@ -563,6 +574,49 @@ absl::Status Backend::DoBatchPagedAttention(const BatchPagedAttentionParams&,
     if (s.q_tokens > 0) SLUICE_RETURN_IF_ERROR(DoPagedAttention(s));
   }
   return absl::OkStatus();
+}
+
+BatchPagedAttentionParams LayerOfStep(const BatchPagedAttentionStep& step, int64_t layer) {
+  BatchPagedAttentionParams p = step.batch;
+  const int64_t batch = p.batch;
+  for (int32_t t = 0; t < p.tier_count && t < kMaxKvTiers; ++t) {
+    if (p.tables[t].indptr != nullptr) p.tables[t].indptr += layer * batch * p.kv_heads;
+  }
+  if (p.recent_k != nullptr) p.recent_k += layer * batch;
+  if (p.recent_v != nullptr) p.recent_v += layer * batch;
+  if (p.codebooks != nullptr) p.codebooks += layer * p.tier_count;
+  p.q = {};
+  p.out = {};
+  p.page_scores = {};
+  p.recent_scores = {};
+  p.page_score_offsets = p.recent_score_offsets = nullptr;
+  p.plan = nullptr;
+  p.layer = layer;
+  return p;
+}
+
+absl::StatusOr<std::unique_ptr<BatchAttentionPlan>> Backend::PlanBatchPagedAttention(
+    const BatchPagedAttentionStep& step) {
+  if (!Supports(Op::kBatchPagedAttention)) return Unsupported(Op::kBatchPagedAttention);
+  if (step.layers <= 0) {
+    return Invalid("batch_paged_attention", absl::StrFormat("a step of %d layers", step.layers));
+  }
+  if (step.batch.batch == 0) return nullptr;
+  // Each layer validated and resolved as its call will be; the refs back the sequences.
+  std::vector<std::vector<KvPageRef>> refs(step.layers);
+  std::vector<std::vector<int32_t>> offsets(step.layers);
+  std::vector<std::vector<PagedAttentionParams>> layers(step.layers);
+  for (int64_t l = 0; l < step.layers; ++l) {
+    SLUICE_RETURN_IF_ERROR(SplitBatchPagedAttention(LayerOfStep(step, l), memory_space(), &refs[l],
+                                                    &offsets[l], &layers[l],
+                                                    /*check_io=*/false));
+  }
+  return DoPlanBatchPagedAttention(step, layers);
+}
+
+absl::StatusOr<std::unique_ptr<BatchAttentionPlan>> Backend::DoPlanBatchPagedAttention(
+    const BatchPagedAttentionStep&, absl::Span<const std::vector<PagedAttentionParams>>) {
+  return nullptr;
 }
 
 absl::Status Backend::DoRmsNorm(const RmsNormParams&) { return Unsupported(Op::kRmsNorm); }

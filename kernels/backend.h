@@ -8,8 +8,10 @@
 #define SLUICE_KERNELS_BACKEND_H_
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -35,6 +37,9 @@ enum class Op {
   kBatchPagedAttention,
 };
 std::string_view OpName(Op op);
+
+// Layer `layer` of a step as a BatchPagedAttentionParams call (q, out and scores unset).
+BatchPagedAttentionParams LayerOfStep(const BatchPagedAttentionStep& step, int64_t layer);
 
 class Backend {
  public:
@@ -73,6 +78,12 @@ class Backend {
   // Validates the batch as a whole and each sequence as a PagedAttentionParams of its own, then
   // runs DoBatchPagedAttention.
   absl::Status BatchPagedAttention(const BatchPagedAttentionParams& p);
+  // Plans a decode step's BatchPagedAttention calls once for every layer (validated as those
+  // calls will be, less their queries and outputs). Null when the backend has nothing to plan
+  // for it (the calls then run as they would without a plan). The plan stays valid until the
+  // next PlanBatchPagedAttention on this backend, and while the step's pages do not change.
+  absl::StatusOr<std::unique_ptr<BatchAttentionPlan>> PlanBatchPagedAttention(
+      const BatchPagedAttentionStep& step);
 
  protected:
   virtual absl::Status DoRmsNorm(const RmsNormParams& p);
@@ -92,6 +103,11 @@ class Backend {
   // after the other through DoPagedAttention; a backend that can run them together overrides it.
   virtual absl::Status DoBatchPagedAttention(const BatchPagedAttentionParams& p,
                                              absl::Span<const PagedAttentionParams> sequences);
+  // `layers[l]` are layer l's sequences as DoBatchPagedAttention would get them. The default
+  // plans nothing (returns null).
+  virtual absl::StatusOr<std::unique_ptr<BatchAttentionPlan>> DoPlanBatchPagedAttention(
+      const BatchPagedAttentionStep& step,
+      absl::Span<const std::vector<PagedAttentionParams>> layers);
 
   absl::Status Unsupported(Op op) const;
 };

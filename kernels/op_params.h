@@ -200,6 +200,20 @@ struct KvPageTable {
   const int32_t* slots = nullptr;   // [indptr[lists]], host; each <= the tier's layout.tokens
 };
 
+// What a backend prepares once for a decode step's BatchPagedAttention calls, one per layer
+// (FlashInfer's plan/run split: on the GPU, the work split and the page tables of every layer
+// go to the device once). Made by Backend::PlanBatchPagedAttention; opaque to callers.
+class BatchAttentionPlan {
+ public:
+  explicit BatchAttentionPlan(const void* backend) : backend_(backend) {}
+  virtual ~BatchAttentionPlan() = default;
+  // The backend that made it (a Backend*, opaque here).
+  const void* backend() const { return backend_; }
+
+ private:
+  const void* backend_;
+};
+
 // PagedAttentionParams for a batch of sequences at once: one call per layer of a decode step,
 // however many sequences the step holds. Sequence b's queries are rows
 // [q_indptr[b], q_indptr[b + 1]) of q and out, the last of its recent tokens; list b * kv_heads + h
@@ -238,6 +252,22 @@ struct BatchPagedAttentionParams {
   const int64_t* page_score_offsets = nullptr;    // [batch], host
   const int64_t* recent_score_offsets = nullptr;  // [batch], host
   bool scores_per_head = false;
+  // Optional: the step's plan from the same backend's PlanBatchPagedAttention, and which of its
+  // layers this call is. The call must then be that layer exactly (the same pages, windows and
+  // queries); anything else is InvalidArgument.
+  const BatchAttentionPlan* plan = nullptr;
+  int64_t layer = 0;
+};
+
+// A decode step's attention over all its layers, as Backend::PlanBatchPagedAttention takes it:
+// `batch` is BatchPagedAttentionParams without q, out, scores and plan; its tables cover
+// layers * batch * kv_heads lists (layer-major), its recent_k / recent_v hold layers * batch
+// views (layer l's at l * batch), and its codebooks layers * tier_count (layer l's at
+// l * tier_count). LayerOfStep gives one layer's BatchPagedAttentionParams.
+struct BatchPagedAttentionStep {
+  int64_t layers = 0;
+  BatchPagedAttentionParams batch;
+  bool scores = false;  // whether the layers' calls will ask for key scores
 };
 
 }  // namespace sluice::kernels

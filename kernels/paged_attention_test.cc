@@ -106,7 +106,9 @@ struct Tiers {
   std::vector<KvCodebooks> codebooks;
   std::unique_ptr<testing::OwnedCodebooks> books;
 };
-absl::StatusOr<Tiers> MakeTiers(std::mt19937_64& rng, const Case& c) {
+// `power` > 1 draws the codebooks' sample rows as sign(x) |x|^power (codes crowd the middle
+// levels): another histogram, other code lengths.
+absl::StatusOr<Tiers> MakeTiers(std::mt19937_64& rng, const Case& c, float power = 1.f) {
   Tiers t;
   if (c.kivi) {
     t.formats = {Kivi(c.head_dim)};
@@ -122,8 +124,11 @@ absl::StatusOr<Tiers> MakeTiers(std::mt19937_64& rng, const Case& c) {
   }
   t.codebooks.resize(t.formats.size());
   if (c.two_tiers) {
-    const std::vector<float> k = testing::RandomFloats(rng, 256 * c.head_dim, -2, 2);
-    const std::vector<float> v = testing::RandomFloats(rng, 256 * c.head_dim, -2, 2);
+    std::vector<float> k = testing::RandomFloats(rng, 256 * c.head_dim, -2, 2);
+    std::vector<float> v = testing::RandomFloats(rng, 256 * c.head_dim, -2, 2);
+    for (std::vector<float>* x : {&k, &v}) {
+      for (float& e : *x) e = std::copysign(std::pow(std::fabs(e), power), e);
+    }
     auto b = testing::CodebooksFromRows(t.formats[2], k.data(), v.data(), 256);
     if (!b.ok()) return b.status();
     t.books = std::move(*b);
@@ -551,6 +556,152 @@ TEST_P(BatchPagedAttentionTest, RejectsTablesThatDoNotFit) {
   p.q.size = 64;
   p.out.space = space == MemorySpace::kHost ? MemorySpace::kDevice : MemorySpace::kHost;
   expect_invalid("this backend computes in");
+}
+
+// A decode step planned once (PlanBatchPagedAttention) and run layer by layer must give what
+// each layer's call gives without the plan: several layers with their own pages, windows and
+// Huffman codebooks in one pool. The CUDA backend plans (one device plan for every layer); the
+// host backends plan nothing. A call that is not the planned layer, or a plan of another
+// backend, is refused.
+TEST_P(BatchPagedAttentionTest, StepPlanRunsEachLayerAsItsOwnCall) {
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  constexpr int64_t kLayers = 3;
+  for (const Case& c : {Case{1, 8, 2, 64, 20, 4, true}, Case{1, 8, 2, 128, 40, 3, false, true}}) {
+    const int64_t batch = 1 + static_cast<int64_t>(rng() % 4);
+    SCOPED_TRACE(::testing::Message()
+                 << "kivi " << c.kivi << " batch " << batch << " seed " << seed);
+    std::vector<Tiers> tiers;  // per layer: the same formats, codebooks of their own
+    for (int64_t l = 0; l < kLayers; ++l) {
+      auto t = MakeTiers(rng, c, 1.f + 2.f * l);
+      ASSERT_TRUE(t.ok()) << t.status();
+      tiers.push_back(std::move(*t));
+    }
+    const int32_t tier_count = static_cast<int32_t>(tiers[0].formats.size());
+    int64_t page_bytes = 0;
+    for (const KvTierFormat& f : tiers[0].formats) {
+      page_bytes = std::max<int64_t>(page_bytes, f.page_bytes);
+    }
+    const int64_t d = c.head_dim, lists = kLayers * batch * c.kv_heads;
+    // Pages of every (layer, sequence, kv-head) list, tier by tier, packed into one pool.
+    std::vector<uint8_t> pool;
+    std::vector<int32_t> indptr[kMaxKvTiers], ids[kMaxKvTiers], slots[kMaxKvTiers];
+    for (int32_t t = 0; t < tier_count; ++t) indptr[t] = {0};
+    for (int64_t list = 0; list < lists; ++list) {
+      const int64_t layer = list / (batch * c.kv_heads);
+      const int64_t n = static_cast<int64_t>(rng() % (c.max_pages + 1));
+      std::vector<int32_t> tier_of(n);
+      for (int32_t& t : tier_of) t = static_cast<int32_t>(rng() % tier_count);
+      for (int32_t t = 0; t < tier_count; ++t) {
+        for (int32_t pt : tier_of) {
+          if (pt != t) continue;
+          int32_t written;
+          auto bytes = RandomPage(rng, tiers[layer].formats[t], tiers[layer].layouts[t],
+                                  tiers[layer].codebooks[t], &written);
+          ASSERT_TRUE(bytes.ok()) << bytes.status();
+          ids[t].push_back(static_cast<int32_t>(pool.size() / page_bytes));
+          slots[t].push_back(written);
+          bytes->resize(page_bytes, 0);
+          pool.insert(pool.end(), bytes->begin(), bytes->end());
+        }
+        indptr[t].push_back(static_cast<int32_t>(ids[t].size()));
+      }
+    }
+    pool.resize(std::max<size_t>(pool.size(), page_bytes), 0);
+    const int64_t pool_pages = static_cast<int64_t>(pool.size()) / page_bytes;
+    std::vector<int32_t> q_indptr(batch + 1);
+    std::iota(q_indptr.begin(), q_indptr.end(), 0);
+    std::vector<int64_t> recent(batch);
+    for (int64_t& r : recent) r = 1 + static_cast<int64_t>(rng() % c.recent);
+
+    const MemorySpace space = backend_->memory_space();
+    auto pool_b = GuardedBuffer::Create(*backend_, pool.size() / 4);
+    ASSERT_TRUE(pool_b.ok());
+    std::vector<float> pool_words(pool.size() / 4);
+    std::memcpy(pool_words.data(), pool.data(), pool.size());
+    ASSERT_TRUE(pool_b->Upload(pool_words).ok());
+    std::vector<GuardedBuffer> buffers;
+    std::vector<BufferView<const float>> rk(kLayers * batch), rv(kLayers * batch);
+    for (int64_t i = 0; i < kLayers * batch; ++i) {
+      for (BufferView<const float>* view : {&rk[i], &rv[i]}) {
+        const std::vector<float> x =
+            testing::RandomFloats(rng, recent[i % batch] * c.kv_heads * d, -2, 2);
+        auto buf = GuardedBuffer::Create(*backend_, x.size());
+        ASSERT_TRUE(buf.ok() && buf->Upload(x).ok());
+        *view = {.data = buf->data(), .size = static_cast<int64_t>(x.size()), .space = space};
+        buffers.push_back(std::move(*buf));
+      }
+    }
+    std::vector<KvCodebooks> codebooks;
+    for (const Tiers& t : tiers)
+      codebooks.insert(codebooks.end(), t.codebooks.begin(), t.codebooks.end());
+    BatchPagedAttentionStep step{
+        .layers = kLayers,
+        .batch = {.batch = batch,
+                  .q_indptr = q_indptr.data(),
+                  .heads = c.heads,
+                  .kv_heads = c.kv_heads,
+                  .head_dim = d,
+                  .scale = 1.f / std::sqrt(static_cast<float>(d)),
+                  .formats = tiers[0].formats.data(),
+                  .layouts = tiers[0].layouts.data(),
+                  .codebooks = codebooks.data(),
+                  .tier_count = tier_count,
+                  .pool = {.data = reinterpret_cast<const uint8_t*>(pool_b->data()),
+                           .size = pool_pages * page_bytes,
+                           .space = space},
+                  .page_bytes = page_bytes,
+                  .recent_k = rk.data(),
+                  .recent_v = rv.data(),
+                  .recent_tokens = recent.data()}};
+    for (int32_t t = 0; t < tier_count; ++t) {
+      step.batch.tables[t] = {
+          .indptr = indptr[t].data(), .ids = ids[t].data(), .slots = slots[t].data()};
+    }
+    auto plan = backend_->PlanBatchPagedAttention(step);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(*plan != nullptr, backend_->kind() == BackendKind::kCuda)
+        << "the CUDA backend plans a decode step; the host backends have nothing to plan";
+
+    const int64_t q_size = batch * c.heads * d;
+    auto qb = GuardedBuffer::Create(*backend_, q_size);
+    auto planned = GuardedBuffer::Create(*backend_, q_size);
+    auto alone = GuardedBuffer::Create(*backend_, q_size);
+    ASSERT_TRUE(qb.ok() && planned.ok() && alone.ok());
+    for (int64_t l = 0; l < kLayers; ++l) {
+      SCOPED_TRACE(::testing::Message() << "layer " << l);
+      ASSERT_TRUE(qb->Upload(testing::RandomFloats(rng, q_size, -2, 2)).ok());
+      BatchPagedAttentionParams p = LayerOfStep(step, l);
+      p.q = {.data = qb->data(), .size = q_size, .space = space};
+      p.out = {.data = alone->data(), .size = q_size, .space = space};
+      absl::Status st = backend_->BatchPagedAttention(p);
+      ASSERT_TRUE(st.ok()) << st;
+      p.out.data = planned->data();
+      p.plan = plan->get();
+      st = backend_->BatchPagedAttention(p);
+      ASSERT_TRUE(st.ok()) << st;
+      auto got = planned->DownloadChecked();
+      auto want = alone->DownloadChecked();
+      ASSERT_TRUE(got.ok() && want.ok());
+      testing::ExpectNear(*got, *want, {1e-6f}, 1e-6f, "planned layer");
+      if (*plan != nullptr && l > 0) {
+        p.layer = 0;  // layer l's pages, run as layer 0
+        st = backend_->BatchPagedAttention(p);
+        EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+      }
+    }
+    class Foreign : public BatchAttentionPlan {
+     public:
+      Foreign() : BatchAttentionPlan(nullptr) {}
+    } foreign;
+    BatchPagedAttentionParams p = LayerOfStep(step, 0);
+    p.q = {.data = qb->data(), .size = q_size, .space = space};
+    p.out = {.data = planned->data(), .size = q_size, .space = space};
+    p.plan = &foreign;
+    const absl::Status st = backend_->BatchPagedAttention(p);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_THAT(st.message(), ::testing::HasSubstr("another backend")) << st;
+  }
 }
 
 SLUICE_INSTANTIATE_OP_TEST(BatchPagedAttentionTest);

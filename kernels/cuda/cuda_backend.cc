@@ -32,6 +32,9 @@ struct CudaBackend::Impl {
   size_t workspace_bytes = 0;
   // PagedAttention's plans, built in place on every call without allocating.
   kernels::cuda::DecodeAttentionWorkspace decode_workspace;
+  // Step plans (PlanBatchPagedAttention) have their own, so calls between a step's layers that
+  // plan for themselves do not overwrite the step's plan.
+  kernels::cuda::DecodeAttentionWorkspace step_workspace;
 
   // Releases in reverse order of creation, after the stream's work has finished.
   ~Impl() {
@@ -146,10 +149,26 @@ absl::Status CudaBackend::DoPagedAttention(const PagedAttentionParams& p) {
 
 absl::Status CudaBackend::DoBatchPagedAttention(const BatchPagedAttentionParams& p,
                                                 absl::Span<const PagedAttentionParams> sequences) {
+  if (p.plan != nullptr) {
+    const auto* step = dynamic_cast<const kernels::cuda::DecodeStepPlan*>(p.plan);
+    if (step == nullptr) {
+      return absl::InvalidArgumentError(
+          "batch_paged_attention: the plan was not made by this backend's "
+          "PlanBatchPagedAttention");
+    }
+    return step->Run(p, sequences, impl_->stream);
+  }
   if (!kernels::cuda::RunsAsOnePlan(p, sequences)) {
     return Backend::DoBatchPagedAttention(p, sequences);  // sequence by sequence
   }
   return kernels::cuda::BatchPagedAttention(p, sequences, impl_->stream, &impl_->decode_workspace);
+}
+
+absl::StatusOr<std::unique_ptr<BatchAttentionPlan>> CudaBackend::DoPlanBatchPagedAttention(
+    const BatchPagedAttentionStep& step,
+    absl::Span<const std::vector<PagedAttentionParams>> layers) {
+  return kernels::cuda::DecodeStepPlan::Create(this, step, layers, impl_->stream,
+                                               &impl_->step_workspace);
 }
 
 absl::Status CudaBackend::DoRmsNorm(const RmsNormParams& p) {

@@ -114,8 +114,20 @@ int64_t DecodeAttentionWorkspace::device_bytes() const { return state_->device.s
 
 struct DecodeAttentionPlan::State {
   DeviceArray<uint8_t> owned;  // the plan's arrays when it has no workspace
-  DecodeKernelParams params;
+  DecodeKernelParams params;   // layer 0's; Run moves the per-layer pointers to its layer
   DecodeKernelChoice kernel;
+  int64_t layers = 1;
+  int64_t batch = 0;
+  // Per layer: its first chunk (and one past the last layer's), its pages, its tables.
+  std::vector<int32_t> layer_chunks;
+  std::vector<int64_t> layer_pages;
+  struct Tables {
+    const uint16_t* k = nullptr;
+    const uint16_t* v = nullptr;
+    int32_t k_bits = 0;
+    int32_t v_bits = 0;
+  };
+  std::vector<Tables> tables;  // [layers * tier_count]; uploads point into it
   int64_t page_bytes_read = 0;
   int64_t max_keys = 0;
   int64_t total_slots = 0;
@@ -129,6 +141,9 @@ DecodeAttentionPlan& DecodeAttentionPlan::operator=(DecodeAttentionPlan&&) noexc
 DecodeAttentionPlan::~DecodeAttentionPlan() = default;
 
 int64_t DecodeAttentionPlan::chunks() const { return state_->params.chunk_count; }
+int64_t DecodeAttentionPlan::layers() const { return state_->layers; }
+int64_t DecodeAttentionPlan::batch() const { return state_->batch; }
+int64_t DecodeAttentionPlan::layer_pages(int64_t layer) const { return state_->layer_pages[layer]; }
 int64_t DecodeAttentionPlan::page_bytes_read() const { return state_->page_bytes_read; }
 std::string DecodeAttentionPlan::kernel() const {
   const int bits = state_->kernel.kivi_bits;
@@ -142,21 +157,24 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
     return absl::InvalidArgumentError(
         absl::StrFormat("decode attention: head_dim %d is not a multiple of 32 up to 256", d));
   }
-  if (b.batch <= 0 || b.q_tokens <= 0 || b.kv_heads <= 0 || b.heads % b.kv_heads != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("decode attention: batch %d, q_tokens %d, heads %d / kv_heads %d", b.batch,
-                        b.q_tokens, b.heads, b.kv_heads));
+  if (b.layers <= 0 || b.batch <= 0 || b.q_tokens <= 0 || b.kv_heads <= 0 ||
+      b.heads % b.kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "decode attention: layers %d, batch %d, q_tokens %d, heads %d / kv_heads %d", b.layers,
+        b.batch, b.q_tokens, b.heads, b.kv_heads));
   }
   if (b.tier_count < 0 || b.tier_count > kDecodeMaxTiers) {
     return absl::InvalidArgumentError(
         absl::StrFormat("decode attention: %d tiers; at most %d", b.tier_count, kDecodeMaxTiers));
   }
   const int64_t g = b.heads / b.kv_heads, rows = g * b.q_tokens;
-  const int64_t bh_count = b.batch * b.kv_heads;
+  const int64_t bh_count = b.batch * b.kv_heads, layers = b.layers;
   auto state = std::make_unique<State>();
   DecodeKernelParams& p = state->params;
+  state->layers = layers;
+  state->batch = b.batch;
+  state->tables.resize(layers * b.tier_count);
   PlanArrays arrays;
-  bool has_tables[kDecodeMaxTiers] = {};
   p.tier_count = b.tier_count;
   int64_t page_buffer = 16, unit_buffer = 0, meta_floats = 0, view_tokens = kRecentView;
   for (int t = 0; t < b.tier_count; ++t) {
@@ -171,14 +189,18 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
     if (dt.huffman) {
       dt.unit_format = KvUnitFormat(dt.format);
       SLUICE_ASSIGN_OR_RETURN(dt.unit_layout, ComputeUnitLayout(dt.format));
-      const KvCodebooks cb = b.codebooks != nullptr ? b.codebooks[t] : KvCodebooks{};
-      // Without codebooks the tables stay null: an error once a page uses the tier.
-      if (cb.k != nullptr && cb.v != nullptr) {
-        arrays.Upload(&dt.k_table, cb.k->decode_table.data(), cb.k->decode_table.size());
-        arrays.Upload(&dt.v_table, cb.v->decode_table.data(), cb.v->decode_table.size());
-        dt.k_table_bits = cb.k->max_length;
-        dt.v_table_bits = cb.v->max_length;
-        has_tables[t] = true;
+      // Each layer's codebooks. Without them the tables stay null: an error once a page of
+      // that layer uses the tier.
+      for (int64_t l = 0; l < layers; ++l) {
+        const KvCodebooks cb =
+            b.codebooks != nullptr ? b.codebooks[l * b.tier_count + t] : KvCodebooks{};
+        State::Tables& tables = state->tables[l * b.tier_count + t];
+        if (cb.k != nullptr && cb.v != nullptr) {
+          arrays.Upload(&tables.k, cb.k->decode_table.data(), cb.k->decode_table.size());
+          arrays.Upload(&tables.v, cb.v->decode_table.data(), cb.v->decode_table.size());
+          tables.k_bits = cb.k->max_length;
+          tables.v_bits = cb.v->max_length;
+        }
       }
       dt.load_bytes = static_cast<int32_t>(Align16(dt.format.page_bytes));
       unit_buffer = std::max<int64_t>(unit_buffer, Align16(dt.unit_layout.bytes_used));
@@ -196,11 +218,14 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
         meta_floats, KvMetaHalves(dt.unit_format.k, d, n) + KvMetaHalves(dt.unit_format.v, d, n));
   }
 
-  // Pages, and each bh's keys: its slots, then its sequence's recent tokens.
-  const int32_t page_count = b.page_offsets[bh_count];
-  std::vector<int32_t> key_offsets(bh_count + 1, 0), slot_offsets(bh_count + 1, 0);
-  for (int64_t bh = 0; bh < bh_count; ++bh) {
-    const int64_t seq = bh / b.kv_heads;
+  // Pages, and each list's keys: its slots, then its sequence's recent tokens. Offsets restart
+  // at 0 in every layer (bh_count + 1 of them per layer), so a layer's run sees a one-layer plan.
+  const int64_t lists = layers * bh_count;
+  std::vector<int32_t> key_offsets(layers * (bh_count + 1), 0), slot_offsets(key_offsets.size());
+  state->layer_pages.assign(layers, 0);
+  int64_t max_layer_keys = 0;
+  for (int64_t list = 0; list < lists; ++list) {
+    const int64_t l = list / bh_count, bh = list % bh_count, seq = bh / b.kv_heads;
     const int64_t recent = b.recent_offsets[seq + 1] - b.recent_offsets[seq];
     if (recent < b.q_tokens) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -208,7 +233,7 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
           recent, b.q_tokens));
     }
     int64_t slots = 0;
-    for (int32_t i = b.page_offsets[bh]; i < b.page_offsets[bh + 1]; ++i) {
+    for (int32_t i = b.page_offsets[list]; i < b.page_offsets[list + 1]; ++i) {
       const KvPageRef& r = b.pages[i];
       if (r.tier < 0 || r.tier >= b.tier_count || r.slots < 0 ||
           r.slots > b.layouts[r.tier].tokens || reinterpret_cast<uintptr_t>(r.data) % 16 != 0) {
@@ -217,17 +242,21 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
             "aligned",
             i, r.tier, r.slots, static_cast<const void*>(r.data)));
       }
-      if (p.tiers[r.tier].huffman && !has_tables[r.tier]) {
+      if (p.tiers[r.tier].huffman && state->tables[l * b.tier_count + r.tier].k_bits == 0) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "decode attention: page %d is in Huffman-coded tier %d, which has no codebooks", i,
-            r.tier));
+            "decode attention: page %d (layer %d) is in Huffman-coded tier %d, which has no "
+            "codebooks",
+            i, l, r.tier));
       }
       slots += r.slots;
       state->page_bytes_read += p.tiers[r.tier].load_bytes;
     }
-    slot_offsets[bh + 1] = static_cast<int32_t>(slot_offsets[bh] + slots);
-    key_offsets[bh + 1] = static_cast<int32_t>(key_offsets[bh] + slots + recent);
+    state->layer_pages[l] += b.page_offsets[list + 1] - b.page_offsets[list];
+    const int64_t at = l * (bh_count + 1) + bh;
+    slot_offsets[at + 1] = static_cast<int32_t>(slot_offsets[at] + slots);
+    key_offsets[at + 1] = static_cast<int32_t>(key_offsets[at] + slots + recent);
     state->max_keys = std::max(state->max_keys, slots + recent);
+    max_layer_keys = std::max<int64_t>(max_layer_keys, key_offsets[at + 1]);
   }
 
   p.page_buffer_bytes = static_cast<int32_t>(page_buffer);
@@ -275,53 +304,66 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
   const int64_t wave = std::max<int64_t>(1, int64_t{sms} * std::max(1, per_sm));
   int64_t per_chunk = b.pages_per_chunk;
   if (per_chunk <= 0) {
-    per_chunk = std::max<int64_t>(1, (page_count * row_groups + wave - 1) / wave);
+    const int64_t layer_pages = b.page_offsets[lists] / layers;  // a layer's, on average
+    per_chunk = std::max<int64_t>(1, (layer_pages * row_groups + wave - 1) / wave);
   }
   std::vector<DecodeChunk> chunks;
-  std::vector<int32_t> chunk_offsets = {0};
-  for (int64_t bh = 0; bh < bh_count; ++bh) {
-    const int32_t first = b.page_offsets[bh], n = b.page_offsets[bh + 1] - first;
-    const int64_t pieces = (n + per_chunk - 1) / per_chunk;
-    int32_t key = 0;
-    for (int64_t k = 0; k < pieces; ++k) {
-      const int32_t begin = first + static_cast<int32_t>(n * k / pieces);
-      const int32_t end = first + static_cast<int32_t>(n * (k + 1) / pieces);
-      chunks.push_back(
-          {.bh = static_cast<int32_t>(bh), .page_begin = begin, .page_end = end, .key_base = key});
-      for (int32_t j = begin; j < end; ++j) key += b.pages[j].slots;
+  std::vector<int32_t> chunk_offsets;  // per layer, from its first chunk
+  state->layer_chunks = {0};
+  int64_t max_layer_chunks = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    const int32_t layer_first = static_cast<int32_t>(chunks.size());
+    chunk_offsets.push_back(0);
+    for (int64_t bh = 0; bh < bh_count; ++bh) {
+      const int64_t list = l * bh_count + bh;
+      const int32_t first = b.page_offsets[list], n = b.page_offsets[list + 1] - first;
+      const int64_t pieces = (n + per_chunk - 1) / per_chunk;
+      int32_t key = 0;
+      for (int64_t k = 0; k < pieces; ++k) {
+        const int32_t begin = first + static_cast<int32_t>(n * k / pieces);
+        const int32_t end = first + static_cast<int32_t>(n * (k + 1) / pieces);
+        chunks.push_back({.bh = static_cast<int32_t>(bh),
+                          .page_begin = begin,
+                          .page_end = end,
+                          .key_base = key});
+        for (int32_t j = begin; j < end; ++j) key += b.pages[j].slots;
+      }
+      const int64_t seq = bh / b.kv_heads;
+      const int32_t recent =
+          static_cast<int32_t>(b.recent_offsets[seq + 1] - b.recent_offsets[seq]);
+      if (!fold_recent || pieces == 0) {
+        chunks.push_back({.bh = static_cast<int32_t>(bh),
+                          .page_begin = first + n,
+                          .page_end = first + n,
+                          .key_base = key});
+      }
+      chunks.back().recent_begin = 0;
+      chunks.back().recent_end = recent;
+      chunk_offsets.push_back(static_cast<int32_t>(chunks.size()) - layer_first);
     }
-    const int64_t seq = bh / b.kv_heads;
-    const int32_t recent = static_cast<int32_t>(b.recent_offsets[seq + 1] - b.recent_offsets[seq]);
-    if (!fold_recent || pieces == 0) {
-      chunks.push_back({.bh = static_cast<int32_t>(bh),
-                        .page_begin = first + n,
-                        .page_end = first + n,
-                        .key_base = key});
-    }
-    chunks.back().recent_begin = 0;
-    chunks.back().recent_end = recent;
-    chunk_offsets.push_back(static_cast<int32_t>(chunks.size()));
+    state->layer_chunks.push_back(static_cast<int32_t>(chunks.size()));
+    max_layer_chunks = std::max<int64_t>(max_layer_chunks, chunks.size() - layer_first);
   }
-  p.chunk_count = static_cast<int32_t>(chunks.size());
+  p.chunk_count = state->layer_chunks[1];
 
-  arrays.Upload(&p.pages, b.pages, page_count);
+  arrays.Upload(&p.pages, b.pages, b.page_offsets[lists]);
   arrays.Upload(&p.chunks, chunks.data(), chunks.size());
   arrays.Upload(&p.chunk_offsets, chunk_offsets.data(), chunk_offsets.size());
   arrays.Upload(&p.key_offsets, key_offsets.data(), key_offsets.size());
   arrays.Upload(&p.slot_offsets, slot_offsets.data(), slot_offsets.size());
   arrays.Upload(&p.recent_offsets, b.recent_offsets, b.batch + 1);
-  arrays.Upload(&p.recent_k, b.recent_k, b.batch);
-  arrays.Upload(&p.recent_v, b.recent_v, b.batch);
-  arrays.Scratch(&p.part_m, p.chunk_count * rows);
-  arrays.Scratch(&p.part_l, p.chunk_count * rows);
-  arrays.Scratch(&p.part_acc, p.chunk_count * rows * d);
+  arrays.Upload(&p.recent_k, b.recent_k, layers * b.batch);
+  arrays.Upload(&p.recent_v, b.recent_v, layers * b.batch);
+  arrays.Scratch(&p.part_m, max_layer_chunks * rows);
+  arrays.Scratch(&p.part_l, max_layer_chunks * rows);
+  arrays.Scratch(&p.part_acc, max_layer_chunks * rows * d);
   arrays.Scratch(&p.row_m, bh_count * rows);
   arrays.Scratch(&p.row_l, bh_count * rows);
-  if (b.batch == 1) {
+  if (b.batch == 1 && layers == 1) {
     state->scores = true;
     state->total_slots = slot_offsets[bh_count];
     state->recent = b.recent_offsets[1] - b.recent_offsets[0];
-    arrays.Scratch(&p.logits, int64_t{key_offsets[bh_count]} * rows);
+    arrays.Scratch(&p.logits, max_layer_keys * rows);
   }
   if (workspace == nullptr) {
     // The plan's own memory; the staging vector goes out of scope, so wait for the copy.
@@ -356,8 +398,28 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
 
 absl::Status DecodeAttentionPlan::Run(const float* q, float* out, cudaStream_t stream,
                                       float* page_scores, float* recent_scores,
-                                      bool scores_per_head) const {
-  DecodeKernelParams p = state_->params;
+                                      bool scores_per_head, int64_t layer) const {
+  const State& st = *state_;
+  if (layer < 0 || layer >= st.layers) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("decode attention: layer %d of a %d-layer plan", layer, st.layers));
+  }
+  DecodeKernelParams p = st.params;
+  const int64_t lists = int64_t{p.bh_count} + 1;
+  p.chunks += st.layer_chunks[layer];
+  p.chunk_count = st.layer_chunks[layer + 1] - st.layer_chunks[layer];
+  p.chunk_offsets += layer * lists;
+  p.key_offsets += layer * lists;
+  p.slot_offsets += layer * lists;
+  p.recent_k += layer * st.batch;
+  p.recent_v += layer * st.batch;
+  for (int t = 0; t < p.tier_count; ++t) {
+    const State::Tables& tables = st.tables[layer * p.tier_count + t];
+    p.tiers[t].k_table = tables.k;
+    p.tiers[t].v_table = tables.v;
+    p.tiers[t].k_table_bits = tables.k_bits;
+    p.tiers[t].v_table_bits = tables.v_bits;
+  }
   p.q = q;
   p.out = out;
   const bool scores = page_scores != nullptr || recent_scores != nullptr;
@@ -414,6 +476,52 @@ bool RunsAsOnePlan(const BatchPagedAttentionParams& p,
   return true;
 }
 
+namespace {
+
+// A batch's sequences (one layer) as DecodeBatch arrays, appended: every list's pages, the list
+// offsets, and each sequence's window.
+struct FlatLayer {
+  std::vector<KvPageRef> pages;
+  std::vector<int32_t> page_offsets = {0};
+  std::vector<int64_t> recent_offsets = {0};
+  std::vector<const float*> recent_k, recent_v;
+
+  void Append(absl::Span<const PagedAttentionParams> sequences) {
+    recent_offsets.resize(1);
+    for (const PagedAttentionParams& s : sequences) {
+      recent_k.push_back(s.recent_k);
+      recent_v.push_back(s.recent_v);
+      for (int64_t h = 0; h < s.kv_heads; ++h) {
+        pages.insert(pages.end(), s.pages + s.page_offsets[h], s.pages + s.page_offsets[h + 1]);
+        page_offsets.push_back(static_cast<int32_t>(pages.size()));
+      }
+      recent_offsets.push_back(recent_offsets.back() + s.recent_tokens);
+    }
+  }
+};
+
+DecodeBatch BatchOf(const BatchPagedAttentionParams& p, int64_t layers, int64_t q_tokens,
+                    const FlatLayer& flat) {
+  return {.layers = layers,
+          .batch = p.batch,
+          .q_tokens = q_tokens,
+          .heads = p.heads,
+          .kv_heads = p.kv_heads,
+          .head_dim = p.head_dim,
+          .scale = p.scale,
+          .formats = p.formats,
+          .layouts = p.layouts,
+          .codebooks = p.codebooks,
+          .tier_count = p.tier_count,
+          .pages = flat.pages.data(),
+          .page_offsets = flat.page_offsets.data(),
+          .recent_offsets = flat.recent_offsets.data(),
+          .recent_k = flat.recent_k.data(),
+          .recent_v = flat.recent_v.data()};
+}
+
+}  // namespace
+
 absl::Status BatchPagedAttention(const BatchPagedAttentionParams& p,
                                  absl::Span<const PagedAttentionParams> sequences,
                                  cudaStream_t stream, DecodeAttentionWorkspace* workspace) {
@@ -421,43 +529,90 @@ absl::Status BatchPagedAttention(const BatchPagedAttentionParams& p,
     return absl::InvalidArgumentError(
         "decode attention: one plan takes sequences with the same queries and no scores");
   }
-  const int64_t q_tokens = sequences.front().q_tokens;
   // One page list for the batch: sequence b's lists after those of the sequences before it.
-  const int64_t batch = static_cast<int64_t>(sequences.size());
-  std::vector<KvPageRef> pages;
-  std::vector<int32_t> page_offsets = {0};
-  std::vector<int64_t> recent_offsets = {0};
-  std::vector<const float*> recent_k, recent_v;  // each sequence's window
-  for (const PagedAttentionParams& s : sequences) {
-    recent_k.push_back(s.recent_k);
-    recent_v.push_back(s.recent_v);
-    for (int64_t h = 0; h < s.kv_heads; ++h) {
-      pages.insert(pages.end(), s.pages + s.page_offsets[h], s.pages + s.page_offsets[h + 1]);
-      page_offsets.push_back(static_cast<int32_t>(pages.size()));
-    }
-    recent_offsets.push_back(recent_offsets.back() + s.recent_tokens);
-  }
+  FlatLayer flat;
+  flat.Append(sequences);
   SLUICE_ASSIGN_OR_RETURN(DecodeAttentionPlan plan,
-                          DecodeAttentionPlan::Create({.batch = batch,
-                                                       .q_tokens = q_tokens,
-                                                       .heads = p.heads,
-                                                       .kv_heads = p.kv_heads,
-                                                       .head_dim = p.head_dim,
-                                                       .scale = p.scale,
-                                                       .formats = p.formats,
-                                                       .layouts = p.layouts,
-                                                       .codebooks = p.codebooks,
-                                                       .tier_count = p.tier_count,
-                                                       .pages = pages.data(),
-                                                       .page_offsets = page_offsets.data(),
-                                                       .recent_offsets = recent_offsets.data(),
-                                                       .recent_k = recent_k.data(),
-                                                       .recent_v = recent_v.data()},
-                                                      stream, workspace));
+                          DecodeAttentionPlan::Create(
+                              BatchOf(p, 1, sequences.front().q_tokens, flat), stream, workspace));
   // Sequence b's queries are rows [b * q_tokens, (b + 1) * q_tokens): q and out as they are.
   SLUICE_RETURN_IF_ERROR(plan.Run(p.q.data, p.out.data, stream));
   if (workspace == nullptr) SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<BatchAttentionPlan>> DecodeStepPlan::Create(
+    const void* backend, const BatchPagedAttentionStep& step,
+    absl::Span<const std::vector<PagedAttentionParams>> layers, cudaStream_t stream,
+    DecodeAttentionWorkspace* workspace) {
+  if (step.scores || layers.empty()) return nullptr;
+  for (const std::vector<PagedAttentionParams>& sequences : layers) {
+    if (!RunsAsOnePlan(step.batch, sequences) ||
+        sequences.front().q_tokens != layers.front().front().q_tokens) {
+      return nullptr;
+    }
+  }
+  FlatLayer flat;
+  std::vector<int64_t> first_offsets;
+  for (const std::vector<PagedAttentionParams>& sequences : layers) {
+    flat.Append(sequences);
+    if (first_offsets.empty()) first_offsets = flat.recent_offsets;
+    // One window length per sequence in every layer (a decode step's).
+    if (flat.recent_offsets != first_offsets) return nullptr;
+  }
+  const int64_t q_tokens = layers.front().front().q_tokens;
+  const int64_t n_layers = static_cast<int64_t>(layers.size());
+  SLUICE_ASSIGN_OR_RETURN(DecodeAttentionPlan plan,
+                          DecodeAttentionPlan::Create(BatchOf(step.batch, n_layers, q_tokens, flat),
+                                                      stream, workspace));
+  auto out = std::unique_ptr<DecodeStepPlan>(new DecodeStepPlan(backend, std::move(plan)));
+  out->batch_ = step.batch.batch;
+  out->kv_heads_ = step.batch.kv_heads;
+  out->q_tokens_ = q_tokens;
+  out->pages_ = std::move(flat.pages);
+  out->page_offsets_ = std::move(flat.page_offsets);
+  out->recent_offsets_ = std::move(flat.recent_offsets);
+  out->recent_k_ = std::move(flat.recent_k);
+  out->recent_v_ = std::move(flat.recent_v);
+  return out;
+}
+
+absl::Status DecodeStepPlan::Run(const BatchPagedAttentionParams& p,
+                                 absl::Span<const PagedAttentionParams> sequences,
+                                 cudaStream_t stream) const {
+  const int64_t layer = p.layer, lists = batch_ * kv_heads_;
+  if (layer < 0 || layer >= plan_.layers() || p.batch != batch_ || p.kv_heads != kv_heads_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "batch_paged_attention: layer %d (batch %d, %d kv-heads) is not a layer of the step's "
+        "plan (%d layers, batch %d, %d kv-heads)",
+        layer, p.batch, p.kv_heads, plan_.layers(), batch_, kv_heads_));
+  }
+  // The call must be the layer the plan holds: same queries, windows and pages, in order.
+  int32_t at = page_offsets_[layer * lists];
+  for (int64_t b = 0; b < batch_; ++b) {
+    const PagedAttentionParams& s = sequences[b];
+    bool same = s.q_tokens == q_tokens_ && s.recent_k == recent_k_[layer * batch_ + b] &&
+                s.recent_v == recent_v_[layer * batch_ + b] &&
+                s.recent_tokens == recent_offsets_[b + 1] - recent_offsets_[b];
+    for (int64_t h = 0; same && h < kv_heads_; ++h) {
+      const int64_t list = layer * lists + b * kv_heads_ + h;
+      const int32_t n = s.page_offsets[h + 1] - s.page_offsets[h];
+      same = n == page_offsets_[list + 1] - page_offsets_[list];
+      for (int32_t i = 0; same && i < n; ++i) {
+        const KvPageRef& want = pages_[at + i];
+        const KvPageRef& got = s.pages[s.page_offsets[h] + i];
+        same = got.data == want.data && got.slots == want.slots && got.tier == want.tier;
+      }
+      at += n;
+    }
+    if (!same) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "batch_paged_attention: sequence %d of layer %d differs from the step's plan (its "
+          "pages, window or queries changed since PlanBatchPagedAttention)",
+          b, layer));
+    }
+  }
+  return plan_.Run(p.q.data, p.out.data, stream, nullptr, nullptr, false, layer);
 }
 
 }  // namespace sluice::kernels::cuda

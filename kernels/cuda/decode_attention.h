@@ -15,10 +15,11 @@
 //   SLUICE_ASSIGN_OR_RETURN(DecodeAttentionPlan plan, DecodeAttentionPlan::Create(batch_desc));
 //   SLUICE_RETURN_IF_ERROR(plan.Run(q, out, stream));   // as often as the pages stay the same
 //
-// A decode loop builds one plan per step over a DecodeAttentionWorkspace: the plan's arrays
-// then live in the workspace's device memory, its metadata goes over in one asynchronous copy
-// from the workspace's pinned staging, and once the workspace has grown to the largest step
-// nothing is allocated and nothing waits for the stream.
+// A decode loop builds one plan per step over a DecodeAttentionWorkspace, for all the step's
+// layers (DecodeBatch::layers; DecodeStepPlan is the Backend's side of it), and runs it once
+// per layer: the plan's arrays live in the workspace's device memory, its metadata goes over in
+// one asynchronous copy from the workspace's pinned staging, and once the workspace has grown to
+// the largest step nothing is allocated and nothing waits for the stream between layers.
 #ifndef SLUICE_KERNELS_CUDA_DECODE_ATTENTION_H_
 #define SLUICE_KERNELS_CUDA_DECODE_ATTENTION_H_
 
@@ -27,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -38,27 +40,32 @@ namespace sluice::kernels::cuda {
 // At most this many tiers in one plan.
 inline constexpr int kMaxDecodeTiers = 4;
 
-// A batch of sequences, all metadata in host memory; page data and the recent K/V in device
-// memory. Sequence b, kv-head h owns pages [page_offsets[b * kv_heads + h], ... + 1).
+// A batch of sequences over one or more layers (a decode step planned once, run layer by
+// layer), all metadata in host memory; page data and the recent K/V in device memory. Layer l,
+// sequence b, kv-head h owns pages [page_offsets[i], page_offsets[i + 1]) for the list
+// i = (l * batch + b) * kv_heads + h.
 struct DecodeBatch {
+  int64_t layers = 1;
   int64_t batch = 0;
   int64_t q_tokens = 0;  // queries per sequence (1 for decode)
   int64_t heads = 0;
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
   float scale = 1.f;
-  const KvTierFormat* formats = nullptr;   // [tier_count]
-  const KvPageLayout* layouts = nullptr;   // [tier_count]
-  const KvCodebooks* codebooks = nullptr;  // [tier_count]; Huffman-coded tiers only
+  const KvTierFormat* formats = nullptr;  // [tier_count]
+  const KvPageLayout* layouts = nullptr;  // [tier_count]
+  // [layers * tier_count], layer-major; Huffman-coded tiers only (each layer its codebooks).
+  const KvCodebooks* codebooks = nullptr;
   int32_t tier_count = 0;
-  const KvPageRef* pages = nullptr;       // [page_offsets[batch * kv_heads]]; data on device
-  const int32_t* page_offsets = nullptr;  // [batch * kv_heads + 1]
+  const KvPageRef* pages = nullptr;       // [page_offsets[lists]]; data on device
+  const int32_t* page_offsets = nullptr;  // [layers * batch * kv_heads + 1]
   // Recent (full-precision) tokens of sequence b: recent_offsets[b + 1] - recent_offsets[b] of
-  // them (at least q_tokens), rows [kv_heads, head_dim] from recent_k[b] / recent_v[b] (each
-  // sequence keeps its own window; a packed array passes pointers into itself).
+  // them (at least q_tokens, the same in every layer), rows [kv_heads, head_dim] from
+  // recent_k[l * batch + b] / recent_v[...] in layer l (each sequence and layer keeps its own
+  // window; a packed array passes pointers into itself).
   const int64_t* recent_offsets = nullptr;  // [batch + 1]
-  const float* const* recent_k = nullptr;   // [batch], device pointers
-  const float* const* recent_v = nullptr;   // [batch], device pointers
+  const float* const* recent_k = nullptr;   // [layers * batch], device pointers
+  const float* const* recent_v = nullptr;   // [layers * batch], device pointers
   // Pages per chunk; 0 lets the plan choose (enough chunks to fill the GPU twice).
   int32_t pages_per_chunk = 0;
 };
@@ -94,16 +101,23 @@ class DecodeAttentionPlan {
   DecodeAttentionPlan& operator=(DecodeAttentionPlan&&) noexcept;
   ~DecodeAttentionPlan();
 
-  // out[b, t, h, :] for q [batch, q_tokens, heads, head_dim] (both device, fp32). With scores
-  // (batch 1 only), page_scores / recent_scores as in PagedAttentionParams, device memory.
+  // out[b, t, h, :] for q [batch, q_tokens, heads, head_dim] (both device, fp32), over layer
+  // `layer`'s pages. With scores (batch 1, one layer only), page_scores / recent_scores as in
+  // PagedAttentionParams, device memory.
   absl::Status Run(const float* q, float* out, cudaStream_t stream, float* page_scores = nullptr,
-                   float* recent_scores = nullptr, bool scores_per_head = false) const;
+                   float* recent_scores = nullptr, bool scores_per_head = false,
+                   int64_t layer = 0) const;
 
-  int64_t chunks() const;
+  int64_t layers() const;
+  int64_t batch() const;
+  // Pages of layer `layer` (all its lists); what a caller checks a layer's table against.
+  int64_t layer_pages(int64_t layer) const;
+
+  int64_t chunks() const;  // of layer 0
   // The chunk kernel it runs: "kivi4" or "kivi2" (kernels/cuda/decode_attention_kernels.h), or
   // "generic".
   std::string kernel() const;
-  // Bytes of page data the kernels read per Run (whole pages as loaded).
+  // Bytes of page data the kernels read over all layers' Runs (whole pages as loaded).
   int64_t page_bytes_read() const;
 
  private:
@@ -126,6 +140,37 @@ bool RunsAsOnePlan(const BatchPagedAttentionParams& p,
 absl::Status BatchPagedAttention(const BatchPagedAttentionParams& p,
                                  absl::Span<const PagedAttentionParams> sequences,
                                  cudaStream_t stream, DecodeAttentionWorkspace* workspace);
+
+// Backend::PlanBatchPagedAttention on the GPU: one DecodeAttentionPlan over every layer of the
+// step (one upload of all the layers' page tables and work split), and host copies of what each
+// layer's call must match. Null when a layer does not run as one plan (RunsAsOnePlan) or the
+// step asks for key scores.
+class DecodeStepPlan final : public BatchAttentionPlan {
+ public:
+  // `backend`: the Backend that owns `stream` and `workspace` (BatchAttentionPlan::backend).
+  static absl::StatusOr<std::unique_ptr<BatchAttentionPlan>> Create(
+      const void* backend, const BatchPagedAttentionStep& step,
+      absl::Span<const std::vector<PagedAttentionParams>> layers, cudaStream_t stream,
+      DecodeAttentionWorkspace* workspace);
+
+  // Layer p.layer of the step: InvalidArgument unless `sequences` (p resolved) are exactly
+  // that layer's (pages, windows, queries).
+  absl::Status Run(const BatchPagedAttentionParams& p,
+                   absl::Span<const PagedAttentionParams> sequences, cudaStream_t stream) const;
+
+  const DecodeAttentionPlan& plan() const { return plan_; }
+
+ private:
+  DecodeStepPlan(const void* backend, DecodeAttentionPlan plan)
+      : BatchAttentionPlan(backend), plan_(std::move(plan)) {}
+
+  DecodeAttentionPlan plan_;
+  int64_t batch_ = 0, kv_heads_ = 0, q_tokens_ = 0;
+  std::vector<KvPageRef> pages_;
+  std::vector<int32_t> page_offsets_;  // [layers * batch * kv_heads + 1]
+  std::vector<int64_t> recent_offsets_;
+  std::vector<const float*> recent_k_, recent_v_;  // [layers * batch]
+};
 
 }  // namespace sluice::kernels::cuda
 

@@ -303,9 +303,44 @@ absl::Status PagedKvCache::BeginStep(absl::Span<const model::StepEntry> batch) {
     plan.recent_score_size.push_back(recent_scores);
   }
   plan.written.assign(layers, false);
+  for (int l = 0; l < layers; ++l) {
+    plan.codebooks.push_back(Codebooks(l));
+    for (int t = 1; t < tiers_; ++t) plan.codebooks.push_back({});
+  }
+  // Queries, outputs and scores come with each layer's call.
+  plan.attention = {.layers = layers,
+                    .batch = {.batch = n_batch,
+                              .q_indptr = plan.q_indptr.data(),
+                              .heads = options_.heads,
+                              .kv_heads = kvh,
+                              .head_dim = options_.head_dim,
+                              .scale = AttentionScale(),
+                              .formats = formats_,
+                              .layouts = layouts_,
+                              .codebooks = plan.codebooks.data(),
+                              .tier_count = tiers_,
+                              .pool = PoolView(),
+                              .page_bytes = pool_->page_bytes(),
+                              .recent_k = plan.recent_k.data(),
+                              .recent_v = plan.recent_v.data(),
+                              .recent_tokens = plan.recent_tokens.data(),
+                              .scores_per_head = per_head},
+                    .scores = policy_->scores() != policy::ScoreMode::kNone};
+  for (int t = 0; t < tiers_; ++t) {
+    plan.attention.batch.tables[t] = {
+        .indptr = plan.indptr[t].data(), .ids = plan.ids[t].data(), .slots = plan.slots[t].data()};
+  }
+  SLUICE_ASSIGN_OR_RETURN(plan.attention_plan, backend_.PlanBatchPagedAttention(plan.attention));
+  // The arrays move with their vectors: the pointers above stay valid.
   step_ = std::move(plan);
   step_seqs_ = std::move(seqs);
   return absl::OkStatus();
+}
+
+kernels::BufferView<const uint8_t> PagedKvCache::PoolView() const {
+  return {.data = pool_->data(0),
+          .size = pool_->num_pages() * pool_->page_bytes(),
+          .space = backend_.memory_space()};
 }
 
 absl::Status PagedKvCache::CheckStepLayer(int layer) const {
@@ -369,41 +404,21 @@ absl::Status PagedKvCache::Attend(int layer, const float* q, float* out) {
     page_scores_.assign(std::max<int64_t>(1, plan.page_score_size[layer]), 0.f);
     recent_scores_.assign(std::max<int64_t>(1, plan.recent_score_size[layer]), 0.f);
   }
-  const kernels::KvCodebooks codebooks[2] = {Codebooks(layer), {}};
-  kernels::BatchPagedAttentionParams p{
-      .batch = n_batch,
-      .q_indptr = plan.q_indptr.data(),
-      .q = {.data = q, .size = rows * q_row, .space = space},
-      .out = {.data = out, .size = rows * q_row, .space = space},
-      .heads = options_.heads,
-      .kv_heads = kvh,
-      .head_dim = options_.head_dim,
-      .scale = AttentionScale(),
-      .formats = formats_,
-      .layouts = layouts_,
-      .codebooks = codebooks,
-      .tier_count = tiers_,
-      .pool = {.data = pool_->data(0),
-               .size = pool_->num_pages() * pool_->page_bytes(),
-               .space = space},
-      .page_bytes = pool_->page_bytes(),
-      .recent_k = plan.recent_k.data() + at,
-      .recent_v = plan.recent_v.data() + at,
-      .recent_tokens = plan.recent_tokens.data(),
-      .page_scores = {.data = scores ? page_scores_.data() : nullptr,
-                      .size = static_cast<int64_t>(page_scores_.size()),
-                      .space = space},
-      .recent_scores = {.data = scores ? recent_scores_.data() : nullptr,
-                        .size = static_cast<int64_t>(recent_scores_.size()),
-                        .space = space},
-      .page_score_offsets = scores ? plan.page_score_offsets.data() + at : nullptr,
-      .recent_score_offsets = scores ? plan.recent_score_offsets.data() + at : nullptr,
-      .scores_per_head = per_head};
-  for (int t = 0; t < tiers_; ++t) {
-    p.tables[t] = {.indptr = plan.indptr[t].data() + at * kvh,
-                   .ids = plan.ids[t].data(),
-                   .slots = plan.slots[t].data()};
+  kernels::BatchPagedAttentionParams p = kernels::LayerOfStep(plan.attention, layer);
+  p.q = {.data = q, .size = rows * q_row, .space = space};
+  p.out = {.data = out, .size = rows * q_row, .space = space};
+  p.pool = PoolView();  // where the pool is now (the backend's plan checks its pages against it)
+  if (scores) {
+    p.page_scores = {.data = page_scores_.data(),
+                     .size = static_cast<int64_t>(page_scores_.size()),
+                     .space = space};
+    p.recent_scores = {.data = recent_scores_.data(),
+                       .size = static_cast<int64_t>(recent_scores_.size()),
+                       .space = space};
+    p.page_score_offsets = plan.page_score_offsets.data() + at;
+    p.recent_score_offsets = plan.recent_score_offsets.data() + at;
   }
+  p.plan = plan.attention_plan.get();
   SLUICE_RETURN_IF_ERROR(backend_.BatchPagedAttention(p));
   if (!scores) return absl::OkStatus();
   for (int64_t b = 0; b < n_batch; ++b) {

@@ -89,8 +89,9 @@ class PagedKvCache final : public model::KvCache {
   absl::Status AddSequence(int64_t seq, int64_t max_tokens) override;
   absl::Status RemoveSequence(int64_t seq) override;
   absl::StatusOr<int64_t> Length(int64_t seq) const override;
-  // The step plan (see StepPlan): BeginStep builds it once; each layer's Write and Attend read
-  // it, and Attend hands the backend one BatchPagedAttention for the whole batch.
+  // The step plan (see StepPlan): BeginStep builds it once, with the backend's plan of the
+  // step's attention (PlanBatchPagedAttention); each layer's Write and Attend read it, and
+  // Attend hands the backend one BatchPagedAttention for the whole batch, that layer of the plan.
   absl::Status BeginStep(absl::Span<const model::StepEntry> batch) override;
   absl::Status Write(int layer, const float* k, const float* v) override;
   absl::Status Attend(int layer, const float* q, float* out) override;
@@ -119,6 +120,12 @@ class PagedKvCache final : public model::KvCache {
     std::vector<int64_t> page_score_offsets, recent_score_offsets;
     std::vector<int64_t> page_score_size, recent_score_size;  // [layers]
     std::vector<bool> written;                                // [layers]
+    // The step's attention over every layer as the backend plans it (pointers into the arrays
+    // above; codebooks [layers * tiers]), and the backend's plan (null when it has nothing to
+    // plan: the host backends). Each Attend runs its layer of it.
+    std::vector<kernels::KvCodebooks> codebooks;
+    kernels::BatchPagedAttentionStep attention;
+    std::unique_ptr<kernels::BatchAttentionPlan> attention_plan;
   };
   // The open step's plan; null between steps.
   const StepPlan* step() const { return step_ ? &*step_ : nullptr; }
@@ -184,6 +191,8 @@ class PagedKvCache final : public model::KvCache {
   // The codebooks of `layer` (Huffman-coded presets, once that layer has compressed tokens);
   // null codebooks otherwise.
   kernels::KvCodebooks Codebooks(int layer) const;
+  // The page pool as the backend sees it.
+  kernels::BufferView<const uint8_t> PoolView() const;
   const KvPreset& preset() const { return options_.preset; }
   // The preset's token policy (kvstore/policy/): which tokens stay, and in which tier.
   const policy::TokenPolicy& policy() const { return *policy_; }
