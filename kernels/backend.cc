@@ -601,7 +601,7 @@ absl::StatusOr<std::unique_ptr<BatchAttentionPlan>> Backend::PlanBatchPagedAtten
   if (step.layers <= 0) {
     return Invalid("batch_paged_attention", absl::StrFormat("a step of %d layers", step.layers));
   }
-  if (step.batch.batch == 0) return nullptr;
+  if (step.batch.batch == 0 || !PlansBatchPagedAttention()) return nullptr;
   // Each layer validated and resolved as its call will be; the refs back the sequences.
   std::vector<std::vector<KvPageRef>> refs(step.layers);
   std::vector<std::vector<int32_t>> offsets(step.layers);

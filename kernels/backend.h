@@ -103,6 +103,9 @@ class Backend {
   // after the other through DoPagedAttention; a backend that can run them together overrides it.
   virtual absl::Status DoBatchPagedAttention(const BatchPagedAttentionParams& p,
                                              absl::Span<const PagedAttentionParams> sequences);
+  // Whether the backend plans a step's BatchPagedAttention; without, PlanBatchPagedAttention
+  // returns null at once (no validation pass over the step).
+  virtual bool PlansBatchPagedAttention() const { return false; }
   // `layers[l]` are layer l's sequences as DoBatchPagedAttention would get them. The default
   // plans nothing (returns null).
   virtual absl::StatusOr<std::unique_ptr<BatchAttentionPlan>> DoPlanBatchPagedAttention(

@@ -43,6 +43,7 @@ class CudaBackend final : public Backend {
   absl::Status DoPagedAttention(const PagedAttentionParams& p) override;
   absl::Status DoBatchPagedAttention(const BatchPagedAttentionParams& p,
                                      absl::Span<const PagedAttentionParams> sequences) override;
+  bool PlansBatchPagedAttention() const override { return true; }
   absl::StatusOr<std::unique_ptr<BatchAttentionPlan>> DoPlanBatchPagedAttention(
       const BatchPagedAttentionStep& step,
       absl::Span<const std::vector<PagedAttentionParams>> layers) override;
