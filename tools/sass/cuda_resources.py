@@ -173,6 +173,12 @@ def kernel_records(archive: str, tools: Dict[str, str]
     return records, fns
 
 
+def _unit_free(mangled: str) -> str:
+    """A mangled name without the per-compilation hash nvcc puts in anonymous namespaces
+    (_GLOBAL__N__<hash>_<file>...): the -lineinfo build is another compilation of the file."""
+    return re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__", mangled)
+
+
 def _stream(fn: sass_parse.Function) -> List[Tuple[int, str, Optional[int]]]:
     return [(i.addr, i.pred + i.opcode, i.target) for i in fn.instrs]
 
@@ -192,7 +198,7 @@ def model(lineinfo_cubin: str, production: List[sass_parse.Function], sources: D
         if len(want) != 1:
             raise ToolError(f"{km.kernel} sm_90a: found {len(want)} in the archive")
         prod = want[0]
-        li = [f for f in lineinfo if f.name == prod.name]
+        li = [f for f in lineinfo if _unit_free(f.name) == _unit_free(prod.name)]
         if len(li) != 1 or _stream(li[0]) != _stream(prod):
             raise ToolError(
                 "the -lineinfo build of decode_attention_kernels.cu differs from the production "
