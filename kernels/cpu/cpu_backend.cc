@@ -83,18 +83,20 @@ absl::Status CpuBackend::DoKvQuantize(const KvQuantizeParams& p) {
 }
 
 absl::Status CpuBackend::DoKvQuantizeBatch(absl::Span<const KvQuantizeParams> items) {
-  // Fixed-width items on the threads; coded ones (which fill pages unit by unit) after them,
-  // as the default runs them.
+  // Every item on the threads (items write distinct pages); a coded item (which fills its page
+  // unit by unit) may fail, and the first failure in item order is the batch's.
   const int64_t n = static_cast<int64_t>(items.size());
-  std::vector<KvQuantizeParams> coded;
+  std::vector<absl::Status> status(n);
 #pragma omp parallel for num_threads(threads_) schedule(dynamic, 1) if (threads_ > 1 && n > 1)
   for (int64_t i = 0; i < n; ++i) {
-    if (items[i].format.huffman_bits == 0 && items[i].tokens > 0) cpu::KvQuantize(items[i], isa_);
+    if (items[i].format.huffman_bits > 0) {
+      status[i] = DoKvQuantize(items[i]);
+    } else if (items[i].tokens > 0) {
+      cpu::KvQuantize(items[i], isa_);
+    }
   }
-  for (const KvQuantizeParams& p : items) {
-    if (p.format.huffman_bits > 0) coded.push_back(p);
-  }
-  return Backend::DoKvQuantizeBatch(coded);
+  for (absl::Status& st : status) SLUICE_RETURN_IF_ERROR(st);
+  return absl::OkStatus();
 }
 
 absl::Status CpuBackend::DoKvDequantize(const KvDequantizeParams& p) {

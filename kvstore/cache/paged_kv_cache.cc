@@ -763,8 +763,8 @@ absl::Status PagedKvCache::FlushCoded(Seq& s, int64_t flush) {
   for (int l = 0; l < options_.layers; ++l) {
     if (!codebooks_[l]) SLUICE_RETURN_IF_ERROR(BuildCodebooks(s, l, flush));
   }
-  // How many pages each list will need is known only once its units are coded, so pages come
-  // one at a time; on failure every list goes back to where it was.
+  // How many pages each list will need is known only once its units are coded, so each list
+  // takes its pages one at a time; on failure every list goes back to where it was.
   struct Mark {
     int32_t pages;
     int32_t last_slots;
@@ -793,13 +793,21 @@ absl::Status PagedKvCache::FlushCoded(Seq& s, int64_t flush) {
     }
     return st;
   };
+  // Rounds: each list still short of `flush` codes what its last page takes, every list's in
+  // one KvQuantizeBatch (distinct pages); a list whose page filled gets a fresh one next round.
   const int64_t lists = static_cast<int64_t>(s.heads.size());
-  for (int64_t i = 0; i < lists; ++i) {
-    const int layer = static_cast<int>(i / options_.kv_heads);
-    const int64_t h = i % options_.kv_heads;
-    HeadPages& hp = s.heads[i];
-    TierPages& tp = hp.tier[0];
-    for (int64_t t0 = 0; t0 < flush;) {
+  std::vector<int64_t> done(lists, 0), written(lists, 0), want(lists, 0);
+  std::vector<int64_t> round;  // the lists of this round
+  std::vector<kernels::KvQuantizeParams> items;
+  for (;;) {
+    round.clear();
+    items.clear();
+    for (int64_t i = 0; i < lists; ++i) {
+      if (done[i] >= flush) continue;
+      const int layer = static_cast<int>(i / options_.kv_heads);
+      const int64_t h = i % options_.kv_heads;
+      HeadPages& hp = s.heads[i];
+      TierPages& tp = hp.tier[0];
       if (!tp.LastOpen(layout_.tokens)) {
         absl::StatusOr<PageId> id = AllocatePage(flush);
         if (!id.ok()) return roll_back(id.status());
@@ -810,34 +818,38 @@ absl::Status PagedKvCache::FlushCoded(Seq& s, int64_t flush) {
         tp.slots.push_back(0);
         tp.last_closed = false;
       }
-      int64_t written = 0;
-      const int64_t want = std::min<int64_t>(flush - t0, layout_.tokens - tp.slots.back());
-      absl::Status st =
-          backend_.KvQuantize({.k = s.k[layer].data() + t0 * row_ + h * options_.head_dim,
-                               .v = s.v[layer].data() + t0 * row_ + h * options_.head_dim,
-                               .stride = row_,
-                               .tokens = want,
-                               .format = options_.preset.high,
-                               .layout = layout_,
-                               .page = pool_->data(hp.table.high(hp.table.high_count() - 1)),
-                               .slot = tp.slots.back(),
-                               .codebooks = Codebooks(layer),
-                               .tokens_written = &written});
-      if (!st.ok()) return roll_back(st);
-      if (written == 0 && tp.slots.back() == 0) {
+      written[i] = 0;
+      want[i] = std::min<int64_t>(flush - done[i], layout_.tokens - tp.slots.back());
+      round.push_back(i);
+      items.push_back({.k = s.k[layer].data() + done[i] * row_ + h * options_.head_dim,
+                       .v = s.v[layer].data() + done[i] * row_ + h * options_.head_dim,
+                       .stride = row_,
+                       .tokens = want[i],
+                       .format = options_.preset.high,
+                       .layout = layout_,
+                       .page = pool_->data(hp.table.high(hp.table.high_count() - 1)),
+                       .slot = tp.slots.back(),
+                       .codebooks = Codebooks(layer),
+                       .tokens_written = &written[i]});
+    }
+    if (round.empty()) return absl::OkStatus();
+    if (absl::Status st = backend_.KvQuantizeBatch(items); !st.ok()) return roll_back(st);
+    for (const int64_t i : round) {
+      TierPages& tp = s.heads[i].tier[0];
+      if (written[i] == 0 && tp.slots.back() == 0) {
         return roll_back(absl::InternalError(
-            absl::StrFormat("layer %d: one unit of %s does not fit an empty %d-byte page", layer,
+            absl::StrFormat("layer %d: one unit of %s does not fit an empty %d-byte page",
+                            static_cast<int>(i / options_.kv_heads),
                             kernels::KvTierFormatName(options_.preset.high), layout_.bytes_used)));
       }
-      if (written < want) tp.last_closed = true;  // its bitstream is full
-      for (int64_t t = t0; t < t0 + written; ++t) {
+      if (written[i] < want[i]) tp.last_closed = true;  // its bitstream is full
+      for (int64_t t = done[i]; t < done[i] + written[i]; ++t) {
         tp.positions.push_back(static_cast<int32_t>(s.compressed + t));
       }
-      tp.slots.back() += static_cast<int32_t>(written);
-      t0 += written;
+      tp.slots.back() += static_cast<int32_t>(written[i]);
+      done[i] += written[i];
     }
   }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<PageId> PagedKvCache::AllocatePage(int64_t tokens) {
