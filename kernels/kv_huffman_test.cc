@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -169,6 +170,68 @@ TEST_P(KvCodedQuantizeTest, PagesMatchReferenceBytes) {
         ++mismatches;
       }
     }
+  }
+}
+
+// A batch of coded items (the cache's commit flush: every list's page in one call) writes what
+// each item alone would, and reports each item's tokens written.
+TEST_P(KvCodedQuantizeTest, BatchWritesWhatEachCallWould) {
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::vector<std::unique_ptr<testing::OwnedCodebooks>> books;
+  std::vector<std::vector<float>> rows;
+  std::vector<DeviceBuffer> buffers;
+  std::vector<std::vector<uint8_t>> want;
+  std::vector<KvQuantizeParams> items;
+  constexpr int kPerFormat = 3;
+  const std::vector<KvTierFormat> formats = CodedFormats();
+  std::vector<int64_t> want_written(formats.size() * kPerFormat);
+  std::vector<int64_t> got_written(want_written.size(), -1);
+  for (const KvTierFormat& f : formats) {
+    const KvPageLayout l = ComputePageLayout(f).value();
+    const int64_t u = l.unit_tokens, d = f.head_dim;
+    const std::vector<float> sk = Rows(rng, l.tokens, d, true), sv = Rows(rng, l.tokens, d, false);
+    auto b = testing::CodebooksFromRows(f, sk.data(), sv.data(), l.tokens / u * u);
+    ASSERT_TRUE(b.ok()) << b.status();
+    books.push_back(std::move(*b));
+    for (int j = 0; j < kPerFormat; ++j) {
+      const size_t i = items.size();
+      // Up to the page's slots; the codes may fill its bitstream first, and the item then stops.
+      const int64_t tokens = u * (1 + static_cast<int64_t>(rng() % (l.tokens / u)));
+      rows.push_back(Rows(rng, tokens, d, true));
+      rows.push_back(Rows(rng, tokens, d, false));
+      const std::vector<float>& k = rows[rows.size() - 2];
+      const std::vector<float>& v = rows.back();
+      KvQuantizeParams p{.k = k.data(),
+                         .v = v.data(),
+                         .stride = d,
+                         .tokens = tokens,
+                         .format = f,
+                         .layout = l,
+                         .codebooks = books.back()->view(),
+                         .tokens_written = &want_written[i]};
+      want.emplace_back(f.page_bytes, 0);
+      p.page = want.back().data();
+      ASSERT_TRUE(KvQuantizeHuffman(p, [](const KvQuantizeParams& q) { ref::KvQuantize(q); }).ok());
+      buffers.push_back(OnDevice(*backend_, k));
+      buffers.push_back(OnDevice(*backend_, v));
+      buffers.push_back(OnDevice(*backend_, std::vector<uint8_t>(f.page_bytes, 0)));
+      p.k = buffers[buffers.size() - 3].as<float>();
+      p.v = buffers[buffers.size() - 2].as<float>();
+      p.page = buffers.back().as<uint8_t>();
+      p.tokens_written = &got_written[i];
+      items.push_back(p);
+    }
+  }
+  const absl::Status st = backend_->KvQuantizeBatch(items);
+  ASSERT_TRUE(st.ok()) << st;
+  for (size_t i = 0; i < items.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "item " << i);
+    EXPECT_EQ(got_written[i], want_written[i]);
+    std::vector<uint8_t> got(want[i].size());
+    ASSERT_TRUE(buffers[3 * i + 2].Download(got.data(), got.size()).ok());
+    EXPECT_TRUE(got == want[i]) << "page bytes differ";
   }
 }
 
