@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -130,15 +132,20 @@ void ExpectTracksFullPrecision(PagedKvCache& cache, int64_t seq, int64_t prompt,
 
 // Feeds 300 tokens (a prompt of 200, then 100 one at a time) and checks each step's attention
 // against ref attention over the fp32 rows, within each preset's precision.
+// The seed is fresh each run (SLUICE_TEST_SEED repeats one). kvcomp's bound: 5 key and 7 value
+// levels on uniform random rows reach 0.62 on some seeds (559966544), so 0.75.
 TEST(PagedKvCache, AttentionOverPagesTracksFullPrecision) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE(seed);
+  uint64_t seed = std::random_device{}();
+  if (const char* env = std::getenv("SLUICE_TEST_SEED"); env != nullptr) {
+    ASSERT_TRUE(absl::SimpleAtoi(env, &seed)) << env;
+  }
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
   std::mt19937_64 rng(seed);
   auto cpu = kernels::CpuBackend::Create();
   ASSERT_TRUE(cpu.ok());
   for (auto [preset, residual, tol] :
        {std::tuple{"fp16", 0, 2e-3}, std::tuple{"int8", 0, 0.05}, std::tuple{"kivi4", 16, 0.3},
-        std::tuple{"kvcomp", 16, 0.6}}) {
+        std::tuple{"kvcomp", 16, 0.75}}) {
     SCOPED_TRACE(preset);
     auto cache = MakeCache(**cpu, preset, residual);
     ASSERT_TRUE(cache->AddSequence(7, 300).ok());
