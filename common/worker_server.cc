@@ -25,12 +25,15 @@ absl::Status ServeWorker(const WorkerServeOptions& options,
   const std::string address = absl::StrFormat("%s:%d", options.host, options.port);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials());
+  // A port another process holds is an error, not a port shared with it (gRPC's default on
+  // Linux is SO_REUSEPORT: two workers on one port would split its requests between them).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // A sequence's KV state (its full-precision window included) travels in one message.
   builder.SetMaxReceiveMessageSize(256 << 20);
   builder.SetMaxSendMessageSize(256 << 20);
   for (grpc::Service* s : services) builder.RegisterService(s);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server) return absl::UnavailableError("cannot serve gRPC on " + address);
+  if (!server) return absl::UnavailableError("cannot serve gRPC on " + address + " (port in use?)");
   std::cerr << absl::StrFormat("%s: %s on %s\n", options.name, options.banner, address);
   AwaitShutdown(options.name);
   drain();

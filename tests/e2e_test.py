@@ -28,10 +28,21 @@ LONG_PROMPT = ("Rivers carry water from the mountains to the sea, shaping valley
                "cities along the way. ") * 12 + "Write a long story about one of them."
 
 
+_GIVEN = set()  # ports handed out by this test process: never twice
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
+
+
+class PortTaken(RuntimeError):
+    """A process could not bind its port: another process took it after free_port chose it."""
 
 
 def binary(name):
@@ -43,9 +54,21 @@ def binary(name):
 
 
 class Cluster:
-    """One decode, one prefill and the router, on free ports; stopped with SIGTERM."""
+    """One decode, one prefill and the router, on free ports; stopped with SIGTERM. A start
+    that loses a port to another process (between free_port and the bind) starts over on
+    fresh ports, up to three times."""
 
     def __init__(self, preset="sluice", kv_pages=4096, workers=1, placement="least_loaded"):
+        for attempt in range(3):
+            try:
+                self._start(preset, kv_pages, workers, placement)
+                return
+            except PortTaken:
+                self.stop()
+                if attempt == 2:
+                    raise
+
+    def _start(self, preset, kv_pages, workers, placement):
         self.logs = tempfile.mkdtemp(prefix="sluice-e2e-")
         self.http = free_port()
         common = ["--model=" + MODEL, "--threads=1", "--preset=" + preset]
@@ -74,8 +97,10 @@ class Cluster:
         while True:
             for name, p in self.procs.items():
                 if p.poll() is not None:
-                    raise RuntimeError("%s exited with %s:\n%s" % (name, p.returncode,
-                                                                    self.log(name)))
+                    log = self.log(name)
+                    if "port in use" in log or "cannot listen on" in log:
+                        raise PortTaken("%s: %s" % (name, log[-300:]))
+                    raise RuntimeError("%s exited with %s:\n%s" % (name, p.returncode, log))
             try:
                 # Every worker polled and serving, not only one of each role: a worker the
                 # router has not reached yet would be tried last, on a channel still backing off.
