@@ -688,6 +688,32 @@ TEST_P(BatchPagedAttentionTest, StepPlanRunsEachLayerAsItsOwnCall) {
         p.layer = 0;  // layer l's pages, run as layer 0
         st = backend_->BatchPagedAttention(p);
         EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+        p.layer = l;
+        // Key scores of a step planned without them.
+        std::vector<int64_t> ps_at(batch), rs_at(batch);
+        int64_t ps_size = 0, rs_size = 0;
+        for (int64_t b = 0; b < batch; ++b) {
+          ps_at[b] = ps_size;
+          rs_at[b] = rs_size;
+          for (int64_t h = 0; h < c.kv_heads; ++h) {
+            const int64_t list = (l * batch + b) * c.kv_heads + h;
+            for (int32_t t = 0; t < tier_count; ++t) {
+              for (int32_t j = indptr[t][list]; j < indptr[t][list + 1]; ++j)
+                ps_size += slots[t][j];
+            }
+          }
+          rs_size += c.kv_heads * recent[b];
+        }
+        auto psb = GuardedBuffer::Create(*backend_, std::max<int64_t>(1, ps_size));
+        auto rsb = GuardedBuffer::Create(*backend_, rs_size);
+        ASSERT_TRUE(psb.ok() && rsb.ok());
+        p.page_scores = {.data = psb->data(), .size = ps_size, .space = space};
+        p.recent_scores = {.data = rsb->data(), .size = rs_size, .space = space};
+        p.page_score_offsets = ps_at.data();
+        p.recent_score_offsets = rs_at.data();
+        st = backend_->BatchPagedAttention(p);
+        EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+        EXPECT_THAT(st.message(), ::testing::HasSubstr("key scores")) << st;
       }
     }
     class Foreign : public BatchAttentionPlan {

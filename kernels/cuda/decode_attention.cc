@@ -587,6 +587,10 @@ absl::Status DecodeStepPlan::Run(const BatchPagedAttentionParams& p,
         "plan (%d layers, batch %d, %d kv-heads)",
         layer, p.batch, p.kv_heads, plan_.layers(), batch_, kv_heads_));
   }
+  if (p.page_scores.data != nullptr) {
+    return absl::InvalidArgumentError(
+        "batch_paged_attention: key scores asked of a step planned without them");
+  }
   // The call must be the layer the plan holds: same queries, windows and pages, in order.
   int32_t at = page_offsets_[layer * lists];
   for (int64_t b = 0; b < batch_; ++b) {
