@@ -229,7 +229,8 @@ absl::Status ValidateKvDequantize(const KvDequantizeParams& p) {
   return ValidateCodebooks("kv_dequantize", p.format, p.codebooks);
 }
 
-absl::Status ValidatePagedAttention(const PagedAttentionParams& p) {
+// check_io false: a plan's sequence, whose queries and outputs come with each layer's call.
+absl::Status ValidatePagedAttention(const PagedAttentionParams& p, bool check_io = true) {
   constexpr std::string_view kOp = "paged_attention";
   if (p.q_tokens < 0 || p.heads <= 0 || p.kv_heads <= 0 || p.heads % p.kv_heads != 0 ||
       p.head_dim <= 0) {
@@ -241,8 +242,8 @@ absl::Status ValidatePagedAttention(const PagedAttentionParams& p) {
                    absl::StrFormat("recent_tokens=%d < q_tokens=%d", p.recent_tokens, p.q_tokens));
   }
   if (p.q_tokens == 0) return absl::OkStatus();
-  if (p.q == nullptr || p.out == nullptr || p.recent_k == nullptr || p.recent_v == nullptr ||
-      p.page_offsets == nullptr) {
+  if ((check_io && (p.q == nullptr || p.out == nullptr)) || p.recent_k == nullptr ||
+      p.recent_v == nullptr || p.page_offsets == nullptr) {
     return Invalid(kOp, "q, out, recent_k, recent_v and page_offsets must be non-null");
   }
   if (p.tier_count < 0 || p.tier_count > 4 ||
@@ -447,12 +448,7 @@ absl::Status SplitBatchPagedAttention(const BatchPagedAttentionParams& p, Memory
     PagedAttentionParams& s = (*sequences)[b];
     s.pages = refs->data() + first_ref[b];
     s.page_offsets = offsets->data() + b * (p.kv_heads + 1);
-    PagedAttentionParams checked = s;
-    if (!check_io) {  // a plan's: the queries and outputs come with each layer's call
-      static float placeholder;
-      checked.q = checked.out = &placeholder;
-    }
-    if (absl::Status st = ValidatePagedAttention(checked); !st.ok()) {
+    if (absl::Status st = ValidatePagedAttention(s, check_io); !st.ok()) {
       return Invalid(kOp, absl::StrFormat("sequence %d: %s", b, st.message()));
     }
   }

@@ -118,9 +118,8 @@ struct DecodeAttentionPlan::State {
   DecodeKernelChoice kernel;
   int64_t layers = 1;
   int64_t batch = 0;
-  // Per layer: its first chunk (and one past the last layer's), its pages, its tables.
+  // Per layer: its first chunk (and one past the last layer's), and its tables.
   std::vector<int32_t> layer_chunks;
-  std::vector<int64_t> layer_pages;
   struct Tables {
     const uint16_t* k = nullptr;
     const uint16_t* v = nullptr;
@@ -142,8 +141,6 @@ DecodeAttentionPlan::~DecodeAttentionPlan() = default;
 
 int64_t DecodeAttentionPlan::chunks() const { return state_->params.chunk_count; }
 int64_t DecodeAttentionPlan::layers() const { return state_->layers; }
-int64_t DecodeAttentionPlan::batch() const { return state_->batch; }
-int64_t DecodeAttentionPlan::layer_pages(int64_t layer) const { return state_->layer_pages[layer]; }
 int64_t DecodeAttentionPlan::page_bytes_read() const { return state_->page_bytes_read; }
 std::string DecodeAttentionPlan::kernel() const {
   const int bits = state_->kernel.kivi_bits;
@@ -222,7 +219,6 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
   // at 0 in every layer (bh_count + 1 of them per layer), so a layer's run sees a one-layer plan.
   const int64_t lists = layers * bh_count;
   std::vector<int32_t> key_offsets(layers * (bh_count + 1), 0), slot_offsets(key_offsets.size());
-  state->layer_pages.assign(layers, 0);
   int64_t max_layer_keys = 0;
   for (int64_t list = 0; list < lists; ++list) {
     const int64_t l = list / bh_count, bh = list % bh_count, seq = bh / b.kv_heads;
@@ -251,7 +247,6 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
       slots += r.slots;
       state->page_bytes_read += p.tiers[r.tier].load_bytes;
     }
-    state->layer_pages[l] += b.page_offsets[list + 1] - b.page_offsets[list];
     const int64_t at = l * (bh_count + 1) + bh;
     slot_offsets[at + 1] = static_cast<int32_t>(slot_offsets[at] + slots);
     key_offsets[at + 1] = static_cast<int32_t>(key_offsets[at] + slots + recent);
@@ -438,44 +433,6 @@ absl::Status DecodeAttentionPlan::Run(const float* q, float* out, cudaStream_t s
   return absl::OkStatus();
 }
 
-absl::Status PagedAttention(const PagedAttentionParams& p, cudaStream_t stream,
-                            DecodeAttentionWorkspace* workspace) {
-  const int64_t recent_offsets[2] = {0, p.recent_tokens};
-  SLUICE_ASSIGN_OR_RETURN(DecodeAttentionPlan plan,
-                          DecodeAttentionPlan::Create({.batch = 1,
-                                                       .q_tokens = p.q_tokens,
-                                                       .heads = p.heads,
-                                                       .kv_heads = p.kv_heads,
-                                                       .head_dim = p.head_dim,
-                                                       .scale = p.scale,
-                                                       .formats = p.formats,
-                                                       .layouts = p.layouts,
-                                                       .codebooks = p.codebooks,
-                                                       .tier_count = p.tier_count,
-                                                       .pages = p.pages,
-                                                       .page_offsets = p.page_offsets,
-                                                       .recent_offsets = recent_offsets,
-                                                       .recent_k = &p.recent_k,
-                                                       .recent_v = &p.recent_v},
-                                                      stream, workspace));
-  SLUICE_RETURN_IF_ERROR(
-      plan.Run(p.q, p.out, stream, p.page_scores, p.recent_scores, p.scores_per_head));
-  // Without a workspace the plan's device memory goes with it: let the kernels finish first.
-  if (workspace == nullptr) SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  return absl::OkStatus();
-}
-
-bool RunsAsOnePlan(const BatchPagedAttentionParams& p,
-                   absl::Span<const PagedAttentionParams> sequences) {
-  if (sequences.empty() || p.page_scores.data != nullptr || sequences.front().q_tokens == 0) {
-    return false;
-  }
-  for (const PagedAttentionParams& s : sequences) {
-    if (s.q_tokens != sequences.front().q_tokens) return false;
-  }
-  return true;
-}
-
 namespace {
 
 // A batch's sequences (one layer) as DecodeBatch arrays, appended: every list's pages, the list
@@ -500,19 +457,21 @@ struct FlatLayer {
   }
 };
 
-DecodeBatch BatchOf(const BatchPagedAttentionParams& p, int64_t layers, int64_t q_tokens,
-                    const FlatLayer& flat) {
+// The DecodeBatch of `flat`: `batch` sequences over `layers` layers shaped like `shape` (one of
+// them), with `codebooks` ([layers * tier_count]).
+DecodeBatch BatchOf(const PagedAttentionParams& shape, int64_t batch, int64_t layers,
+                    const KvCodebooks* codebooks, const FlatLayer& flat) {
   return {.layers = layers,
-          .batch = p.batch,
-          .q_tokens = q_tokens,
-          .heads = p.heads,
-          .kv_heads = p.kv_heads,
-          .head_dim = p.head_dim,
-          .scale = p.scale,
-          .formats = p.formats,
-          .layouts = p.layouts,
-          .codebooks = p.codebooks,
-          .tier_count = p.tier_count,
+          .batch = batch,
+          .q_tokens = shape.q_tokens,
+          .heads = shape.heads,
+          .kv_heads = shape.kv_heads,
+          .head_dim = shape.head_dim,
+          .scale = shape.scale,
+          .formats = shape.formats,
+          .layouts = shape.layouts,
+          .codebooks = codebooks,
+          .tier_count = shape.tier_count,
           .pages = flat.pages.data(),
           .page_offsets = flat.page_offsets.data(),
           .recent_offsets = flat.recent_offsets.data(),
@@ -521,6 +480,31 @@ DecodeBatch BatchOf(const BatchPagedAttentionParams& p, int64_t layers, int64_t 
 }
 
 }  // namespace
+
+absl::Status PagedAttention(const PagedAttentionParams& p, cudaStream_t stream,
+                            DecodeAttentionWorkspace* workspace) {
+  FlatLayer flat;
+  flat.Append({&p, 1});
+  SLUICE_ASSIGN_OR_RETURN(
+      DecodeAttentionPlan plan,
+      DecodeAttentionPlan::Create(BatchOf(p, 1, 1, p.codebooks, flat), stream, workspace));
+  SLUICE_RETURN_IF_ERROR(
+      plan.Run(p.q, p.out, stream, p.page_scores, p.recent_scores, p.scores_per_head));
+  // Without a workspace the plan's device memory goes with it: let the kernels finish first.
+  if (workspace == nullptr) SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
+bool RunsAsOnePlan(const BatchPagedAttentionParams& p,
+                   absl::Span<const PagedAttentionParams> sequences) {
+  if (sequences.empty() || p.page_scores.data != nullptr || sequences.front().q_tokens == 0) {
+    return false;
+  }
+  for (const PagedAttentionParams& s : sequences) {
+    if (s.q_tokens != sequences.front().q_tokens) return false;
+  }
+  return true;
+}
 
 absl::Status BatchPagedAttention(const BatchPagedAttentionParams& p,
                                  absl::Span<const PagedAttentionParams> sequences,
@@ -532,9 +516,10 @@ absl::Status BatchPagedAttention(const BatchPagedAttentionParams& p,
   // One page list for the batch: sequence b's lists after those of the sequences before it.
   FlatLayer flat;
   flat.Append(sequences);
-  SLUICE_ASSIGN_OR_RETURN(DecodeAttentionPlan plan,
-                          DecodeAttentionPlan::Create(
-                              BatchOf(p, 1, sequences.front().q_tokens, flat), stream, workspace));
+  SLUICE_ASSIGN_OR_RETURN(
+      DecodeAttentionPlan plan,
+      DecodeAttentionPlan::Create(BatchOf(sequences.front(), p.batch, 1, p.codebooks, flat), stream,
+                                  workspace));
   // Sequence b's queries are rows [b * q_tokens, (b + 1) * q_tokens): q and out as they are.
   SLUICE_RETURN_IF_ERROR(plan.Run(p.q.data, p.out.data, stream));
   if (workspace == nullptr) SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
@@ -562,9 +547,11 @@ absl::StatusOr<std::unique_ptr<BatchAttentionPlan>> DecodeStepPlan::Create(
   }
   const int64_t q_tokens = layers.front().front().q_tokens;
   const int64_t n_layers = static_cast<int64_t>(layers.size());
-  SLUICE_ASSIGN_OR_RETURN(DecodeAttentionPlan plan,
-                          DecodeAttentionPlan::Create(BatchOf(step.batch, n_layers, q_tokens, flat),
-                                                      stream, workspace));
+  SLUICE_ASSIGN_OR_RETURN(
+      DecodeAttentionPlan plan,
+      DecodeAttentionPlan::Create(
+          BatchOf(layers.front().front(), step.batch.batch, n_layers, step.batch.codebooks, flat),
+          stream, workspace));
   auto out = std::unique_ptr<DecodeStepPlan>(new DecodeStepPlan(backend, std::move(plan)));
   out->batch_ = step.batch.batch;
   out->kv_heads_ = step.batch.kv_heads;

@@ -109,9 +109,6 @@ class DecodeAttentionPlan {
                    int64_t layer = 0) const;
 
   int64_t layers() const;
-  int64_t batch() const;
-  // Pages of layer `layer` (all its lists); what a caller checks a layer's table against.
-  int64_t layer_pages(int64_t layer) const;
 
   int64_t chunks() const;  // of layer 0
   // The chunk kernel it runs: "kivi4" or "kivi2" (kernels/cuda/decode_attention_kernels.h), or
@@ -157,8 +154,6 @@ class DecodeStepPlan final : public BatchAttentionPlan {
   // that layer's (pages, windows, queries).
   absl::Status Run(const BatchPagedAttentionParams& p,
                    absl::Span<const PagedAttentionParams> sequences, cudaStream_t stream) const;
-
-  const DecodeAttentionPlan& plan() const { return plan_; }
 
  private:
   DecodeStepPlan(const void* backend, DecodeAttentionPlan plan)
