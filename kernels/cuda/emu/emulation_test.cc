@@ -3,6 +3,7 @@
 // the bugs it exists for stop the process (death tests). Kernels here are tiny and written for
 // the test; the project's kernels are checked by their own tests' _emu twins.
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -310,6 +311,23 @@ TEST(Emulation, AsyncWorkWaitsForASynchronization) {
   cudaFreeHost(pinned);
   cudaFree(d);
 }
+
+#if defined(__SANITIZE_ADDRESS__)
+// Host code that reads device memory: on a GPU a fault or garbage; under ASan, a report at the
+// read. Device work (kernels, copies) still reads and writes it.
+TEST(EmulationDeathTest, HostCodeReadingDeviceMemoryIsReported) {
+  float* d = DeviceCopy(std::vector<float>(8, 2.f));
+  SLUICE_LAUNCH(1, 8, 0, nullptr, AddOne)(d);
+  EXPECT_EQ(HostCopy(d, 8)[3], 3.f);
+  EXPECT_DEATH(
+      {
+        const volatile float* p = d;
+        std::printf("%f\n", p[3]);
+      },
+      "use-after-poison");
+  cudaFree(d);
+}
+#endif
 
 TEST(Emulation, RuntimeRejectsBadPointersAndLaunches) {
   float* d = DeviceCopy(std::vector<float>(8, 0.f));

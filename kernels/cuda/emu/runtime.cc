@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "absl/strings/str_format.h"
+#include "kernels/cuda/emu/fiber.h"
 #include "kernels/cuda/emu/scheduler.h"
 
 struct CUstream_st {
@@ -52,6 +53,7 @@ struct State {
   cudaError_t last_error = cudaSuccess;
   int device = 0;
   RuntimeCounters counters;
+  int device_access = 0;  // DeviceAccess scopes open
 };
 
 State& S() {
@@ -66,10 +68,37 @@ cudaError_t Fail(cudaError_t e, const std::string& why) {
   return e;
 }
 
+// Device memory is poisoned for AddressSanitizer while host code runs, so host code that
+// dereferences a device pointer (which faults or reads garbage on a GPU) is reported where it
+// does; the runtime opens it (a DeviceAccess scope) only while it does device work: queued ops,
+// blocking copies and memsets. Without ASan the hooks are absent and this does nothing.
+void SetDevicePoison(State& s, bool poison) {
+  for (const auto& [key, a] : s.allocations) {
+    if (!a.device) continue;
+    const void* base = reinterpret_cast<const void*>(~key);
+    poison ? AsanPoison(base, a.bytes) : AsanUnpoison(base, a.bytes);
+  }
+}
+
+class DeviceAccess {
+ public:
+  DeviceAccess() : lock_(S().mu) {
+    if (S().device_access++ == 0) SetDevicePoison(S(), false);
+  }
+  ~DeviceAccess() {
+    if (--S().device_access == 0) SetDevicePoison(S(), true);
+  }
+
+ private:
+  std::lock_guard<std::recursive_mutex> lock_;
+};
+
 // Runs everything queued, in order.
 void Drain() {
   State& s = S();
   std::lock_guard<std::recursive_mutex> lock(s.mu);
+  if (s.queue.empty()) return;
+  DeviceAccess access;
   while (!s.queue.empty()) {
     std::function<void()> op = std::move(s.queue.front());
     s.queue.pop_front();
@@ -122,6 +151,7 @@ cudaError_t Allocate(void** ptr, size_t bytes, bool device) {
   State& s = S();
   std::lock_guard<std::recursive_mutex> lock(s.mu);
   s.allocations[~reinterpret_cast<uintptr_t>(p)] = Allocation{bytes, device};
+  if (device && s.device_access == 0) AsanPoison(p, bytes);
   *ptr = p;
   return cudaSuccess;
 }
@@ -142,6 +172,7 @@ cudaError_t Release(void* ptr, bool device, const char* api) {
                 absl::StrFormat("%s(%p): not the start of a live %s allocation (double free?)", api,
                                 ptr, device ? "cudaMalloc" : "cudaMallocHost"));
   }
+  if (device) AsanUnpoison(ptr, it->second.bytes);
   s.allocations.erase(it);
   std::free(ptr);
   return cudaSuccess;
@@ -419,6 +450,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
     return e;
   }
   sluice::emu::Drain();
+  sluice::emu::DeviceAccess access;
   if (bytes > 0) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
@@ -440,6 +472,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (kind == cudaMemcpyDeviceToHost && !sluice::emu::IsPinned(dst, bytes)) {
     // Pageable destination: the copy completes before the call returns.
     sluice::emu::Drain();
+    sluice::emu::DeviceAccess access;
     std::memcpy(dst, src, bytes);
     return cudaSuccess;
   }
@@ -451,6 +484,7 @@ cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
   sluice::emu::CountBlocking();
   if (bytes > 0 && !CheckDeviceRange(ptr, bytes, "cudaMemset")) return cudaErrorInvalidValue;
   sluice::emu::Drain();
+  sluice::emu::DeviceAccess access;
   if (bytes > 0) std::memset(ptr, value, bytes);
   return cudaSuccess;
 }
