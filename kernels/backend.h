@@ -59,6 +59,15 @@ class Backend {
   virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
   // Waits until every op issued so far has finished; reports asynchronous failures.
   virtual absl::Status Synchronize() = 0;
+  // Copies between buffers of this backend, in order with its ops (asynchronous on a device: the
+  // sources must hold until the next Synchronize or host copy). A call's copies must not
+  // overlap one another.
+  struct Copy {
+    void* dst = nullptr;
+    const void* src = nullptr;
+    size_t bytes = 0;
+  };
+  virtual absl::Status CopyOnDevice(absl::Span<const Copy> copies) = 0;
 
   // ---- ops ----
   absl::Status RmsNorm(const RmsNormParams& p);

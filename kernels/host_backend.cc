@@ -35,4 +35,11 @@ absl::Status HostBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
 
 absl::Status HostBackend::Synchronize() { return absl::OkStatus(); }
 
+absl::Status HostBackend::CopyOnDevice(absl::Span<const Copy> copies) {
+  for (const Copy& c : copies) {
+    if (c.bytes > 0) std::memcpy(c.dst, c.src, c.bytes);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace sluice::kernels

@@ -16,6 +16,7 @@ class HostBackend : public Backend {
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override;
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
   absl::Status Synchronize() override;
+  absl::Status CopyOnDevice(absl::Span<const Copy> copies) override;
 };
 
 }  // namespace sluice::kernels

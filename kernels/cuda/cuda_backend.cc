@@ -126,6 +126,15 @@ absl::Status CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::CopyOnDevice(absl::Span<const Copy> copies) {
+  for (const Copy& c : copies) {
+    if (c.bytes == 0) continue;
+    SLUICE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, impl_->stream));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::Synchronize() {
   SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
   return absl::OkStatus();

@@ -29,6 +29,7 @@ class CudaBackend final : public Backend {
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override;
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
   absl::Status Synchronize() override;
+  absl::Status CopyOnDevice(absl::Span<const Copy> copies) override;
 
  protected:
   absl::Status DoRmsNorm(const RmsNormParams& p) override;

@@ -13,6 +13,7 @@
 #include "kvstore/cache/kv_codebooks.h"
 #include "kvstore/memory/compaction.h"
 #include "kvstore/memory/slot_bitmap.h"
+#include "kvstore/wire/crc32c.h"
 
 namespace sluice::kvstore {
 
@@ -103,11 +104,6 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const PagedKv
         absl::StrFormat("preset %s is for head_dim %d, the model has %d", o.preset.name,
                         o.preset.high.head_dim, o.head_dim));
   }
-  if (backend.kind() == kernels::BackendKind::kCuda) {
-    return absl::UnimplementedError(
-        "the paged KV cache keeps its pool in host memory; use the "
-        "cpu backend");
-  }
   if (o.preset.residual < 0) return absl::InvalidArgumentError("preset residual must be >= 0");
   SLUICE_ASSIGN_OR_RETURN(kernels::KvPageLayout layout, kernels::ComputePageLayout(o.preset.high));
   kernels::KvPageLayout low_layout = layout;
@@ -134,16 +130,47 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const PagedKv
           o.preset.name, kernels::KvTierFormatName(o.preset.high), kernels::KvTierFormatName(low)));
     }
   }
-  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool,
-                          o.arena != nullptr ? PagePool::CreateOver(o.arena, o.arena_bytes, o.pages,
-                                                                    o.preset.high.page_bytes)
-                                             : PagePool::Create(o.pages, o.preset.high.page_bytes));
-  return std::unique_ptr<PagedKvCache>(
-      new PagedKvCache(o, layout, low_layout, std::move(pool), std::move(token_policy), backend));
+  if (backend.memory_space() == kernels::MemorySpace::kDevice) {
+    // What still runs on host memory: Huffman coding (codebooks from the window's codes, unit
+    // sizes read back), prompt selection (attention over the prompt into host arrays), and the
+    // policies that evict, demote and compact.
+    const char* host_only = o.preset.high.huffman_bits > 0   ? "Huffman-coded pages"
+                            : token_policy->selects_prompt() ? "prompt selection"
+                            : token_policy->changes_pages()  ? "eviction and tiers"
+                                                             : nullptr;
+    if (host_only != nullptr) {
+      return absl::UnimplementedError(absl::StrFormat(
+          "preset %s on the %s backend: its %s run on host memory only so far; use the cpu "
+          "backend, or a preset without them (fp16, int8, kivi4, kivi2, sluice)",
+          o.preset.name, backend.name(), host_only));
+    }
+  }
+  SLUICE_RETURN_IF_ERROR(PagePool::CheckShape(o.pages, o.preset.high.page_bytes));
+  kernels::DeviceBuffer arena;
+  uint8_t* arena_data = o.arena;
+  size_t arena_bytes = o.arena_bytes;
+  if (arena_data == nullptr) {
+    arena_bytes = static_cast<size_t>(o.pages) * o.preset.high.page_bytes;
+    absl::StatusOr<kernels::DeviceBuffer> made =
+        kernels::DeviceBuffer::Create(backend, arena_bytes);
+    if (!made.ok()) {
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("KV page pool of %d pages of %d bytes: %s; lower the page count", o.pages,
+                          o.preset.high.page_bytes, made.status().message()));
+    }
+    arena = *std::move(made);
+    arena_data = arena.as<uint8_t>();
+  }
+  SLUICE_ASSIGN_OR_RETURN(
+      std::unique_ptr<PagePool> pool,
+      PagePool::CreateOver(arena_data, arena_bytes, o.pages, o.preset.high.page_bytes));
+  return std::unique_ptr<PagedKvCache>(new PagedKvCache(
+      o, layout, low_layout, std::move(arena), std::move(pool), std::move(token_policy), backend));
 }
 
 PagedKvCache::PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLayout high,
-                           kernels::KvPageLayout low, std::unique_ptr<PagePool> pool,
+                           kernels::KvPageLayout low, kernels::DeviceBuffer arena,
+                           std::unique_ptr<PagePool> pool,
                            std::unique_ptr<policy::TokenPolicy> policy, kernels::Backend& backend)
     : options_(options),
       tiers_(options.preset.low ? 2 : 1),
@@ -151,10 +178,125 @@ PagedKvCache::PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLa
       layouts_{high, low},
       layout_(layouts_[0]),
       row_(options.kv_heads * options.head_dim),
+      on_device_(backend.memory_space() == kernels::MemorySpace::kDevice),
+      arena_(std::move(arena)),
       pool_(std::move(pool)),
       policy_(std::move(policy)),
       backend_(backend),
-      codebooks_(options.layers) {}
+      codebooks_(options.layers) {
+  if (on_device_) {
+    valid_words_ = SlotBitmapWords(std::max(high.tokens, low.tokens));
+    valid_mirror_ = std::make_unique<uint64_t[]>(pool_->num_pages() * valid_words_);
+  }
+}
+
+void PagedKvCache::MirrorWritten(PageId id, int t, int64_t slot, int64_t n) const {
+  if (valid_mirror_ == nullptr) return;
+  uint64_t* bits = ValidBits(id, t);
+  for (int64_t i = slot; i < slot + n; ++i) bits[i / 64] |= uint64_t{1} << (i % 64);
+  MarkValid(id, t);
+}
+
+absl::Status PagedKvCache::SyncValid() const {
+  if (dirty_valid_.empty()) return absl::OkStatus();
+  std::sort(dirty_valid_.begin(), dirty_valid_.end());
+  dirty_valid_.erase(std::unique(dirty_valid_.begin(), dirty_valid_.end()), dirty_valid_.end());
+  const size_t bytes = dirty_valid_.size() * valid_words_ * sizeof(uint64_t);
+  if (valid_staging_.size() < bytes) {
+    valid_staging_.Reset();
+    SLUICE_ASSIGN_OR_RETURN(valid_staging_, kernels::DeviceBuffer::Create(backend_, 2 * bytes));
+  }
+  std::vector<uint64_t> staged(dirty_valid_.size() * valid_words_);
+  std::vector<kernels::Backend::Copy> copies;
+  copies.reserve(dirty_valid_.size());
+  for (size_t i = 0; i < dirty_valid_.size(); ++i) {
+    const auto [id, t] = dirty_valid_[i];
+    const int64_t words = SlotBitmapWords(layouts_[t].tokens);
+    std::memcpy(&staged[i * valid_words_], ValidBits(id, t), words * sizeof(uint64_t));
+    copies.push_back({.dst = pool_->data(id) + layouts_[t].valid,
+                      .src = valid_staging_.as<uint64_t>() + i * valid_words_,
+                      .bytes = words * sizeof(uint64_t)});
+  }
+  dirty_valid_.clear();
+  SLUICE_RETURN_IF_ERROR(valid_staging_.Upload(staged.data(), bytes));
+  return backend_.CopyOnDevice(copies);
+}
+
+absl::Status PagedKvCache::LoadValid(absl::Span<const std::pair<PageId, int>> pages) {
+  if (valid_mirror_ == nullptr || pages.empty()) return absl::OkStatus();
+  SLUICE_RETURN_IF_ERROR(SyncValid());  // the staging buffer is free after it
+  const size_t bytes = pages.size() * valid_words_ * sizeof(uint64_t);
+  if (valid_staging_.size() < bytes) {
+    valid_staging_.Reset();
+    SLUICE_ASSIGN_OR_RETURN(valid_staging_, kernels::DeviceBuffer::Create(backend_, 2 * bytes));
+  }
+  std::vector<kernels::Backend::Copy> gather;
+  gather.reserve(pages.size());
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const auto [id, t] = pages[i];
+    gather.push_back({.dst = valid_staging_.as<uint64_t>() + i * valid_words_,
+                      .src = pool_->data(id) + layouts_[t].valid,
+                      .bytes = SlotBitmapWords(layouts_[t].tokens) * sizeof(uint64_t)});
+  }
+  SLUICE_RETURN_IF_ERROR(backend_.CopyOnDevice(gather));
+  std::vector<uint64_t> staged(pages.size() * valid_words_);
+  SLUICE_RETURN_IF_ERROR(valid_staging_.Download(staged.data(), bytes));
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const auto [id, t] = pages[i];
+    uint64_t* bits = ValidBits(id, t);
+    std::fill(bits, bits + valid_words_, 0);
+    std::memcpy(bits, &staged[i * valid_words_], gather[i].bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::CopyPage(PageId dst, PageId src, int t) {
+  SLUICE_RETURN_IF_ERROR(
+      backend_.CopyOnDevice({{.dst = pool_->data(dst),
+                              .src = pool_->data(src),
+                              .bytes = static_cast<size_t>(pool_->page_bytes())}}));
+  if (valid_mirror_ != nullptr) {
+    std::memcpy(ValidBits(dst, t), ValidBits(src, t), valid_words_ * sizeof(uint64_t));
+    MarkValid(dst, t);  // the source's device bits may lag its mirror
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> PagedKvCache::PageCrc(PageId id) const {
+  if (!on_device_) return Crc32c(pool_->data(id), pool_->page_bytes());
+  std::vector<uint8_t> page(pool_->page_bytes());
+  SLUICE_RETURN_IF_ERROR(backend_.CopyToHost(page.data(), pool_->data(id), page.size()));
+  return Crc32c(page.data(), page.size());
+}
+
+absl::Status PagedKvCache::PrepareScores(int64_t page_size, int64_t recent_size, float** page,
+                                         float** recent) {
+  page_scores_.assign(std::max<int64_t>(1, page_size), 0.f);
+  recent_scores_.assign(std::max<int64_t>(1, recent_size), 0.f);
+  if (!on_device_) {
+    *page = page_scores_.data();
+    *recent = recent_scores_.data();
+    return absl::OkStatus();
+  }
+  const size_t n = page_scores_.size() + recent_scores_.size();
+  if (device_scores_.size() < n * sizeof(float)) {
+    device_scores_.Reset();
+    SLUICE_ASSIGN_OR_RETURN(device_scores_,
+                            kernels::DeviceBuffer::Create(backend_, 2 * n * sizeof(float)));
+  }
+  const std::vector<float> zeros(n, 0.f);
+  SLUICE_RETURN_IF_ERROR(device_scores_.Upload(zeros.data(), n * sizeof(float)));
+  *page = device_scores_.as<float>();
+  *recent = *page + page_scores_.size();
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::DownloadScores(const float* page, const float* recent) {
+  if (!on_device_) return absl::OkStatus();
+  SLUICE_RETURN_IF_ERROR(
+      backend_.CopyToHost(page_scores_.data(), page, page_scores_.size() * sizeof(float)));
+  return backend_.CopyToHost(recent_scores_.data(), recent, recent_scores_.size() * sizeof(float));
+}
 
 PagedKvCache::~PagedKvCache() {
   for (auto& [id, s] : seqs_) {
@@ -171,8 +313,10 @@ absl::Status PagedKvCache::AddSequence(int64_t seq, int64_t max_tokens) {
   }
   Seq& s = seqs_[seq];
   s.max_tokens = max_tokens;
-  s.k.resize(options_.layers);
-  s.v.resize(options_.layers);
+  for (int l = 0; l < options_.layers; ++l) {
+    s.k.emplace_back(row_);
+    s.v.emplace_back(row_);
+  }
   s.heads.resize(options_.layers * options_.kv_heads);
   return absl::OkStatus();
 }
@@ -251,6 +395,7 @@ absl::Status PagedKvCache::BeginStep(absl::Span<const model::StepEntry> batch) {
   }
   const int64_t n_batch = static_cast<int64_t>(batch.size()), kvh = options_.kv_heads;
   const int layers = options_.layers;
+  SLUICE_RETURN_IF_ERROR(SyncValid());  // the attention reads the pages' valid bits
   StepPlan plan;
   plan.entries.assign(batch.begin(), batch.end());
   plan.q_indptr = {0};
@@ -262,8 +407,18 @@ absl::Status PagedKvCache::BeginStep(absl::Span<const model::StepEntry> batch) {
     plan.recent_tokens.push_back(resid + batch[b].tokens);
     // The window takes the new rows now, so its address holds for the whole step.
     for (int l = 0; l < layers; ++l) {
-      s.k[l].resize((resid + batch[b].tokens) * row_);
-      s.v[l].resize((resid + batch[b].tokens) * row_);
+      absl::Status st = s.k[l].Resize(backend_, resid + batch[b].tokens);
+      if (st.ok()) st = s.v[l].Resize(backend_, resid + batch[b].tokens);
+      if (!st.ok()) {
+        for (int64_t o = 0; o <= b; ++o) {  // shrinking cannot fail
+          Seq& undo = *seqs[o];
+          for (int u = 0; u < layers; ++u) {
+            undo.k[u].Resize(backend_, undo.length - undo.compressed).IgnoreError();
+            undo.v[u].Resize(backend_, undo.length - undo.compressed).IgnoreError();
+          }
+        }
+        return st;
+      }
     }
   }
   const bool per_head = policy_->scores() == policy::ScoreMode::kPerQueryHead;
@@ -355,14 +510,20 @@ absl::Status PagedKvCache::CheckStepLayer(int layer) const {
 absl::Status PagedKvCache::Write(int layer, const float* k, const float* v) {
   SLUICE_RETURN_IF_ERROR(CheckStepLayer(layer));
   const StepPlan& plan = *step_;
+  std::vector<kernels::Backend::Copy> copies;
+  copies.reserve(plan.entries.size() * 2);
   for (size_t b = 0; b < plan.entries.size(); ++b) {
     Seq& s = *step_seqs_[b];
     const int64_t n = plan.entries[b].tokens, row = plan.q_indptr[b];
-    std::memcpy(s.k[layer].data() + plan.write_row[b] * row_, k + row * row_,
-                n * row_ * sizeof(float));
-    std::memcpy(s.v[layer].data() + plan.write_row[b] * row_, v + row * row_,
-                n * row_ * sizeof(float));
+    const size_t bytes = n * row_ * sizeof(float);
+    copies.push_back({.dst = s.k[layer].data() + plan.write_row[b] * row_,
+                      .src = k + row * row_,
+                      .bytes = bytes});
+    copies.push_back({.dst = s.v[layer].data() + plan.write_row[b] * row_,
+                      .src = v + row * row_,
+                      .bytes = bytes});
   }
+  SLUICE_RETURN_IF_ERROR(backend_.CopyOnDevice(copies));
   step_->written[layer] = true;
   return absl::OkStatus();
 }
@@ -400,27 +561,28 @@ absl::Status PagedKvCache::Attend(int layer, const float* q, float* out) {
   const int64_t at = layer * n_batch;  // the layer's first (layer, entry) of the plan
   const int64_t rows = plan.q_indptr.back();
   const kernels::MemorySpace space = backend_.memory_space();
+  float* page_out = nullptr;
+  float* recent_out = nullptr;
   if (scores) {
-    page_scores_.assign(std::max<int64_t>(1, plan.page_score_size[layer]), 0.f);
-    recent_scores_.assign(std::max<int64_t>(1, plan.recent_score_size[layer]), 0.f);
+    SLUICE_RETURN_IF_ERROR(PrepareScores(plan.page_score_size[layer], plan.recent_score_size[layer],
+                                         &page_out, &recent_out));
   }
   kernels::BatchPagedAttentionParams p = kernels::LayerOfStep(plan.attention, layer);
   p.q = {.data = q, .size = rows * q_row, .space = space};
   p.out = {.data = out, .size = rows * q_row, .space = space};
   p.pool = PoolView();  // where the pool is now (the backend's plan checks its pages against it)
   if (scores) {
-    p.page_scores = {.data = page_scores_.data(),
-                     .size = static_cast<int64_t>(page_scores_.size()),
-                     .space = space};
-    p.recent_scores = {.data = recent_scores_.data(),
-                       .size = static_cast<int64_t>(recent_scores_.size()),
-                       .space = space};
+    p.page_scores = {
+        .data = page_out, .size = static_cast<int64_t>(page_scores_.size()), .space = space};
+    p.recent_scores = {
+        .data = recent_out, .size = static_cast<int64_t>(recent_scores_.size()), .space = space};
     p.page_score_offsets = plan.page_score_offsets.data() + at;
     p.recent_score_offsets = plan.recent_score_offsets.data() + at;
   }
   p.plan = plan.attention_plan.get();
   SLUICE_RETURN_IF_ERROR(backend_.BatchPagedAttention(p));
   if (!scores) return absl::OkStatus();
+  SLUICE_RETURN_IF_ERROR(DownloadScores(page_out, recent_out));
   for (int64_t b = 0; b < n_batch; ++b) {
     Seq& s = *step_seqs_[b];
     const int64_t n = plan.entries[b].tokens, recent = plan.recent_tokens[b];
@@ -514,9 +676,9 @@ void PagedKvCache::AbortStep() {
       s->listener = nullptr;
     }
     const int64_t resid = s->length - s->compressed;
-    for (int l = 0; l < options_.layers; ++l) {
-      s->k[l].resize(resid * row_);
-      s->v[l].resize(resid * row_);
+    for (int l = 0; l < options_.layers; ++l) {  // shrinking cannot fail
+      s->k[l].Resize(backend_, resid).IgnoreError();
+      s->v[l].Resize(backend_, resid).IgnoreError();
     }
   }
   step_.reset();
@@ -555,11 +717,12 @@ absl::Status PagedKvCache::LayerDone(int layer) {
       QuantizeBatch batch;
       SLUICE_RETURN_IF_ERROR(FlushFixed(s, flush, nullptr, layer, &batch));
       SLUICE_RETURN_IF_ERROR(RunQuantizeBatch(batch));
-      s.k[layer].erase(s.k[layer].begin(), s.k[layer].begin() + flush * row_);
-      s.v[layer].erase(s.v[layer].begin(), s.v[layer].begin() + flush * row_);
+      s.k[layer].DropFront(flush);
+      s.v[layer].DropFront(flush);
     }
     s.early[layer] = flush;
     if (s.listener) {
+      SLUICE_RETURN_IF_ERROR(SyncValid());  // the listener sends the pages as they are
       std::vector<PageId> pages;
       for (int64_t h = 0; h < options_.kv_heads; ++h) {
         const HeadPages& hp = s.heads[layer * options_.kv_heads + h];
@@ -601,7 +764,10 @@ absl::StatusOr<int64_t> PagedKvCache::PlanFlush(Seq& s, policy::SequenceView& vi
 absl::Status PagedKvCache::RunQuantizeBatch(QuantizeBatch& batch) {
   SLUICE_RETURN_IF_ERROR(backend_.KvQuantizeBatch(batch.items));
   // Padding rows of a last token group: dead slots.
-  for (const QuantizeBatch::DeadSlot& d : batch.dead) ClearSlot(ValidBits(d.page, d.tier), d.slot);
+  for (const QuantizeBatch::DeadSlot& d : batch.dead) {
+    ClearSlot(ValidBits(d.page, d.tier), d.slot);
+    MarkValid(d.page, d.tier);
+  }
   batch = QuantizeBatch();
   return absl::OkStatus();
 }
@@ -609,8 +775,8 @@ absl::Status PagedKvCache::RunQuantizeBatch(QuantizeBatch& batch) {
 absl::Status PagedKvCache::FinishFlush(Seq& s, int64_t flush) {
   if (flush <= 0) return absl::OkStatus();
   for (int l = 0; l < options_.layers; ++l) {
-    s.k[l].erase(s.k[l].begin(), s.k[l].begin() + flush * row_);
-    s.v[l].erase(s.v[l].begin(), s.v[l].begin() + flush * row_);
+    s.k[l].DropFront(flush);
+    s.v[l].DropFront(flush);
   }
   s.compressed += flush;
   // Evictions that waited for their tokens to reach pages.
@@ -675,17 +841,26 @@ absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush, const TierChoice* c
     const float* src_v = s.v[layer].data() + h * d;
     int64_t stride = row_;
     if (n < flush) {
-      // The rows this list keeps, gathered (kept until the batch is quantized).
-      std::vector<float>& k = batch->rows.emplace_back(padded * d);
-      std::vector<float>& v = batch->rows.emplace_back(padded * d);
+      // The rows this list keeps, gathered on the backend (kept until the batch is quantized).
+      SLUICE_ASSIGN_OR_RETURN(kernels::DeviceBuffer k,
+                              kernels::DeviceBuffer::Create(backend_, padded * d * sizeof(float)));
+      SLUICE_ASSIGN_OR_RETURN(kernels::DeviceBuffer v,
+                              kernels::DeviceBuffer::Create(backend_, padded * d * sizeof(float)));
+      std::vector<kernels::Backend::Copy> gather;
+      gather.reserve(padded * 2);
       for (int64_t r = 0; r < padded; ++r) {
         const int64_t from = rows[i][std::min(r, n - 1)];
-        std::memcpy(&k[r * d], src_k + from * row_, d * sizeof(float));
-        std::memcpy(&v[r * d], src_v + from * row_, d * sizeof(float));
+        gather.push_back(
+            {.dst = k.as<float>() + r * d, .src = src_k + from * row_, .bytes = d * sizeof(float)});
+        gather.push_back(
+            {.dst = v.as<float>() + r * d, .src = src_v + from * row_, .bytes = d * sizeof(float)});
       }
-      src_k = k.data();
-      src_v = v.data();
+      SLUICE_RETURN_IF_ERROR(backend_.CopyOnDevice(gather));
+      src_k = k.as<float>();
+      src_v = v.as<float>();
       stride = d;
+      batch->rows.push_back(std::move(k));
+      batch->rows.push_back(std::move(v));
     }
     int64_t next = offsets[i];
     SLUICE_RETURN_IF_ERROR(WriteRows(hp, tier, src_k, src_v, stride, padded, fresh, &next, batch));
@@ -714,6 +889,7 @@ absl::Status PagedKvCache::WriteRows(HeadPages& hp, int t, const float* k, const
     if (!tp.LastOpen(layout.tokens)) {
       const PageId id = fresh[(*next)++];
       std::memset(ValidBits(id, t), 0, SlotBitmapWords(layout.tokens) * sizeof(uint64_t));
+      MarkValid(id, t);
       SLUICE_RETURN_IF_ERROR(hp.Push(t, id));
       tp.slots.push_back(0);
       tp.last_closed = false;
@@ -727,6 +903,7 @@ absl::Status PagedKvCache::WriteRows(HeadPages& hp, int t, const float* k, const
                             .layout = layout,
                             .page = pool_->data(hp.page(t, hp.count(t) - 1)),
                             .slot = tp.slots.back()});
+    MirrorWritten(hp.page(t, hp.count(t) - 1), t, tp.slots.back(), chunk);
     tp.slots.back() += static_cast<int32_t>(chunk);
     t0 += chunk;
   }
@@ -860,6 +1037,7 @@ absl::StatusOr<PageId> PagedKvCache::AllocatePage(int64_t tokens) {
                         tokens, id.status().message()));
   }
   std::memset(ValidBits(*id, 0), 0, SlotBitmapWords(layout_.tokens) * sizeof(uint64_t));
+  MarkValid(*id, 0);
   return *id;
 }
 
@@ -875,7 +1053,7 @@ absl::Status PagedKvCache::ForkSequence(int64_t src, int64_t dst, int64_t max_to
   }
   const int64_t resid = from->length - from->compressed;
   for (int l = 0; l < options_.layers; ++l) {
-    if (static_cast<int64_t>(from->k[l].size()) != resid * row_) {
+    if (from->k[l].rows() != resid) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "sequence %d has written tokens it has not committed; fork after Commit", src));
     }
@@ -903,8 +1081,21 @@ absl::Status PagedKvCache::ForkSequence(int64_t src, int64_t dst, int64_t max_to
   to.length = from->length;
   to.compressed = from->compressed;
   to.policy = from->policy;
-  to.k = from->k;
-  to.v = from->v;
+  absl::Status copied;
+  for (int l = 0; l < options_.layers && copied.ok(); ++l) {
+    absl::StatusOr<RowWindow> k = from->k[l].Clone(backend_);
+    absl::StatusOr<RowWindow> v = from->v[l].Clone(backend_);
+    copied = !k.ok() ? k.status() : v.status();
+    if (copied.ok()) {
+      to.k.push_back(*std::move(k));
+      to.v.push_back(*std::move(v));
+    }
+  }
+  if (!copied.ok()) {
+    pool_->Free(fresh).IgnoreError();
+    pool_->Free(shared).IgnoreError();
+    return copied;
+  }
   to.heads.resize(from->heads.size());
   for (size_t i = 0; i < from->heads.size(); ++i) {
     const HeadPages& hp = from->heads[i];
@@ -915,7 +1106,7 @@ absl::Status PagedKvCache::ForkSequence(int64_t src, int64_t dst, int64_t max_to
         PageId id = hp.page(t, j);
         if (j == n - 1 && copies[i * 2 + t] == 1) {
           id = fresh[offsets[i * 2 + t]];
-          std::memcpy(pool_->data(id), pool_->data(hp.page(t, j)), pool_->page_bytes());
+          SLUICE_RETURN_IF_ERROR(CopyPage(id, hp.page(t, j), t));
         }
         SLUICE_RETURN_IF_ERROR(out.Push(t, id));
       }
@@ -965,14 +1156,19 @@ void PagedKvCache::AddPending(HeadPages& hp, absl::Span<const int64_t> positions
 
 absl::Status PagedKvCache::Demote(HeadPages& hp, int64_t position, int32_t page, int32_t slot) {
   const int64_t d = options_.head_dim;
-  std::vector<float> k(d), v(d);
+  if (demote_rows_.data() == nullptr) {
+    SLUICE_ASSIGN_OR_RETURN(demote_rows_,
+                            kernels::DeviceBuffer::Create(backend_, 2 * d * sizeof(float)));
+  }
+  float* k = demote_rows_.as<float>();
+  float* v = k + d;
   SLUICE_RETURN_IF_ERROR(backend_.KvDequantize({.page = pool_->data(hp.page(0, page)),
                                                 .format = formats_[0],
                                                 .layout = layouts_[0],
                                                 .slot = slot,
                                                 .tokens = 1,
-                                                .k = k.data(),
-                                                .v = v.data()}));
+                                                .k = k,
+                                                .v = v}));
   std::vector<PageId> fresh;
   if (!hp.tier[1].LastOpen(layouts_[1].tokens)) {
     SLUICE_ASSIGN_OR_RETURN(const PageId id, AllocatePage(1));
@@ -980,7 +1176,7 @@ absl::Status PagedKvCache::Demote(HeadPages& hp, int64_t position, int32_t page,
   }
   int64_t next = 0;
   QuantizeBatch batch;
-  SLUICE_RETURN_IF_ERROR(WriteRows(hp, 1, k.data(), v.data(), d, 1, fresh, &next, &batch));
+  SLUICE_RETURN_IF_ERROR(WriteRows(hp, 1, k, v, d, 1, fresh, &next, &batch));
   SLUICE_RETURN_IF_ERROR(RunQuantizeBatch(batch));
   hp.tier[1].positions.push_back(static_cast<int32_t>(position));
   SLUICE_RETURN_IF_ERROR(EvictPaged(hp, {position}));  // finds the high-tier copy first
@@ -1037,12 +1233,13 @@ absl::Status PagedKvCache::EvictPaged(HeadPages& hp, const std::vector<int64_t>&
     PageId id = hp.page(h.t, h.page);
     if (pool_->refcount(id) > 1) {  // shared with a fork: this sequence gets its own copy
       SLUICE_ASSIGN_OR_RETURN(const PageId copy, AllocatePage(1));
-      std::memcpy(pool_->data(copy), pool_->data(id), pool_->page_bytes());
+      SLUICE_RETURN_IF_ERROR(CopyPage(copy, id, h.t));
       SLUICE_RETURN_IF_ERROR(pool_->Free({id}));
       SLUICE_RETURN_IF_ERROR(hp.Replace(h.t, h.page, copy));
       id = copy;
     }
     ClearSlot(ValidBits(id, h.t), h.slot);
+    MarkValid(id, h.t);
     touched[h.t].push_back(h.page);
   }
   for (int t = 0; t < tiers_; ++t) {
@@ -1073,6 +1270,10 @@ absl::Status PagedKvCache::MaybeCompact(HeadPages& hp, int t) {
   // Tokens move slot by slot only where K is grouped per token and codes have a fixed width.
   const kernels::KvPageLayout& layout = layouts_[t];
   if (layout.token_group != 1 || formats_[t].huffman_bits > 0) return absl::OkStatus();
+  if (on_device_) {
+    return absl::UnimplementedError(
+        "compaction of device pages: slot moves run on host memory only so far");
+  }
   TierPages& tp = hp.tier[t];
   const int32_t cap = layout.tokens;
   const int32_t n = hp.count(t);

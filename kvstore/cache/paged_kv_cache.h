@@ -11,6 +11,12 @@
 // page of that layer in every sequence (KVComp §3.2). Their pages hold as many whole units as
 // their codes fit, so a page may close with fewer than layout().tokens slots.
 //
+// Memory: pages, windows and scores live where the backend computes. On a device backend (cuda)
+// the pool, the windows and the step's score arrays are device memory that only backend ops
+// touch; the cache keeps the page tables, token positions, policy scores and a mirror of every
+// page's valid bits on the host, and brings the device's bits up to the mirror before anything
+// on the device reads them (a step's attention, an export, a slot move, a streamed layer).
+//
 // Not thread-safe: one owner thread (the scheduler loop) drives it.
 #ifndef SLUICE_KVSTORE_CACHE_PAGED_KV_CACHE_H_
 #define SLUICE_KVSTORE_CACHE_PAGED_KV_CACHE_H_
@@ -28,10 +34,12 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
+#include "kernels/device_buffer.h"
 #include "kernels/huffman.h"
 #include "kernels/kv_format.h"
 #include "kernels/op_params.h"
 #include "kvstore/cache/kv_codebooks.h"
+#include "kvstore/cache/row_window.h"
 #include "kvstore/kv_preset.h"
 #include "kvstore/memory/kv_accounting.h"
 #include "kvstore/memory/page_pool.h"
@@ -50,8 +58,8 @@ struct PagedKvCacheOptions {
   int64_t pages = 0;            // pool size
   float attention_scale = 0.f;  // 0: 1 / sqrt(head_dim)
   // The pool's memory when the caller provides it (a transport's exposed region, so that peers
-  // write pages straight into it): pages * the preset's page_bytes bytes, 64-byte aligned,
-  // outliving the cache. Null: the pool allocates its own.
+  // write pages straight into it): pages * the preset's page_bytes bytes, 64-byte aligned, in
+  // the backend's memory, outliving the cache. Null: the cache allocates it on the backend.
   uint8_t* arena = nullptr;
   size_t arena_bytes = 0;
 };
@@ -80,8 +88,9 @@ absl::StatusOr<int64_t> PagesForSequence(const KvPreset& preset, int32_t layers,
 
 class PagedKvCache final : public model::KvCache {
  public:
-  // The backend runs quantization and attention on host memory (cpu or ref); it must outlive
-  // the cache.
+  // The backend runs quantization and attention and holds the cache's memory; it must outlive
+  // the cache. On a device backend (cuda): Unimplemented for presets whose pages are built or
+  // changed on the host so far (Huffman-coded pages, prompt selection, eviction and tiers).
   static absl::StatusOr<std::unique_ptr<PagedKvCache>> Create(const PagedKvCacheOptions& options,
                                                               kernels::Backend& backend);
   ~PagedKvCache() override;
@@ -235,8 +244,8 @@ class PagedKvCache final : public model::KvCache {
     int64_t length = 0;      // committed tokens
     int64_t compressed = 0;  // the first `compressed` tokens live in pages
     // Per layer: the residual window plus the written, not yet committed tokens,
-    // [tokens, kv_heads, head_dim].
-    std::vector<std::vector<float>> k, v;
+    // [tokens, kv_heads, head_dim], in the backend's memory.
+    std::vector<RowWindow> k, v;
     std::vector<HeadPages> heads;  // [layers * kv_heads]
     policy::SequenceState policy;  // the token policy's
     // StreamLayers: the listener, and per layer the tokens it compressed ahead of the commit
@@ -251,8 +260,9 @@ class PagedKvCache final : public model::KvCache {
   class PolicyView;
 
   PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLayout high,
-               kernels::KvPageLayout low, std::unique_ptr<PagePool> pool,
-               std::unique_ptr<policy::TokenPolicy> policy, kernels::Backend& backend);
+               kernels::KvPageLayout low, kernels::DeviceBuffer arena,
+               std::unique_ptr<PagePool> pool, std::unique_ptr<policy::TokenPolicy> policy,
+               kernels::Backend& backend);
   absl::StatusOr<Seq*> Find(int64_t seq);
   // Whether the open step holds `seq`.
   bool InStep(int64_t seq) const;
@@ -265,7 +275,7 @@ class PagedKvCache final : public model::KvCache {
   // one backend call (Backend::KvQuantizeBatch) once every list of the step has its slots.
   struct QuantizeBatch {
     std::vector<kernels::KvQuantizeParams> items;
-    std::deque<std::vector<float>> rows;  // gathered rows the items read
+    std::deque<kernels::DeviceBuffer> rows;  // gathered rows the items read
     struct DeadSlot {
       PageId page;
       int tier;
@@ -309,10 +319,34 @@ class PagedKvCache final : public model::KvCache {
   // Calls fn(position, page index, slot) for each live token of tier t, in slot order.
   template <typename Fn>
   void ForEachLive(const HeadPages& hp, int t, Fn fn) const;
-  // The valid bits of page `id` in tier t's layout.
+  // The valid bits of page `id` in tier t's layout, as the host sees them: the page's own on a
+  // host backend, the mirror's on a device backend (after a change, MarkValid).
   uint64_t* ValidBits(PageId id, int t) const {
+    if (valid_mirror_ != nullptr) return valid_mirror_.get() + int64_t{id} * valid_words_;
     return reinterpret_cast<uint64_t*>(pool_->data(id) + layouts_[t].valid);
   }
+  // Device backend: page `id`'s mirrored bits (tier t) changed; SyncValid takes them over.
+  // Nothing on a host backend.
+  void MarkValid(PageId id, int t) const {
+    if (valid_mirror_ != nullptr) dirty_valid_.push_back({id, t});
+  }
+  // Device backend: marks slots [slot, slot + n) of page `id` valid in the mirror, as the
+  // quantize kernels do on the page.
+  void MirrorWritten(PageId id, int t, int64_t slot, int64_t n) const;
+  // Device backend: the pages' valid bits changed since the last call go to the device (one
+  // upload and a copy per page). Nothing on a host backend.
+  absl::Status SyncValid() const;
+  // Device backend: the mirror takes the pages' valid bits from the device (pages written by
+  // a peer). Nothing on a host backend.
+  absl::Status LoadValid(absl::Span<const std::pair<PageId, int>> pages);
+  // Page `src`'s bytes (valid bits included) to page `dst`, on the backend.
+  absl::Status CopyPage(PageId dst, PageId src, int t);
+  // CRC32C of page `id`'s bytes (copied to the host first on a device backend).
+  absl::StatusOr<uint32_t> PageCrc(PageId id) const;
+  // A layer's score arrays as the backend writes them: page_scores_ and recent_scores_ on a
+  // host backend, zeroed device memory on a device backend (DownloadScores brings them back).
+  absl::Status PrepareScores(int64_t page_size, int64_t recent_size, float** page, float** recent);
+  absl::Status DownloadScores(const float* page, const float* recent);
   // Once a page's worth of tier t's slots is dead, compacts the list as PlanCompaction plans
   // (kvstore/memory/compaction.h) and frees the pages it empties (fixed-width formats with K
   // grouped per token; unshared pages only).
@@ -331,13 +365,23 @@ class PagedKvCache final : public model::KvCache {
   const kernels::KvPageLayout layouts_[2];
   const kernels::KvPageLayout& layout_;  // layouts_[0]
   const int64_t row_;                    // kv_heads * head_dim
+  const bool on_device_;                 // the backend's memory is a device's
+  kernels::DeviceBuffer arena_;          // the pool's memory, when the cache allocated it
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<policy::TokenPolicy> policy_;
   kernels::Backend& backend_;
   absl::node_hash_map<int64_t, Seq> seqs_;  // node: the step keeps pointers to its sequences
   std::optional<StepPlan> step_;
-  std::vector<Seq*> step_seqs_;                             // [batch], the step's sequences
-  std::vector<float> page_scores_, recent_scores_;          // one layer's scores during Attend
+  std::vector<Seq*> step_seqs_;                     // [batch], the step's sequences
+  std::vector<float> page_scores_, recent_scores_;  // one layer's scores during Attend
+  kernels::DeviceBuffer device_scores_;             // device backend: the same, there
+  kernels::DeviceBuffer demote_rows_;               // device backend: K and V of a demotion
+  // Device backend: every page's valid bits as the host keeps them, valid_words_ words a page,
+  // and the pages (with their tier) changed since the last SyncValid; null on a host backend.
+  std::unique_ptr<uint64_t[]> valid_mirror_;
+  int64_t valid_words_ = 0;
+  mutable std::vector<std::pair<PageId, int>> dirty_valid_;
+  mutable kernels::DeviceBuffer valid_staging_;
   std::vector<std::unique_ptr<KvCodebookPair>> codebooks_;  // [layers]; null until built
   int64_t demoted_ = 0;
   int64_t compactions_ = 0;

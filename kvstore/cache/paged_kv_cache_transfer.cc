@@ -71,14 +71,21 @@ absl::StatusOr<PagedKvCache::SequenceExport> PagedKvCache::ExportSequence(int64_
   st.set_length(s.length);
   st.set_compressed(s.compressed);
   st.set_sinks_evicted_to(s.policy.evicted_to);
+  const size_t resid_bytes = resid * row_ * sizeof(float);
   for (int l = 0; l < options_.layers; ++l) {
-    if (static_cast<int64_t>(s.k[l].size()) != resid * row_) {
+    if (s.k[l].rows() != resid) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "sequence %d has written tokens it has not committed; export after Commit", seq));
     }
-    st.add_residual_k(s.k[l].data(), s.k[l].size() * sizeof(float));
-    st.add_residual_v(s.v[l].data(), s.v[l].size() * sizeof(float));
+    for (const RowWindow* w : {&s.k[l], &s.v[l]}) {
+      std::string* bytes = w == &s.k[l] ? st.add_residual_k() : st.add_residual_v();
+      bytes->resize(resid_bytes);
+      if (resid_bytes > 0) {
+        SLUICE_RETURN_IF_ERROR(backend_.CopyToHost(bytes->data(), w->data(), resid_bytes));
+      }
+    }
   }
+  SLUICE_RETURN_IF_ERROR(SyncValid());  // the checksums cover the pages' valid bits
   SequenceExport out;
   for (const HeadPages& hp : s.heads) {
     KvListState* list = st.add_lists();
@@ -90,7 +97,8 @@ absl::StatusOr<PagedKvCache::SequenceExport> PagedKvCache::ExportSequence(int64_
       for (int32_t i = 0; i < hp.count(t); ++i) {
         const PageId id = hp.page(t, i);
         out.pages.push_back(id);
-        st.add_page_crc32c(Crc32c(pool_->data(id), pool_->page_bytes()));
+        SLUICE_ASSIGN_OR_RETURN(const uint32_t crc, PageCrc(id));
+        st.add_page_crc32c(crc);
       }
     }
     list->mutable_pending()->Add(hp.pending.begin(), hp.pending.end());
@@ -210,7 +218,7 @@ absl::StatusOr<int64_t> PagedKvCache::ImportSequence(int64_t seq, int64_t max_to
       return Bad(absl::StrFormat("page %d (id %d) is not one of this pool's allocated pages", i,
                                  pages[i]));
     }
-    const uint32_t crc = Crc32c(pool_->data(pages[i]), pool_->page_bytes());
+    SLUICE_ASSIGN_OR_RETURN(const uint32_t crc, PageCrc(pages[i]));
     if (crc != st.page_crc32c(i)) {
       return absl::DataLossError(absl::StrFormat(
           "KV sequence state: page %d (id %d) has CRC32C %08x, the sender's was %08x", i, pages[i],
@@ -252,13 +260,19 @@ absl::StatusOr<int64_t> PagedKvCache::ImportSequence(int64_t seq, int64_t max_to
   s.length = length;
   s.compressed = compressed;
   s.policy.evicted_to = st.sinks_evicted_to();
-  s.k.resize(options_.layers);
-  s.v.resize(options_.layers);
   for (int l = 0; l < options_.layers; ++l) {
-    s.k[l].resize((length - compressed) * row_);
-    s.v[l].resize((length - compressed) * row_);
-    std::memcpy(s.k[l].data(), st.residual_k(l).data(), resid_bytes);
-    std::memcpy(s.v[l].data(), st.residual_v(l).data(), resid_bytes);
+    s.k.emplace_back(row_);
+    s.v.emplace_back(row_);
+  }
+  for (int l = 0; l < options_.layers; ++l) {
+    SLUICE_RETURN_IF_ERROR(s.k[l].Resize(backend_, length - compressed));
+    SLUICE_RETURN_IF_ERROR(s.v[l].Resize(backend_, length - compressed));
+    if (resid_bytes > 0) {
+      SLUICE_RETURN_IF_ERROR(
+          backend_.CopyToDevice(s.k[l].data(), st.residual_k(l).data(), resid_bytes));
+      SLUICE_RETURN_IF_ERROR(
+          backend_.CopyToDevice(s.v[l].data(), st.residual_v(l).data(), resid_bytes));
+    }
   }
   s.heads.resize(lists);
   int64_t next = 0;
@@ -279,6 +293,16 @@ absl::StatusOr<int64_t> PagedKvCache::ImportSequence(int64_t seq, int64_t max_to
     hp.pending.assign(list.pending().begin(), list.pending().end());
     hp.policy.score.assign(list.score().begin(), list.score().end());
     hp.policy.gone.assign(list.gone().begin(), list.gone().end());
+  }
+  if (valid_mirror_ != nullptr) {
+    // The pages' valid bits, as the peer wrote them, become the mirror's.
+    std::vector<std::pair<PageId, int>> placed;
+    for (const HeadPages& hp : s.heads) {
+      for (int t = 0; t < tiers_; ++t) {
+        for (int32_t i = 0; i < hp.count(t); ++i) placed.push_back({hp.page(t, i), t});
+      }
+    }
+    SLUICE_RETURN_IF_ERROR(LoadValid(placed));
   }
   for (int l = 0; l < options_.layers; ++l) {
     if (adopted[l]) codebooks_[l] = std::move(adopted[l]);

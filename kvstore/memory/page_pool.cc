@@ -92,9 +92,7 @@ int64_t ExclusiveScan(absl::Span<const int32_t> counts, int64_t* out) {
 
 void PagePool::ArenaFree::operator()(uint8_t* p) const { std::free(p); }
 
-namespace {
-
-absl::Status CheckPoolShape(int64_t num_pages, int64_t page_bytes) {
+absl::Status PagePool::CheckShape(int64_t num_pages, int64_t page_bytes) {
   if (num_pages < 1 || num_pages > kMaxPages) {
     return absl::InvalidArgumentError(
         absl::StrFormat("a page pool holds between 1 and %d pages, not %d", kMaxPages, num_pages));
@@ -110,10 +108,8 @@ absl::Status CheckPoolShape(int64_t num_pages, int64_t page_bytes) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(int64_t num_pages, int64_t page_bytes) {
-  SLUICE_RETURN_IF_ERROR(CheckPoolShape(num_pages, page_bytes));
+  SLUICE_RETURN_IF_ERROR(CheckShape(num_pages, page_bytes));
   const int64_t arena_bytes = num_pages * page_bytes;
   // arena_bytes is a multiple of the alignment, as aligned_alloc requires.
   void* arena = std::aligned_alloc(kPageAlignment, static_cast<size_t>(arena_bytes));
@@ -130,7 +126,7 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(int64_t num_pages, in
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::CreateOver(uint8_t* arena, size_t arena_bytes,
                                                                int64_t num_pages,
                                                                int64_t page_bytes) {
-  SLUICE_RETURN_IF_ERROR(CheckPoolShape(num_pages, page_bytes));
+  SLUICE_RETURN_IF_ERROR(CheckShape(num_pages, page_bytes));
   if (arena == nullptr || reinterpret_cast<uintptr_t>(arena) % kPageAlignment != 0 ||
       arena_bytes < static_cast<size_t>(num_pages * page_bytes)) {
     return absl::InvalidArgumentError(absl::StrFormat(

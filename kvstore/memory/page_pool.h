@@ -52,6 +52,10 @@ class PagePool {
       uint8_t* arena, size_t arena_bytes, int64_t num_pages,
       int64_t page_bytes = kDefaultPageBytes);
 
+  // InvalidArgument unless the shape is one Create takes: 1 <= num_pages <= 2^31 - 1 and
+  // page_bytes a positive multiple of 64 whose arena fits an int64.
+  static absl::Status CheckShape(int64_t num_pages, int64_t page_bytes);
+
   PagePool(const PagePool&) = delete;
   PagePool& operator=(const PagePool&) = delete;
   ~PagePool();

@@ -1,0 +1,232 @@
+// The paged KV cache on every backend (the CUDA one emulated in CI, real on a GPU), held to the
+// same cache on the scalar reference backend: attention over a batch of sequences through
+// prompts, flushes into pages and decode steps, a fork, and an export imported by another
+// cache. On a device backend the pool, windows and scores are device memory, so under the
+// emulation's ASan twin any host code touching them is reported.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/device_buffer.h"
+#include "kernels/ref/ref_backend.h"
+#include "kernels/test_util/backend_cases.h"
+#include "kvstore/cache/paged_kv_cache.h"
+
+namespace sluice::kvstore {
+namespace {
+
+constexpr int kLayers = 2, kHeads = 4, kKvHeads = 2, kDim = 64;
+constexpr int64_t kRow = kKvHeads * kDim, kQRow = kHeads * kDim;
+
+absl::StatusOr<std::unique_ptr<PagedKvCache>> MakeCache(kernels::Backend& backend,
+                                                        const std::string& preset) {
+  absl::StatusOr<KvPreset> p = FindKvPreset(preset, kDim, 4096);
+  if (!p.ok()) return p.status();
+  return PagedKvCache::Create({.layers = kLayers,
+                               .heads = kHeads,
+                               .kv_heads = kKvHeads,
+                               .head_dim = kDim,
+                               .preset = *p,
+                               .pages = 512},
+                              backend);
+}
+
+std::vector<float> Random(std::mt19937_64& rng, size_t n) {
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> x(n);
+  for (float& v : x) v = d(rng);
+  return x;
+}
+
+// One forward pass of `batch` on `cache`: the same host inputs uploaded to the backend (k, v:
+// [layers][rows, kv_heads, dim]; q: [layers][rows, heads, dim]); returns every layer's output,
+// [layers][rows, heads, dim].
+absl::StatusOr<std::vector<float>> Step(kernels::Backend& backend, PagedKvCache& cache,
+                                        const std::vector<model::StepEntry>& batch,
+                                        const std::vector<float>& k, const std::vector<float>& v,
+                                        const std::vector<float>& q) {
+  int64_t rows = 0;
+  for (const model::StepEntry& e : batch) rows += e.tokens;
+  auto upload = [&](const std::vector<float>& host) -> absl::StatusOr<kernels::DeviceBuffer> {
+    absl::StatusOr<kernels::DeviceBuffer> b =
+        kernels::DeviceBuffer::Create(backend, host.size() * sizeof(float));
+    if (b.ok()) {
+      if (absl::Status st = b->Upload(host.data(), host.size() * sizeof(float)); !st.ok()) {
+        return st;
+      }
+    }
+    return b;
+  };
+  absl::StatusOr<kernels::DeviceBuffer> dk = upload(k), dv = upload(v), dq = upload(q);
+  absl::StatusOr<kernels::DeviceBuffer> out =
+      kernels::DeviceBuffer::Create(backend, kLayers * rows * kQRow * sizeof(float));
+  for (const auto* b : {&dk, &dv, &dq, &out}) {
+    if (!b->ok()) return b->status();
+  }
+  if (absl::Status st = cache.BeginStep(batch); !st.ok()) return st;
+  for (int l = 0; l < kLayers; ++l) {
+    absl::Status st =
+        cache.Write(l, dk->as<float>() + l * rows * kRow, dv->as<float>() + l * rows * kRow);
+    if (st.ok()) {
+      st = cache.Attend(l, dq->as<float>() + l * rows * kQRow, out->as<float>() + l * rows * kQRow);
+    }
+    if (st.ok()) st = cache.LayerDone(l);
+    if (!st.ok()) {
+      cache.AbortStep();
+      return st;
+    }
+  }
+  if (absl::Status st = cache.Commit(); !st.ok()) return st;
+  std::vector<float> host(kLayers * rows * kQRow);
+  if (absl::Status st = out->Download(host.data(), host.size() * sizeof(float)); !st.ok()) {
+    return st;
+  }
+  return host;
+}
+
+// The largest |a - b| over the outputs.
+double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double{a[i]} - b[i]));
+  return m;
+}
+
+class PagedKvCacheBackendsTest : public ::testing::TestWithParam<kernels::testing::BackendCase> {
+ protected:
+  void SetUp() override {
+    auto backend = GetParam().create();
+    if (!backend.ok()) GTEST_SKIP() << GetParam().name << " skipped: " << backend.status();
+    backend_ = std::move(*backend);
+  }
+  std::unique_ptr<kernels::Backend> backend_;
+  kernels::RefBackend ref_;
+};
+
+// Presets whose pages the cache builds on any backend.
+const char* const kPresets[] = {"fp16", "int8", "kivi4", "kivi2", "sluice"};
+
+TEST_P(PagedKvCacheBackendsTest, MatchesTheReferenceBackendsCache) {
+  const uint64_t seed = kernels::testing::TestSeed();
+  for (const std::string preset : kPresets) {
+    SCOPED_TRACE(testing::Message() << preset << " seed=" << seed);
+    std::mt19937_64 rng(seed);
+    auto got = MakeCache(*backend_, preset);
+    auto want = MakeCache(ref_, preset);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_TRUE(want.ok()) << want.status();
+    // Quantization may round a value to the neighbouring level on one backend and not the
+    // other; the outputs stay within a level's weight. A wrong page, slot, window or valid
+    // bit moves them by O(1).
+    const double tol = preset == "fp16" ? 1e-3 : 0.08;
+    auto both = [&](PagedKvCache& g, PagedKvCache& w, const std::vector<model::StepEntry>& batch) {
+      int64_t rows = 0;
+      for (const model::StepEntry& e : batch) rows += e.tokens;
+      const std::vector<float> k = Random(rng, kLayers * rows * kRow);
+      const std::vector<float> v = Random(rng, kLayers * rows * kRow);
+      const std::vector<float> q = Random(rng, kLayers * rows * kQRow);
+      absl::StatusOr<std::vector<float>> a = Step(*backend_, g, batch, k, v, q);
+      absl::StatusOr<std::vector<float>> b = Step(ref_, w, batch, k, v, q);
+      EXPECT_TRUE(a.ok()) << a.status();
+      EXPECT_TRUE(b.ok()) << b.status();
+      if (a.ok() && b.ok()) {
+        EXPECT_LE(MaxDiff(*a, *b), tol);
+      }
+    };
+    for (PagedKvCache* c : {got->get(), want->get()}) {
+      for (int64_t seq : {1, 2, 3}) ASSERT_TRUE(c->AddSequence(seq, 1024).ok());
+    }
+    // Prompts of different lengths in one step, past every preset's window; then decode steps
+    // that flush token groups into pages.
+    both(**got, **want,
+         {{.seq = 1, .tokens = 200}, {.seq = 2, .tokens = 37}, {.seq = 3, .tokens = 161}});
+    for (int i = 0; i < 40; ++i) {
+      both(**got, **want,
+           {{.seq = 1, .tokens = 1}, {.seq = 2, .tokens = 1}, {.seq = 3, .tokens = 1}});
+    }
+    const KvCacheStats gs = (*got)->Stats(), ws = (*want)->Stats();
+    EXPECT_EQ(gs.pages.pages_high, ws.pages.pages_high);
+    EXPECT_EQ(gs.pages.live_slots, ws.pages.live_slots);
+    EXPECT_EQ(gs.residual_tokens, ws.residual_tokens);
+    EXPECT_GT(gs.pages.live_slots, 0);
+    // A fork shares full pages and copies the rest; both go on.
+    for (PagedKvCache* c : {got->get(), want->get()}) ASSERT_TRUE(c->ForkSequence(1, 4, 1024).ok());
+    for (int i = 0; i < 3; ++i) {
+      both(**got, **want, {{.seq = 4, .tokens = 2}, {.seq = 1, .tokens = 1}});
+    }
+    // Sequence 3 leaves for another cache on the same backend and goes on there.
+    auto moved = MakeCache(*backend_, preset);
+    ASSERT_TRUE(moved.ok()) << moved.status();
+    auto exported = (*got)->ExportSequence(3);
+    ASSERT_TRUE(exported.ok()) << exported.status();
+    std::vector<int64_t> offsets;
+    std::vector<PageId> ids;
+    const int32_t count = static_cast<int32_t>(exported->pages.size());
+    ASSERT_TRUE((*moved)->mutable_pool().Allocate({count}, &offsets, &ids).ok());
+    std::vector<kernels::Backend::Copy> copies;
+    for (int32_t i = 0; i < count; ++i) {
+      copies.push_back({.dst = (*moved)->mutable_pool().data(ids[i]),
+                        .src = (*got)->pool().data(exported->pages[i]),
+                        .bytes = static_cast<size_t>((*got)->pool().page_bytes())});
+    }
+    ASSERT_TRUE(backend_->CopyOnDevice(copies).ok());
+    auto imported = (*moved)->ImportSequence(3, 1024, exported->state, ids);
+    ASSERT_TRUE(imported.ok()) << imported.status();
+    EXPECT_EQ(*imported, count);
+    ASSERT_TRUE((*got)->RemoveSequence(3).ok());
+    for (int i = 0; i < 2; ++i) both(**moved, **want, {{.seq = 3, .tokens = 1}});
+    // A page whose bytes changed on the way fails its checksum.
+    if (count > 0) {
+      auto again = (*moved)->ExportSequence(3);
+      ASSERT_TRUE(again.ok()) << again.status();
+      auto other = MakeCache(*backend_, preset);
+      ASSERT_TRUE(other.ok());
+      std::vector<int64_t> o2;
+      std::vector<PageId> ids2;
+      const int32_t n2 = static_cast<int32_t>(again->pages.size());
+      ASSERT_TRUE((*other)->mutable_pool().Allocate({n2}, &o2, &ids2).ok());
+      std::vector<kernels::Backend::Copy> c2;
+      for (int32_t i = 0; i < n2; ++i) {
+        c2.push_back({.dst = (*other)->mutable_pool().data(ids2[i]),
+                      .src = (*moved)->pool().data(again->pages[i]),
+                      .bytes = static_cast<size_t>((*moved)->pool().page_bytes())});
+      }
+      ASSERT_TRUE(backend_->CopyOnDevice(c2).ok());
+      uint8_t* byte = (*other)->mutable_pool().data(ids2[0]) + 3;
+      uint8_t flip = 0;
+      ASSERT_TRUE(backend_->CopyToHost(&flip, byte, 1).ok());
+      flip ^= 0x5a;
+      ASSERT_TRUE(backend_->CopyToDevice(byte, &flip, 1).ok());
+      EXPECT_EQ((*other)->ImportSequence(3, 1024, again->state, ids2).status().code(),
+                absl::StatusCode::kDataLoss);
+      ASSERT_TRUE((*other)->mutable_pool().Free(ids2).ok());
+    }
+    // Every page goes back.
+    for (int64_t seq : {1, 2, 4}) ASSERT_TRUE((*got)->RemoveSequence(seq).ok());
+    ASSERT_TRUE((*moved)->RemoveSequence(3).ok());
+    EXPECT_EQ((*got)->pool().used_pages(), 0);
+    EXPECT_EQ((*moved)->pool().used_pages(), 0);
+  }
+}
+
+TEST_P(PagedKvCacheBackendsTest, DevicePresetsItCannotBuildAreRefusedByName) {
+  for (const std::string preset : {"kvcomp", "snapkv", "h2o", "leankv-k8v4"}) {
+    auto cache = MakeCache(*backend_, preset);
+    if (backend_->memory_space() == kernels::MemorySpace::kHost) {
+      EXPECT_TRUE(cache.ok()) << preset << ": " << cache.status();
+    } else {
+      EXPECT_EQ(cache.status().code(), absl::StatusCode::kUnimplemented) << preset;
+      EXPECT_NE(cache.status().message().find(preset), std::string::npos) << cache.status();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, PagedKvCacheBackendsTest,
+                         ::testing::ValuesIn(kernels::testing::BackendsUnderTest()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace sluice::kvstore
