@@ -1,5 +1,9 @@
 #include "kernels/cuda/emu/runtime.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -40,7 +44,8 @@ constexpr size_t kAlignment = 256;  // cudaMalloc's
 
 struct Allocation {
   size_t bytes;
-  bool device;  // false: page-locked host memory (cudaMallocHost)
+  bool device;             // false: page-locked host memory (cudaMallocHost)
+  size_t pages_bytes = 0;  // device: the whole pages it takes, closed to host code (DeviceAccess)
 };
 
 struct State {
@@ -68,25 +73,27 @@ cudaError_t Fail(cudaError_t e, const std::string& why) {
   return e;
 }
 
-// Device memory is poisoned for AddressSanitizer while host code runs, so host code that
-// dereferences a device pointer (which faults or reads garbage on a GPU) is reported where it
-// does; the runtime opens it (a DeviceAccess scope) only while it does device work: queued ops,
-// blocking copies and memsets. Without ASan the hooks are absent and this does nothing.
-void SetDevicePoison(State& s, bool poison) {
+// Device memory is closed to host code, as a GPU's is: every device allocation takes whole
+// pages of its own, mapped without access (and poisoned for AddressSanitizer) while host code
+// runs, so host code that dereferences a device pointer, instrumented or not, stops at the
+// access (SIGSEGV, or an ASan report naming the line). The runtime opens it (a DeviceAccess
+// scope) only while it does device work: queued ops, blocking copies and memsets.
+void SetDeviceAccess(State& s, bool open) {
   for (const auto& [key, a] : s.allocations) {
     if (!a.device) continue;
-    const void* base = reinterpret_cast<const void*>(~key);
-    poison ? AsanPoison(base, a.bytes) : AsanUnpoison(base, a.bytes);
+    void* base = reinterpret_cast<void*>(~key);
+    mprotect(base, a.pages_bytes, open ? PROT_READ | PROT_WRITE : PROT_NONE);
+    open ? AsanUnpoison(base, a.bytes) : AsanPoison(base, a.bytes);
   }
 }
 
 class DeviceAccess {
  public:
   DeviceAccess() : lock_(S().mu) {
-    if (S().device_access++ == 0) SetDevicePoison(S(), false);
+    if (S().device_access++ == 0) SetDeviceAccess(S(), true);
   }
   ~DeviceAccess() {
-    if (--S().device_access == 0) SetDevicePoison(S(), true);
+    if (--S().device_access == 0) SetDeviceAccess(S(), false);
   }
 
  private:
@@ -142,16 +149,25 @@ cudaError_t Allocate(void** ptr, size_t bytes, bool device) {
     std::lock_guard<std::recursive_mutex> lock(s.mu);
     ++(device ? s.counters.device_allocations : s.counters.host_allocations);
   }
+  // Device memory: whole pages (DeviceAccess closes them), the slack past `bytes` poisoned so
+  // that ASan still bounds the allocation exactly.
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t pages_bytes = device ? (std::max<size_t>(bytes, 1) + page - 1) / page * page : 0;
   void* p = nullptr;
-  if (posix_memalign(&p, kAlignment, bytes == 0 ? 1 : bytes) != 0) {
+  if (posix_memalign(&p, device ? page : kAlignment,
+                     device ? pages_bytes : std::max<size_t>(bytes, 1)) != 0) {
     *ptr = nullptr;
     return cudaErrorMemoryAllocation;
   }
   std::memset(p, 0xff, bytes);  // uninitialized memory reads as NaN or -1
+  if (device) AsanPoison(static_cast<uint8_t*>(p) + bytes, pages_bytes - bytes);
   State& s = S();
   std::lock_guard<std::recursive_mutex> lock(s.mu);
-  s.allocations[~reinterpret_cast<uintptr_t>(p)] = Allocation{bytes, device};
-  if (device && s.device_access == 0) AsanPoison(p, bytes);
+  s.allocations[~reinterpret_cast<uintptr_t>(p)] = Allocation{bytes, device, pages_bytes};
+  if (device && s.device_access == 0) {
+    mprotect(p, pages_bytes, PROT_NONE);
+    AsanPoison(p, bytes);
+  }
   *ptr = p;
   return cudaSuccess;
 }
@@ -172,7 +188,10 @@ cudaError_t Release(void* ptr, bool device, const char* api) {
                 absl::StrFormat("%s(%p): not the start of a live %s allocation (double free?)", api,
                                 ptr, device ? "cudaMalloc" : "cudaMallocHost"));
   }
-  if (device) AsanUnpoison(ptr, it->second.bytes);
+  if (device) {
+    mprotect(ptr, it->second.pages_bytes, PROT_READ | PROT_WRITE);
+    AsanUnpoison(ptr, it->second.pages_bytes);
+  }
   s.allocations.erase(it);
   std::free(ptr);
   return cudaSuccess;
