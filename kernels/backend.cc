@@ -45,6 +45,8 @@ std::string_view OpName(Op op) {
       return "paged_attention";
     case Op::kBatchPagedAttention:
       return "batch_paged_attention";
+    case Op::kKvMoveSlots:
+      return "kv_move_slots";
   }
   return "unknown";
 }
@@ -227,6 +229,38 @@ absl::Status ValidateKvDequantize(const KvDequantizeParams& p) {
     return Invalid("kv_dequantize", "k, v and page must be non-null");
   }
   return ValidateCodebooks("kv_dequantize", p.format, p.codebooks);
+}
+
+absl::Status ValidateKvMoveSlots(const KvMoveSlotsParams& p) {
+  constexpr std::string_view kOp = "kv_move_slots";
+  SLUICE_RETURN_IF_ERROR(ValidateLayout(kOp, p.format, p.layout));
+  if (p.layout.token_group != 1 || p.format.huffman_bits > 0) {
+    return Invalid(kOp, absl::StrFormat("%s: slots move one by one only where K is grouped per "
+                                        "token and codes have a fixed width",
+                                        KvTierFormatName(p.format)));
+  }
+  if (p.count < 0 || (p.count > 0 && (p.moves == nullptr || p.pool == nullptr))) {
+    return Invalid(kOp, "count must be >= 0, with moves and pool non-null");
+  }
+  if (p.page_bytes < p.format.page_bytes || p.pages < 0) {
+    return Invalid(kOp, absl::StrFormat("pages=%d of %d bytes cannot hold %d-byte pages", p.pages,
+                                        p.page_bytes, p.format.page_bytes));
+  }
+  for (int64_t i = 0; i < p.count; ++i) {
+    const KvSlotMove& m = p.moves[i];
+    const bool pages_ok =
+        m.src_page >= 0 && m.src_page < p.pages && m.dst_page >= 0 && m.dst_page < p.pages;
+    const bool slots_ok = m.slots >= 0 && m.src_slot >= 0 && m.dst_slot >= 0 &&
+                          m.src_slot + int64_t{m.slots} <= p.layout.tokens &&
+                          m.dst_slot + int64_t{m.slots} <= p.layout.tokens;
+    if (!pages_ok || !slots_ok) {
+      return Invalid(kOp, absl::StrFormat("move %d (page %d slot %d -> page %d slot %d, %d slots) "
+                                          "is outside %d pages of %d slots",
+                                          i, m.src_page, m.src_slot, m.dst_page, m.dst_slot,
+                                          m.slots, p.pages, p.layout.tokens));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // check_io false: a plan's sequence, whose queries and outputs come with each layer's call.
@@ -544,6 +578,13 @@ absl::Status Backend::KvDequantize(const KvDequantizeParams& p) {
   return DoKvDequantize(p);
 }
 
+absl::Status Backend::KvMoveSlots(const KvMoveSlotsParams& p) {
+  if (!Supports(Op::kKvMoveSlots)) return Unsupported(Op::kKvMoveSlots);
+  SLUICE_RETURN_IF_ERROR(ValidateKvMoveSlots(p));
+  if (p.count == 0) return absl::OkStatus();
+  return DoKvMoveSlots(p);
+}
+
 absl::Status Backend::PagedAttention(const PagedAttentionParams& p) {
   if (!Supports(Op::kPagedAttention)) return Unsupported(Op::kPagedAttention);
   SLUICE_RETURN_IF_ERROR(ValidatePagedAttention(p));
@@ -625,6 +666,9 @@ absl::Status Backend::DoAttention(const AttentionParams&) { return Unsupported(O
 absl::Status Backend::DoKvQuantize(const KvQuantizeParams&) { return Unsupported(Op::kKvQuantize); }
 absl::Status Backend::DoKvDequantize(const KvDequantizeParams&) {
   return Unsupported(Op::kKvDequantize);
+}
+absl::Status Backend::DoKvMoveSlots(const KvMoveSlotsParams&) {
+  return Unsupported(Op::kKvMoveSlots);
 }
 absl::Status Backend::DoPagedAttention(const PagedAttentionParams&) {
   return Unsupported(Op::kPagedAttention);

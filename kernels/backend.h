@@ -35,6 +35,7 @@ enum class Op {
   kKvDequantize,
   kPagedAttention,
   kBatchPagedAttention,
+  kKvMoveSlots,
 };
 std::string_view OpName(Op op);
 
@@ -83,6 +84,8 @@ class Backend {
   // parallel).
   absl::Status KvQuantizeBatch(absl::Span<const KvQuantizeParams> items);
   absl::Status KvDequantize(const KvDequantizeParams& p);
+  // Copies slots between pages of a pool (compaction; see KvMoveSlotsParams).
+  absl::Status KvMoveSlots(const KvMoveSlotsParams& p);
   absl::Status PagedAttention(const PagedAttentionParams& p);
   // Validates the batch as a whole and each sequence as a PagedAttentionParams of its own, then
   // runs DoBatchPagedAttention.
@@ -106,6 +109,7 @@ class Backend {
   // The default runs the items one after the other through DoKvQuantize.
   virtual absl::Status DoKvQuantizeBatch(absl::Span<const KvQuantizeParams> items);
   virtual absl::Status DoKvDequantize(const KvDequantizeParams& p);
+  virtual absl::Status DoKvMoveSlots(const KvMoveSlotsParams& p);
   virtual absl::Status DoPagedAttention(const PagedAttentionParams& p);
   // `sequences` are the batch's sequences as calls of their own (their page refs resolved from
   // the page tables, their scores pointing into the batch's arrays). The default runs them one

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "kernels/kv_format.h"
 
 namespace sluice::kernels {
 
@@ -34,6 +35,18 @@ absl::Status HostBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
 }
 
 absl::Status HostBackend::Synchronize() { return absl::OkStatus(); }
+
+absl::Status HostBackend::DoKvMoveSlots(const KvMoveSlotsParams& p) {
+  for (int64_t i = 0; i < p.count; ++i) {
+    const KvSlotMove& m = p.moves[i];
+    const uint8_t* src = p.pool + m.src_page * p.page_bytes;
+    uint8_t* dst = p.pool + m.dst_page * p.page_bytes;
+    for (int32_t k = 0; k < m.slots; ++k) {
+      KvMoveSlot(p.format, p.layout, src, m.src_slot + k, dst, m.dst_slot + k);
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status HostBackend::CopyOnDevice(absl::Span<const Copy> copies) {
   for (const Copy& c : copies) {

@@ -17,6 +17,10 @@ class HostBackend : public Backend {
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
   absl::Status Synchronize() override;
   absl::Status CopyOnDevice(absl::Span<const Copy> copies) override;
+
+ protected:
+  // KvMoveSlot (kernels/kv_format.h) move by move, slot by slot.
+  absl::Status DoKvMoveSlots(const KvMoveSlotsParams& p) override;
 };
 
 }  // namespace sluice::kernels

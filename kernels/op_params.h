@@ -130,6 +130,31 @@ struct KvQuantizeParams {
   int64_t* tokens_written = nullptr;  // Huffman-coded tiers only
 };
 
+// One move of KvMoveSlots: `slots` consecutive slots of pool page src_page, from src_slot on,
+// to dst_page from dst_slot on.
+struct KvSlotMove {
+  int32_t src_page = 0;
+  int32_t src_slot = 0;
+  int32_t dst_page = 0;
+  int32_t dst_slot = 0;
+  int32_t slots = 1;
+};
+
+// Compaction's copies between the pages of one pool (kernels/kv_format.h's KvMoveSlot, many at
+// once): each move copies its slots' codes, metadata, score and position and gives each
+// destination slot its source's valid bit; sources stay as they are. Tiers with K grouped per
+// token and fixed-width codes (token_group == 1). The moves run in parallel: no slot may be
+// written by one move and read or written by another.
+struct KvMoveSlotsParams {
+  KvTierFormat format;
+  KvPageLayout layout;      // ComputePageLayout(format)
+  uint8_t* pool = nullptr;  // [pages * page_bytes], the backend's memory
+  int64_t pages = 0;
+  int64_t page_bytes = 0;             // >= format.page_bytes
+  const KvSlotMove* moves = nullptr;  // [count], host memory
+  int64_t count = 0;
+};
+
 // Expands slots [slot, slot + tokens) of a page back to fp32 (tests, checks and tools; the
 // attention kernels decode in registers instead).
 struct KvDequantizeParams {

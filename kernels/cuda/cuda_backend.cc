@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <climits>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -16,6 +17,7 @@
 #include "kernels/cuda/get_rows.h"
 #include "kernels/cuda/kv_huffman_ops.h"
 #include "kernels/cuda/kv_quant.h"
+#include "kernels/cuda/kv_slot_copy.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
@@ -96,7 +98,8 @@ bool CudaBackend::Supports(Op op) const {
   // The other ops run on the CPU backend until their CUDA kernels land.
   return op == Op::kRmsNorm || op == Op::kMatmul || op == Op::kGetRows || op == Op::kRope ||
          op == Op::kSwiGlu || op == Op::kSoftmax || op == Op::kAttention || op == Op::kKvQuantize ||
-         op == Op::kKvDequantize || op == Op::kPagedAttention || op == Op::kBatchPagedAttention;
+         op == Op::kKvDequantize || op == Op::kPagedAttention || op == Op::kBatchPagedAttention ||
+         op == Op::kKvMoveSlots;
 }
 
 absl::StatusOr<void*> CudaBackend::Allocate(size_t bytes) {
@@ -149,6 +152,33 @@ absl::Status CudaBackend::DoKvQuantize(const KvQuantizeParams& p) {
 absl::Status CudaBackend::DoKvDequantize(const KvDequantizeParams& p) {
   if (p.format.huffman_bits > 0) return kernels::cuda::KvDequantizeHuffman(p, impl_->stream);
   SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchKvDequantize(p, impl_->stream));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DoKvMoveSlots(const KvMoveSlotsParams& p) {
+  // The moves go to the workspace (stream order keeps it theirs until the copy has run).
+  std::vector<kernels::cuda::DeviceSlotMove> moves(p.count);
+  for (int64_t i = 0; i < p.count; ++i) {
+    const KvSlotMove& m = p.moves[i];
+    moves[i] = {.src_page = m.src_page,
+                .src_slot = m.src_slot,
+                .dst_page = m.dst_page,
+                .dst_slot = m.dst_slot,
+                .slots = m.slots,
+                .src_used = p.layout.tokens};
+  }
+  const size_t bytes = moves.size() * sizeof(moves[0]);
+  SLUICE_ASSIGN_OR_RETURN(void* device_moves, impl_->Workspace(bytes));
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(device_moves, moves.data(), bytes, cudaMemcpyHostToDevice, impl_->stream));
+  const kernels::cuda::SparseCopyParams copy{
+      .arena = p.pool,
+      .page_bytes = p.page_bytes,
+      .layout = kernels::cuda::SlotCopyLayoutOf(p.format, p.layout),
+      .moves = static_cast<const kernels::cuda::DeviceSlotMove*>(device_moves),
+      .num_moves = p.count,
+      .clear_source = false};
+  SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchSparseCopy(copy, impl_->stream));
   return absl::OkStatus();
 }
 

@@ -41,6 +41,7 @@ class CudaBackend final : public Backend {
   absl::Status DoAttention(const AttentionParams& p) override;
   absl::Status DoKvQuantize(const KvQuantizeParams& p) override;
   absl::Status DoKvDequantize(const KvDequantizeParams& p) override;
+  absl::Status DoKvMoveSlots(const KvMoveSlotsParams& p) override;
   absl::Status DoPagedAttention(const PagedAttentionParams& p) override;
   absl::Status DoBatchPagedAttention(const BatchPagedAttentionParams& p,
                                      absl::Span<const PagedAttentionParams> sequences) override;

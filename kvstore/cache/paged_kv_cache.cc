@@ -132,16 +132,15 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const PagedKv
   }
   if (backend.memory_space() == kernels::MemorySpace::kDevice) {
     // What still runs on host memory: Huffman coding (codebooks from the window's codes, unit
-    // sizes read back), prompt selection (attention over the prompt into host arrays), and the
-    // policies that evict, demote and compact.
+    // sizes read back) and prompt selection (attention over the prompt into host arrays).
     const char* host_only = o.preset.high.huffman_bits > 0   ? "Huffman-coded pages"
                             : token_policy->selects_prompt() ? "prompt selection"
-                            : token_policy->changes_pages()  ? "eviction and tiers"
                                                              : nullptr;
     if (host_only != nullptr) {
       return absl::UnimplementedError(absl::StrFormat(
           "preset %s on the %s backend: its %s run on host memory only so far; use the cpu "
-          "backend, or a preset without them (fp16, int8, kivi4, kivi2, sluice)",
+          "backend, or a preset without them (fp16, int8, kivi4, kivi2, sluice, sinks, h2o, "
+          "leankv-k8v4, leankv-k4v2)",
           o.preset.name, backend.name(), host_only));
     }
   }
@@ -1270,10 +1269,7 @@ absl::Status PagedKvCache::MaybeCompact(HeadPages& hp, int t) {
   // Tokens move slot by slot only where K is grouped per token and codes have a fixed width.
   const kernels::KvPageLayout& layout = layouts_[t];
   if (layout.token_group != 1 || formats_[t].huffman_bits > 0) return absl::OkStatus();
-  if (on_device_) {
-    return absl::UnimplementedError(
-        "compaction of device pages: slot moves run on host memory only so far");
-  }
+
   TierPages& tp = hp.tier[t];
   const int32_t cap = layout.tokens;
   const int32_t n = hp.count(t);
@@ -1303,13 +1299,28 @@ absl::Status PagedKvCache::MaybeCompact(HeadPages& hp, int t) {
     positions[i].resize(std::max(tp.slots[i], plan.used_after[i]),
                         positions[i].empty() ? 0 : positions[i].back());
   }
+  // The plan moves the (host) valid bits; the slots' data moves in one backend call after it,
+  // which on a device also copies each source's valid bit: those must be the live ones first.
+  SLUICE_RETURN_IF_ERROR(SyncValid());
+  std::vector<kernels::KvSlotMove> moves;
   SLUICE_RETURN_IF_ERROR(ApplyCompaction(plan, bitmaps, [&](const SlotMove& m) {
+    moves.push_back({.src_page = hp.page(t, m.src_page),
+                     .src_slot = m.src_slot,
+                     .dst_page = hp.page(t, m.dst_page),
+                     .dst_slot = m.dst_slot,
+                     .slots = m.slots});
     for (int32_t k = 0; k < m.slots; ++k) {
-      kernels::KvMoveSlot(formats_[t], layout, pool_->data(hp.page(t, m.src_page)), m.src_slot + k,
-                          pool_->data(hp.page(t, m.dst_page)), m.dst_slot + k);
       positions[m.dst_page][m.dst_slot + k] = positions[m.src_page][m.src_slot + k];
     }
   }));
+  SLUICE_RETURN_IF_ERROR(backend_.KvMoveSlots({.format = formats_[t],
+                                               .layout = layout,
+                                               .pool = pool_->data(0),
+                                               .pages = pool_->num_pages(),
+                                               .page_bytes = pool_->page_bytes(),
+                                               .moves = moves.data(),
+                                               .count = static_cast<int64_t>(moves.size())}));
+  for (int32_t i = 0; i < n; ++i) MarkValid(hp.page(t, i), t);  // the plan's bits are the mirror's
   // The kept pages stay in table order, except that the one with the most room after its
   // used slots goes last, where new tokens are appended; the emptied pages go back.
   std::vector<bool> gone(n, false);

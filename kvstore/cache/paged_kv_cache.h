@@ -89,8 +89,8 @@ absl::StatusOr<int64_t> PagesForSequence(const KvPreset& preset, int32_t layers,
 class PagedKvCache final : public model::KvCache {
  public:
   // The backend runs quantization and attention and holds the cache's memory; it must outlive
-  // the cache. On a device backend (cuda): Unimplemented for presets whose pages are built or
-  // changed on the host so far (Huffman-coded pages, prompt selection, eviction and tiers).
+  // the cache. On a device backend (cuda): Unimplemented for presets whose pages are built on
+  // the host so far (Huffman-coded pages, prompt selection: kvcomp, snapkv, pyramid, minikv).
   static absl::StatusOr<std::unique_ptr<PagedKvCache>> Create(const PagedKvCacheOptions& options,
                                                               kernels::Backend& backend);
   ~PagedKvCache() override;
@@ -348,8 +348,8 @@ class PagedKvCache final : public model::KvCache {
   absl::Status PrepareScores(int64_t page_size, int64_t recent_size, float** page, float** recent);
   absl::Status DownloadScores(const float* page, const float* recent);
   // Once a page's worth of tier t's slots is dead, compacts the list as PlanCompaction plans
-  // (kvstore/memory/compaction.h) and frees the pages it empties (fixed-width formats with K
-  // grouped per token; unshared pages only).
+  // (kvstore/memory/compaction.h), the slots moving in one Backend::KvMoveSlots, and frees the
+  // pages it empties (fixed-width formats with K grouped per token; unshared pages only).
   absl::Status MaybeCompact(HeadPages& hp, int t);
   // Flush for Huffman-coded presets: pages one at a time, as many units as each fits.
   absl::Status FlushCoded(Seq& s, int64_t flush);

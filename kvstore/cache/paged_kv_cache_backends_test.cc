@@ -15,6 +15,7 @@
 #include "kernels/ref/ref_backend.h"
 #include "kernels/test_util/backend_cases.h"
 #include "kvstore/cache/paged_kv_cache.h"
+#include "kvstore/wire/kv_sequence_state.pb.h"
 
 namespace sluice::kvstore {
 namespace {
@@ -106,8 +107,9 @@ class PagedKvCacheBackendsTest : public ::testing::TestWithParam<kernels::testin
   kernels::RefBackend ref_;
 };
 
-// Presets whose pages the cache builds on any backend.
-const char* const kPresets[] = {"fp16", "int8", "kivi4", "kivi2", "sluice"};
+// Presets whose pages the cache builds on any backend and whose choices do not depend on
+// attention scores (which differ between backends in the last bits).
+const char* const kPresets[] = {"fp16", "int8", "kivi4", "kivi2", "sluice", "sinks"};
 
 TEST_P(PagedKvCacheBackendsTest, MatchesTheReferenceBackendsCache) {
   const uint64_t seed = kernels::testing::TestSeed();
@@ -212,8 +214,181 @@ TEST_P(PagedKvCacheBackendsTest, MatchesTheReferenceBackendsCache) {
   }
 }
 
+// A copy of sequences `seqs` of `from` (on `backend`) in a cache on the reference backend: the
+// same pages, windows and scores, through ExportSequence and ImportSequence.
+std::unique_ptr<PagedKvCache> MirrorOnRef(kernels::Backend& backend, const PagedKvCache& from,
+                                          kernels::Backend& ref, const std::string& preset,
+                                          const std::vector<int64_t>& seqs) {
+  auto mirror = MakeCache(ref, preset);
+  EXPECT_TRUE(mirror.ok()) << mirror.status();
+  if (!mirror.ok()) return nullptr;
+  for (int64_t seq : seqs) {
+    auto exported = from.ExportSequence(seq);
+    EXPECT_TRUE(exported.ok()) << exported.status();
+    if (!exported.ok()) return nullptr;
+    std::vector<int64_t> offsets;
+    std::vector<PageId> ids;
+    const int32_t count = static_cast<int32_t>(exported->pages.size());
+    EXPECT_TRUE((*mirror)->mutable_pool().Allocate({count}, &offsets, &ids).ok());
+    for (int32_t i = 0; i < count; ++i) {
+      EXPECT_TRUE(backend
+                      .CopyToHost((*mirror)->mutable_pool().data(ids[i]),
+                                  from.pool().data(exported->pages[i]), from.pool().page_bytes())
+                      .ok());
+    }
+    auto imported = (*mirror)->ImportSequence(seq, 1024, exported->state, ids);
+    EXPECT_TRUE(imported.ok()) << imported.status();
+    if (!imported.ok()) return nullptr;
+  }
+  return std::move(*mirror);
+}
+
+// The rows each sequence wrote, per layer: [position][kv_heads, dim].
+using History = std::vector<std::vector<float>>;
+
+// The largest error quantizing a row of `row` values with `spec` can make (a whole step of its
+// codes over the row's range; f16 a rounding).
+double StepOf(const kernels::KvQuantSpec& spec, const float* row, int64_t n) {
+  if (spec.codec == kernels::KvCodec::kF16) return 1e-2;
+  const auto [lo, hi] = std::minmax_element(row, row + n);
+  return (*hi - *lo) / ((1 << spec.bits) - 1) + 1e-3;
+}
+
+// Every live slot of `seq`'s pages (read back from the backend) holds the token its position
+// says, within what quantization, and a demotion's second quantization, can change: slots that
+// compaction or demotion moved included.
+void ExpectPagesHoldTheirTokens(kernels::Backend& backend, const PagedKvCache& cache, int64_t seq,
+                                const History& k, const History& v) {
+  auto exported = cache.ExportSequence(seq);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  KvSequenceState st;
+  ASSERT_TRUE(st.ParseFromString(exported->state));
+  const KvPreset& preset = cache.preset();
+  const kernels::KvTierFormat formats[2] = {preset.high, preset.low.value_or(preset.high)};
+  kernels::RefBackend ref;
+  std::vector<uint8_t> page(cache.pool().page_bytes());
+  std::vector<float> dk(kDim), dv(kDim);
+  size_t next = 0;
+  int64_t checked = 0;
+  for (int64_t i = 0; i < st.lists_size(); ++i) {
+    const int layer = static_cast<int>(i / kKvHeads);
+    const int64_t h = i % kKvHeads;
+    for (int t = 0; t < st.lists(i).tiers_size(); ++t) {
+      const KvTierState& tier = st.lists(i).tiers(t);
+      auto layout = kernels::ComputePageLayout(formats[t]);
+      ASSERT_TRUE(layout.ok());
+      int64_t at = 0;
+      for (int32_t slots : tier.slots()) {
+        const PageId id = exported->pages[next++];
+        ASSERT_TRUE(backend.CopyToHost(page.data(), cache.pool().data(id), page.size()).ok());
+        const uint64_t* valid = reinterpret_cast<const uint64_t*>(page.data() + layout->valid);
+        for (int32_t j = 0; j < slots; ++j, ++at) {
+          if (!((valid[j / 64] >> (j % 64)) & 1)) continue;
+          ASSERT_TRUE(ref.KvDequantize({.page = page.data(),
+                                        .format = formats[t],
+                                        .layout = *layout,
+                                        .slot = j,
+                                        .tokens = 1,
+                                        .k = dk.data(),
+                                        .v = dv.data()})
+                          .ok());
+          const int64_t pos = tier.positions(static_cast<int>(at));
+          const float* wk = &k[layer][pos * kRow + h * kDim];
+          const float* wv = &v[layer][pos * kRow + h * kDim];
+          // Low-tier tokens went through the high tier first (demoted) or straight in.
+          double tol_k = StepOf(formats[t].k, wk, kDim), tol_v = StepOf(formats[t].v, wv, kDim);
+          if (t == 1) {
+            tol_k += StepOf(formats[0].k, wk, kDim);
+            tol_v += StepOf(formats[0].v, wv, kDim);
+          }
+          for (int64_t c = 0; c < kDim; ++c) {
+            ASSERT_LE(std::fabs(dk[c] - wk[c]), tol_k)
+                << "list " << i << " tier " << t << " position " << pos << " channel " << c;
+            ASSERT_LE(std::fabs(dv[c] - wv[c]), tol_v)
+                << "list " << i << " tier " << t << " position " << pos << " channel " << c;
+          }
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+// Policies that score: which tokens they keep depends on the last bits of each backend's
+// attention scores, so the backend's cache is held to its own mirror on the reference backend
+// before every step (same pages, windows and scores: the attention must agree), its pages to
+// the rows written (every live slot holds its token), and to the reference backend's own cache
+// in how many tokens every list keeps (h2o's budget).
+TEST_P(PagedKvCacheBackendsTest, ScoringPoliciesAgreeWithTheirMirrorOnTheReference) {
+  const uint64_t seed = kernels::testing::TestSeed();
+  // LeanKV with thresholds and a window under which random rows take both tiers and demote.
+  for (const std::string preset : {"h2o", "leankv-k8v4:alpha_high=1.5:alpha_low=0.6:residual=8",
+                                   "leankv-k4v2:alpha_high=1.5:alpha_low=0.6:residual=8"}) {
+    SCOPED_TRACE(testing::Message() << preset << " seed=" << seed);
+    std::mt19937_64 rng(seed);
+    auto got = MakeCache(*backend_, preset);
+    auto want = MakeCache(ref_, preset);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_TRUE(want.ok()) << want.status();
+    for (PagedKvCache* c : {got->get(), want->get()}) {
+      for (int64_t seq : {1, 2}) ASSERT_TRUE(c->AddSequence(seq, 1024).ok());
+    }
+    std::vector<model::StepEntry> batch = {{.seq = 1, .tokens = 150}, {.seq = 2, .tokens = 90}};
+    // Per sequence (index 1 and 2), the rows it wrote.
+    std::vector<History> hk(3, History(kLayers)), hv(3, History(kLayers));
+    for (int step = 0; step < 30; ++step) {
+      int64_t rows = 0;
+      for (const model::StepEntry& e : batch) rows += e.tokens;
+      const std::vector<float> k = Random(rng, kLayers * rows * kRow);
+      const std::vector<float> v = Random(rng, kLayers * rows * kRow);
+      const std::vector<float> q = Random(rng, kLayers * rows * kQRow);
+      for (int l = 0, row = 0; l < kLayers; ++l, row = 0) {
+        for (const model::StepEntry& e : batch) {
+          const int64_t from = (l * rows + row) * kRow, to = from + e.tokens * kRow;
+          hk[e.seq][l].insert(hk[e.seq][l].end(), k.begin() + from, k.begin() + to);
+          hv[e.seq][l].insert(hv[e.seq][l].end(), v.begin() + from, v.begin() + to);
+          row += static_cast<int>(e.tokens);
+        }
+      }
+      std::unique_ptr<PagedKvCache> mirror;
+      if (step > 0) {
+        mirror = MirrorOnRef(*backend_, **got, ref_, preset, {1, 2});
+        ASSERT_NE(mirror, nullptr);
+      }
+      absl::StatusOr<std::vector<float>> a = Step(*backend_, **got, batch, k, v, q);
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(Step(ref_, **want, batch, k, v, q).ok());
+      if (mirror != nullptr) {
+        absl::StatusOr<std::vector<float>> b = Step(ref_, *mirror, batch, k, v, q);
+        ASSERT_TRUE(b.ok()) << b.status();
+        EXPECT_LE(MaxDiff(*a, *b), 0.08) << "step " << step;
+      }
+      if (preset == "h2o") {
+        for (int64_t seq : {1, 2}) {
+          for (int l = 0; l < kLayers; ++l) {
+            for (int64_t h = 0; h < kKvHeads; ++h) {
+              EXPECT_EQ((*got)->LiveTokens(seq, l, h)->size(),
+                        (*want)->LiveTokens(seq, l, h)->size())
+                  << "step " << step;
+            }
+          }
+        }
+      }
+      for (int64_t seq : {1, 2}) {
+        ExpectPagesHoldTheirTokens(*backend_, **got, seq, hk[seq], hv[seq]);
+      }
+      batch = {{.seq = 1, .tokens = 1}, {.seq = 2, .tokens = 1}};
+    }
+    const KvCacheStats st = (*got)->Stats();
+    EXPECT_GT(st.compactions + st.demoted, 0) << "the policy never changed a page";
+    for (int64_t seq : {1, 2}) ASSERT_TRUE((*got)->RemoveSequence(seq).ok());
+    EXPECT_EQ((*got)->pool().used_pages(), 0);
+  }
+}
+
 TEST_P(PagedKvCacheBackendsTest, DevicePresetsItCannotBuildAreRefusedByName) {
-  for (const std::string preset : {"kvcomp", "snapkv", "h2o", "leankv-k8v4"}) {
+  for (const std::string preset : {"kvcomp", "snapkv", "pyramid", "minikv"}) {
     auto cache = MakeCache(*backend_, preset);
     if (backend_->memory_space() == kernels::MemorySpace::kHost) {
       EXPECT_TRUE(cache.ok()) << preset << ": " << cache.status();

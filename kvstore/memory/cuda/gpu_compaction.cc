@@ -17,48 +17,16 @@ namespace sluice::kvstore::cuda {
 using kernels::cuda::CudaDeviceAvailable;
 using kernels::cuda::CudaEvent;
 using kernels::cuda::DeviceArray;
+using kernels::cuda::LaunchSparseCopy;
 using kernels::cuda::PinnedArray;
+using kernels::cuda::SlotCopyLayout;
+using kernels::cuda::SparseCopyParams;
 namespace {
 
-using kernels::KvCodec;
-using kernels::KvGrouping;
 using kernels::KvPageLayout;
-using kernels::KvQuantSpec;
 using kernels::KvTierFormat;
 
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
-
-// fp16 planes of per-token metadata of `spec` (kernels/kv_format.h: scales [groups][tokens],
-// then zeros for int codes); 0 for f16 and for specs grouped along tokens.
-int32_t PerTokenMetaPlanes(const KvQuantSpec& spec, int32_t head_dim) {
-  if (spec.codec == KvCodec::kF16 || spec.grouping != KvGrouping::kPerToken) return 0;
-  return head_dim / kernels::KvGroupOf(spec, head_dim) * (spec.codec == KvCodec::kInt ? 2 : 1);
-}
-
-SlotCopyLayout CopyLayoutOf(const KvTierFormat& f, const KvPageLayout& l) {
-  SlotCopyLayout c;
-  c.tokens = l.tokens;
-  c.group = l.token_group;
-  c.valid = l.valid;
-  c.k_codes = l.k_codes;
-  c.k_row_bytes = l.k_row_bytes;
-  c.k_tile = l.k_tile;
-  c.k_meta = l.k_meta;
-  c.k_meta_planes = PerTokenMetaPlanes(f.k, f.head_dim);
-  if (f.k.codec == KvCodec::kInt && f.k.grouping != KvGrouping::kPerToken) {
-    // One (scale, zero) fp16 pair per channel, or per block of channels, per token group.
-    const int32_t blocks =
-        f.k.grouping == KvGrouping::kBlock ? f.head_dim / f.k.block_channels : f.head_dim;
-    c.k_unit_meta_bytes = blocks * 4;
-  }
-  c.v_codes = l.v_codes;
-  c.v_row_bytes = l.v_row_bytes;
-  c.v_meta = l.v_meta;
-  c.v_meta_planes = PerTokenMetaPlanes(f.v, f.head_dim);
-  c.scores = l.scores;
-  c.positions = l.positions;
-  return c;
-}
 
 }  // namespace
 
@@ -152,7 +120,7 @@ GpuCompactor::GpuCompactor(GpuArena arena, const KvTierFormat& format, const KvP
       layout_(layout),
       stream_(stream),
       state_(std::make_unique<State>()) {
-  state_->copy = CopyLayoutOf(format, layout);
+  state_->copy = kernels::cuda::SlotCopyLayoutOf(format, layout);
 }
 
 GpuCompactor::~GpuCompactor() {

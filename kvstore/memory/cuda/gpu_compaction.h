@@ -1,6 +1,7 @@
 // Compaction of many page lists at once on the GPU (LeanKV §5.2 parallel KV compaction) and the
-// sparse slot copy it is built on (SpvLLM). A page list is one (sequence, layer, kv head, tier);
-// its pages live in a device arena and carry their validity bitmaps at layout.valid.
+// sparse slot copy it is built on (SpvLLM; kernels/cuda/kv_slot_copy.h). A page list is one
+// (sequence, layer, kv head, tier); its pages live in a device arena and carry their validity
+// bitmaps at layout.valid.
 //
 //   SLUICE_ASSIGN_OR_RETURN(auto compactor, GpuCompactor::Create(pool->arena(), tier, stream));
 //   GpuCompactionResult r;
@@ -38,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/kv_format.h"
+#include "kernels/op_params.h"
 #include "kvstore/memory/compaction.h"
 #include "kvstore/memory/cuda/gpu_page_allocator.h"
 #include "kvstore/memory/page_pool.h"
@@ -72,14 +74,8 @@ struct GpuCompactionResult {
   const PageId* device_freed_ids = nullptr;
 };
 
-// One slot move between arena pages, for SparseCopy.
-struct GpuSlotMove {
-  PageId src_page = 0;
-  int32_t src_slot = 0;
-  PageId dst_page = 0;
-  int32_t dst_slot = 0;
-  int32_t slots = 1;
-};
+// One slot move between arena pages, for SparseCopy: the backends' KvMoveSlots move.
+using GpuSlotMove = kernels::KvSlotMove;
 
 class GpuCompactor {
  public:
