@@ -10,7 +10,9 @@ namespace sluice::kvstore {
 absl::Status RowWindow::Resize(kernels::Backend& backend, int64_t rows) {
   if (rows < 0) return absl::InvalidArgumentError("a window cannot have fewer than 0 rows");
   if (start_ + rows > capacity_) {
-    const int64_t capacity = std::max<int64_t>(rows, 2 * capacity_);
+    // Twice the rows: a window that keeps dropping its oldest rows moves them about once per
+    // window's worth of drops, and never holds more than twice what it needs.
+    const int64_t capacity = std::max<int64_t>(1, 2 * rows);
     SLUICE_ASSIGN_OR_RETURN(
         kernels::DeviceBuffer grown,
         kernels::DeviceBuffer::Create(backend, capacity * row_ * sizeof(float)));

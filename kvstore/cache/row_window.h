@@ -1,7 +1,8 @@
 // A sequence's full-precision window of one layer, in the backend's memory: rows of `row`
-// floats (kv_heads x head_dim), the live ones [start, start + rows) of a buffer that grows by
-// doubling, so that a flush dropping the oldest rows moves nothing and new rows seldom move the
-// others. On a device backend the rows are device memory: only backend ops read and write them.
+// floats (kv_heads x head_dim), the live ones [start, start + rows) of a buffer of up to twice
+// the rows, so that a flush dropping the oldest rows moves nothing and new rows move the others
+// about once per window's worth. On a device backend the rows are device memory: only backend ops
+// read and write them.
 #ifndef SLUICE_KVSTORE_CACHE_ROW_WINDOW_H_
 #define SLUICE_KVSTORE_CACHE_ROW_WINDOW_H_
 
@@ -20,6 +21,7 @@ class RowWindow {
 
   int64_t rows() const { return rows_; }
   int64_t row() const { return row_; }
+  int64_t capacity() const { return capacity_; }  // rows the buffer holds
   // The first live row; null while the window has no memory.
   float* data() const { return buffer_.as<float>() == nullptr ? nullptr : Row(start_); }
 
