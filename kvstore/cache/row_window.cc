@@ -6,13 +6,19 @@
 #include "common/status_macros.h"
 
 namespace sluice::kvstore {
+namespace {
+
+constexpr int64_t kHeadroom = 64;  // rows
+
+}  // namespace
 
 absl::Status RowWindow::Resize(kernels::Backend& backend, int64_t rows) {
   if (rows < 0) return absl::InvalidArgumentError("a window cannot have fewer than 0 rows");
   if (start_ + rows > capacity_) {
-    // Twice the rows: a window that keeps dropping its oldest rows moves them about once per
-    // window's worth of drops, and never holds more than twice what it needs.
-    const int64_t capacity = std::max<int64_t>(1, 2 * rows);
+    // A quarter more rows, at least kHeadroom: a window that keeps dropping its oldest rows (a
+    // decode's) moves them about once per kHeadroom drops, and a prompt's holds little more
+    // than the prompt.
+    const int64_t capacity = rows + std::max(kHeadroom, rows / 4);
     SLUICE_ASSIGN_OR_RETURN(
         kernels::DeviceBuffer grown,
         kernels::DeviceBuffer::Create(backend, capacity * row_ * sizeof(float)));
