@@ -6,8 +6,8 @@
 #   bench/gpu/accept.sh speed [--sync]         # run 2
 #
 # correctness: every CUDA test (the op tests' cuda cases, decode attention, the page allocator,
-#   compaction); then compute-sanitizer memcheck on all of them, racecheck and synccheck on the
-#   small shapes.
+#   compaction, the paged KV cache on the CUDA backend); then compute-sanitizer memcheck on all
+#   of them, racecheck and synccheck on the small shapes.
 # speed: the PyTorch SDPA peer, then gpu_bench one preset per process (a sticky fault in one
 #   preset cannot poison the others' rows), merged into gpu-attention.json; allocation and
 #   compaction with the sluice preset; ncu on the sluice and fp16 chunk kernels at batch 32 x 16k;
@@ -82,6 +82,7 @@ tests=(
   "backend_ops_test --gtest_filter=*/cuda"
   "gpu_page_allocator_test"
   "gpu_compaction_test"
+  "paged_kv_cache_backends_test --gtest_filter=*/cuda"
 )
 small_tests=(
   "warp_mma_test"
