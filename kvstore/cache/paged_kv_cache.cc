@@ -196,15 +196,19 @@ void PagedKvCache::MirrorWritten(PageId id, int t, int64_t slot, int64_t n) cons
   MarkValid(id, t);
 }
 
+absl::Status PagedKvCache::GrowValidStaging(size_t bytes) const {
+  if (valid_staging_.size() >= bytes) return absl::OkStatus();
+  valid_staging_.Reset();
+  SLUICE_ASSIGN_OR_RETURN(valid_staging_, kernels::DeviceBuffer::Create(backend_, 2 * bytes));
+  return absl::OkStatus();
+}
+
 absl::Status PagedKvCache::SyncValid() const {
   if (dirty_valid_.empty()) return absl::OkStatus();
   std::sort(dirty_valid_.begin(), dirty_valid_.end());
   dirty_valid_.erase(std::unique(dirty_valid_.begin(), dirty_valid_.end()), dirty_valid_.end());
   const size_t bytes = dirty_valid_.size() * valid_words_ * sizeof(uint64_t);
-  if (valid_staging_.size() < bytes) {
-    valid_staging_.Reset();
-    SLUICE_ASSIGN_OR_RETURN(valid_staging_, kernels::DeviceBuffer::Create(backend_, 2 * bytes));
-  }
+  SLUICE_RETURN_IF_ERROR(GrowValidStaging(bytes));
   std::vector<uint64_t> staged(dirty_valid_.size() * valid_words_);
   std::vector<kernels::Backend::Copy> copies;
   copies.reserve(dirty_valid_.size());
@@ -225,10 +229,7 @@ absl::Status PagedKvCache::LoadValid(absl::Span<const std::pair<PageId, int>> pa
   if (valid_mirror_ == nullptr || pages.empty()) return absl::OkStatus();
   SLUICE_RETURN_IF_ERROR(SyncValid());  // the staging buffer is free after it
   const size_t bytes = pages.size() * valid_words_ * sizeof(uint64_t);
-  if (valid_staging_.size() < bytes) {
-    valid_staging_.Reset();
-    SLUICE_ASSIGN_OR_RETURN(valid_staging_, kernels::DeviceBuffer::Create(backend_, 2 * bytes));
-  }
+  SLUICE_RETURN_IF_ERROR(GrowValidStaging(bytes));
   std::vector<kernels::Backend::Copy> gather;
   gather.reserve(pages.size());
   for (size_t i = 0; i < pages.size(); ++i) {

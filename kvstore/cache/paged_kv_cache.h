@@ -336,6 +336,8 @@ class PagedKvCache final : public model::KvCache {
   // Device backend: the pages' valid bits changed since the last call go to the device (one
   // upload and a copy per page). Nothing on a host backend.
   absl::Status SyncValid() const;
+  // Device backend: valid_staging_ holds at least `bytes` (twice that when it grows).
+  absl::Status GrowValidStaging(size_t bytes) const;
   // Device backend: the mirror takes the pages' valid bits from the device (pages written by
   // a peer). Nothing on a host backend.
   absl::Status LoadValid(absl::Span<const std::pair<PageId, int>> pages);

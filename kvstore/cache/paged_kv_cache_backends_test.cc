@@ -96,6 +96,28 @@ double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
+// A transport's part in a move: allocates `pages.size()` pages in `to`'s pool and copies the
+// bytes of `from`'s `pages` into them (`from` on `backend`; `to` on it too, or on a host backend
+// when `to_host`). Returns the new ids, in order.
+std::vector<PageId> CopyPages(kernels::Backend& backend, const PagedKvCache& from,
+                              const std::vector<PageId>& pages, PagedKvCache& to, bool to_host) {
+  std::vector<int64_t> offsets;
+  std::vector<PageId> ids;
+  EXPECT_TRUE(
+      to.mutable_pool().Allocate({static_cast<int32_t>(pages.size())}, &offsets, &ids).ok());
+  std::vector<kernels::Backend::Copy> copies;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    copies.push_back({.dst = to.mutable_pool().data(ids[i]),
+                      .src = from.pool().data(pages[i]),
+                      .bytes = static_cast<size_t>(from.pool().page_bytes())});
+  }
+  for (const kernels::Backend::Copy& c : copies) {
+    if (to_host) EXPECT_TRUE(backend.CopyToHost(c.dst, c.src, c.bytes).ok());
+  }
+  if (!to_host) EXPECT_TRUE(backend.CopyOnDevice(copies).ok());
+  return ids;
+}
+
 class PagedKvCacheBackendsTest : public ::testing::TestWithParam<kernels::testing::BackendCase> {
  protected:
   void SetUp() override {
@@ -164,17 +186,8 @@ TEST_P(PagedKvCacheBackendsTest, MatchesTheReferenceBackendsCache) {
     ASSERT_TRUE(moved.ok()) << moved.status();
     auto exported = (*got)->ExportSequence(3);
     ASSERT_TRUE(exported.ok()) << exported.status();
-    std::vector<int64_t> offsets;
-    std::vector<PageId> ids;
-    const int32_t count = static_cast<int32_t>(exported->pages.size());
-    ASSERT_TRUE((*moved)->mutable_pool().Allocate({count}, &offsets, &ids).ok());
-    std::vector<kernels::Backend::Copy> copies;
-    for (int32_t i = 0; i < count; ++i) {
-      copies.push_back({.dst = (*moved)->mutable_pool().data(ids[i]),
-                        .src = (*got)->pool().data(exported->pages[i]),
-                        .bytes = static_cast<size_t>((*got)->pool().page_bytes())});
-    }
-    ASSERT_TRUE(backend_->CopyOnDevice(copies).ok());
+    const int64_t count = static_cast<int64_t>(exported->pages.size());
+    const std::vector<PageId> ids = CopyPages(*backend_, **got, exported->pages, **moved, false);
     auto imported = (*moved)->ImportSequence(3, 1024, exported->state, ids);
     ASSERT_TRUE(imported.ok()) << imported.status();
     EXPECT_EQ(*imported, count);
@@ -186,17 +199,7 @@ TEST_P(PagedKvCacheBackendsTest, MatchesTheReferenceBackendsCache) {
       ASSERT_TRUE(again.ok()) << again.status();
       auto other = MakeCache(*backend_, preset);
       ASSERT_TRUE(other.ok());
-      std::vector<int64_t> o2;
-      std::vector<PageId> ids2;
-      const int32_t n2 = static_cast<int32_t>(again->pages.size());
-      ASSERT_TRUE((*other)->mutable_pool().Allocate({n2}, &o2, &ids2).ok());
-      std::vector<kernels::Backend::Copy> c2;
-      for (int32_t i = 0; i < n2; ++i) {
-        c2.push_back({.dst = (*other)->mutable_pool().data(ids2[i]),
-                      .src = (*moved)->pool().data(again->pages[i]),
-                      .bytes = static_cast<size_t>((*moved)->pool().page_bytes())});
-      }
-      ASSERT_TRUE(backend_->CopyOnDevice(c2).ok());
+      const std::vector<PageId> ids2 = CopyPages(*backend_, **moved, again->pages, **other, false);
       uint8_t* byte = (*other)->mutable_pool().data(ids2[0]) + 3;
       uint8_t flip = 0;
       ASSERT_TRUE(backend_->CopyToHost(&flip, byte, 1).ok());
@@ -226,16 +229,7 @@ std::unique_ptr<PagedKvCache> MirrorOnRef(kernels::Backend& backend, const Paged
     auto exported = from.ExportSequence(seq);
     EXPECT_TRUE(exported.ok()) << exported.status();
     if (!exported.ok()) return nullptr;
-    std::vector<int64_t> offsets;
-    std::vector<PageId> ids;
-    const int32_t count = static_cast<int32_t>(exported->pages.size());
-    EXPECT_TRUE((*mirror)->mutable_pool().Allocate({count}, &offsets, &ids).ok());
-    for (int32_t i = 0; i < count; ++i) {
-      EXPECT_TRUE(backend
-                      .CopyToHost((*mirror)->mutable_pool().data(ids[i]),
-                                  from.pool().data(exported->pages[i]), from.pool().page_bytes())
-                      .ok());
-    }
+    const std::vector<PageId> ids = CopyPages(backend, from, exported->pages, **mirror, true);
     auto imported = (*mirror)->ImportSequence(seq, 1024, exported->state, ids);
     EXPECT_TRUE(imported.ok()) << imported.status();
     if (!imported.ok()) return nullptr;
