@@ -82,6 +82,7 @@ tests=(
   "backend_ops_test --gtest_filter=*/cuda"
   "gpu_page_allocator_test"
   "gpu_compaction_test"
+  "compactor_test --gtest_filter=*/cuda"
   "paged_kv_cache_backends_test --gtest_filter=*/cuda"
 )
 small_tests=(

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -163,14 +165,28 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const PagedKv
   SLUICE_ASSIGN_OR_RETURN(
       std::unique_ptr<PagePool> pool,
       PagePool::CreateOver(arena_data, arena_bytes, o.pages, o.preset.high.page_bytes));
-  return std::unique_ptr<PagedKvCache>(new PagedKvCache(
-      o, layout, low_layout, std::move(arena), std::move(pool), std::move(token_policy), backend));
+  // Tiers whose tokens move slot by slot are compacted; the others keep their dead slots.
+  std::array<std::unique_ptr<Compactor>, 2> compactors;
+  for (int t = 0; t < (o.preset.low ? 2 : 1); ++t) {
+    const kernels::KvTierFormat& format = t == 0 ? o.preset.high : *o.preset.low;
+    const kernels::KvPageLayout& tier_layout = t == 0 ? layout : low_layout;
+    if (tier_layout.token_group != 1 || format.huffman_bits > 0) continue;
+    SLUICE_ASSIGN_OR_RETURN(compactors[t], CreateCompactor(backend, format, tier_layout,
+                                                           {.base = pool->data(0),
+                                                            .pages = pool->num_pages(),
+                                                            .page_bytes = pool->page_bytes()}));
+  }
+  return std::unique_ptr<PagedKvCache>(new PagedKvCache(o, layout, low_layout, std::move(arena),
+                                                        std::move(pool), std::move(token_policy),
+                                                        std::move(compactors), backend));
 }
 
 PagedKvCache::PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLayout high,
                            kernels::KvPageLayout low, kernels::DeviceBuffer arena,
                            std::unique_ptr<PagePool> pool,
-                           std::unique_ptr<policy::TokenPolicy> policy, kernels::Backend& backend)
+                           std::unique_ptr<policy::TokenPolicy> policy,
+                           std::array<std::unique_ptr<Compactor>, 2> compactors,
+                           kernels::Backend& backend)
     : options_(options),
       tiers_(options.preset.low ? 2 : 1),
       formats_{options.preset.high, options.preset.low.value_or(options.preset.high)},
@@ -182,7 +198,8 @@ PagedKvCache::PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLa
       pool_(std::move(pool)),
       policy_(std::move(policy)),
       backend_(backend),
-      codebooks_(options.layers) {
+      codebooks_(options.layers),
+      compactors_(std::move(compactors)) {
   if (on_device_) {
     valid_words_ = SlotBitmapWords(std::max(high.tokens, low.tokens));
     valid_mirror_ = std::make_unique<uint64_t[]>(pool_->num_pages() * valid_words_);
@@ -644,13 +661,17 @@ absl::Status PagedKvCache::Commit() {
   }
   if (!st.ok()) --planned;  // the failed one placed nothing
   SLUICE_RETURN_IF_ERROR(RunQuantizeBatch(batch));
-  for (size_t b = 0; b < planned; ++b) {
+  absl::Status after;
+  for (size_t b = 0; b < planned && after.ok(); ++b) {
     Seq& s = *seqs[b];
-    SLUICE_RETURN_IF_ERROR(FinishFlush(s, flushed[b]));
+    after = FinishFlush(s, flushed[b]);
     PolicyView view(*this, plan.entries[b].seq, s);
-    SLUICE_RETURN_IF_ERROR(policy_->AfterCommit(view, plan.entries[b].tokens, choices[b]));
+    if (after.ok()) after = policy_->AfterCommit(view, plan.entries[b].tokens, choices[b]);
   }
-  return st;
+  // The step's evictions are done: the lists they thinned are compacted together.
+  const absl::Status compacted = CompactEvicted();
+  if (!after.ok()) return after;
+  return st.ok() ? compacted : st;
 }
 
 void PagedKvCache::AbortStep() {
@@ -1131,7 +1152,10 @@ absl::Status PagedKvCache::Evict(int64_t seq, int layer, int64_t kv_head,
     return absl::FailedPreconditionError(absl::StrFormat(
         "sequence %d is in the open step, whose page tables hold its pages; evict after it", seq));
   }
-  return EvictList(seq, *s, s->heads[layer * options_.kv_heads + kv_head], positions);
+  const absl::Status evicted =
+      EvictList(seq, *s, s->heads[layer * options_.kv_heads + kv_head], positions);
+  const absl::Status compacted = CompactEvicted();
+  return evicted.ok() ? compacted : evicted;
 }
 
 absl::Status PagedKvCache::EvictList(int64_t seq, Seq& s, HeadPages& hp,
@@ -1261,67 +1285,85 @@ absl::Status PagedKvCache::EvictPaged(HeadPages& hp, const std::vector<int64_t>&
       // The page before a freed last page was full or closed; new tokens open a fresh one.
       if (last) tp.last_closed = !tp.slots.empty();
     }
-    SLUICE_RETURN_IF_ERROR(MaybeCompact(hp, t));
+    evicted_lists_.push_back({&hp, t});
   }
   return absl::OkStatus();
 }
 
-absl::Status PagedKvCache::MaybeCompact(HeadPages& hp, int t) {
-  // Tokens move slot by slot only where K is grouped per token and codes have a fixed width.
-  const kernels::KvPageLayout& layout = layouts_[t];
-  if (layout.token_group != 1 || formats_[t].huffman_bits > 0) return absl::OkStatus();
-
-  TierPages& tp = hp.tier[t];
-  const int32_t cap = layout.tokens;
-  const int32_t n = hp.count(t);
-  std::vector<SlotBitmapView> views(n);
-  std::vector<uint64_t*> bitmaps(n);
-  int64_t written = 0, live = 0;
-  for (int32_t i = 0; i < n; ++i) {
-    const PageId id = hp.page(t, i);
-    if (pool_->refcount(id) > 1) return absl::OkStatus();  // shared with a fork: leave as is
-    bitmaps[i] = ValidBits(id, t);
-    views[i] = {.words = bitmaps[i], .used_slots = tp.slots[i]};
-    written += tp.slots[i];
-    live += CountValid(bitmaps[i], tp.slots[i]);
+absl::Status PagedKvCache::CompactEvicted() {
+  // In the order of their first eviction (the pages freed go back to the pool in that order).
+  std::vector<std::pair<HeadPages*, int>> evicted;
+  absl::flat_hash_set<std::pair<HeadPages*, int>> seen;
+  for (const auto& list : std::exchange(evicted_lists_, {})) {
+    if (seen.insert(list).second) evicted.push_back(list);
   }
-  // Compact once a page's worth of slots is dead: the planner keeps the fullest pages, moves
-  // the other pages' live tokens into their holes and frees the pages it emptied.
-  if (written - live < cap) return absl::OkStatus();
-  const absl::Time start = absl::Now();
-  SLUICE_ASSIGN_OR_RETURN(const CompactionPlan plan, PlanCompaction(views, cap));
-  // Each page's slot positions, to follow the moves.
+  for (int t = 0; t < tiers_; ++t) {
+    if (compactors_[t] == nullptr) continue;
+    const int32_t cap = layouts_[t].tokens;
+    std::vector<HeadPages*> due;
+    std::vector<std::vector<PageId>> ids;
+    std::vector<std::vector<uint64_t*>> bitmaps;
+    for (const auto& [hp, tier] : evicted) {
+      if (tier != t) continue;
+      const TierPages& tp = hp->tier[t];
+      const int32_t n = hp->count(t);
+      std::vector<PageId> list(n);
+      std::vector<uint64_t*> bits(n);
+      int64_t written = 0, live = 0;
+      bool shared = false;
+      for (int32_t i = 0; i < n && !shared; ++i) {
+        list[i] = hp->page(t, i);
+        shared = pool_->refcount(list[i]) > 1;  // shared with a fork: leave the list as is
+        bits[i] = ValidBits(list[i], t);
+        written += tp.slots[i];
+        live += CountValid(bits[i], tp.slots[i]);
+      }
+      // Compact once a page's worth of slots is dead: the planner keeps the fullest pages,
+      // moves the other pages' live tokens into their holes and frees the pages it emptied.
+      if (shared || written - live < cap) continue;
+      due.push_back(hp);
+      ids.push_back(std::move(list));
+      bitmaps.push_back(std::move(bits));
+    }
+    if (due.empty()) continue;
+    const absl::Time start = absl::Now();
+    // The compactor reads (and on a device, moves) the pages' own valid bits: the live ones.
+    SLUICE_RETURN_IF_ERROR(SyncValid());
+    std::vector<CompactionList> lists(due.size());
+    for (size_t i = 0; i < due.size(); ++i) {
+      lists[i] = {.pages = ids[i], .bitmaps = bitmaps[i], .used_slots = due[i]->tier[t].slots};
+    }
+    std::vector<CompactionPlan> plans;
+    SLUICE_RETURN_IF_ERROR(compactors_[t]->Compact(lists, &plans));
+    for (size_t i = 0; i < due.size(); ++i) {
+      SLUICE_RETURN_IF_ERROR(RebuildCompacted(*due[i], t, plans[i]));
+    }
+    compactions_ += static_cast<int64_t>(due.size());
+    compaction_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::RebuildCompacted(HeadPages& hp, int t, const CompactionPlan& plan) {
+  TierPages& tp = hp.tier[t];
+  const int32_t n = hp.count(t);
+  // Each page's slot positions, to follow the moves: a kept page's new slots are all some
+  // move's destination.
   std::vector<std::vector<int32_t>> positions(n);
   int64_t index = 0;
   for (int32_t i = 0; i < n; ++i) {
     positions[i].assign(tp.positions.begin() + index, tp.positions.begin() + index + tp.slots[i]);
     index += tp.slots[i];
-    // Slots a kept page gains: every one is a move's destination.
     positions[i].resize(std::max(tp.slots[i], plan.used_after[i]),
                         positions[i].empty() ? 0 : positions[i].back());
   }
-  // The plan moves the (host) valid bits; the slots' data moves in one backend call after it,
-  // which on a device also copies each source's valid bit: those must be the live ones first.
-  SLUICE_RETURN_IF_ERROR(SyncValid());
-  std::vector<kernels::KvSlotMove> moves;
-  SLUICE_RETURN_IF_ERROR(ApplyCompaction(plan, bitmaps, [&](const SlotMove& m) {
-    moves.push_back({.src_page = hp.page(t, m.src_page),
-                     .src_slot = m.src_slot,
-                     .dst_page = hp.page(t, m.dst_page),
-                     .dst_slot = m.dst_slot,
-                     .slots = m.slots});
+  for (const SlotMove& m : plan.moves) {
     for (int32_t k = 0; k < m.slots; ++k) {
       positions[m.dst_page][m.dst_slot + k] = positions[m.src_page][m.src_slot + k];
     }
-  }));
-  SLUICE_RETURN_IF_ERROR(backend_.KvMoveSlots({.format = formats_[t],
-                                               .layout = layout,
-                                               .pool = pool_->data(0),
-                                               .pages = pool_->num_pages(),
-                                               .page_bytes = pool_->page_bytes(),
-                                               .moves = moves.data(),
-                                               .count = static_cast<int64_t>(moves.size())}));
-  for (int32_t i = 0; i < n; ++i) MarkValid(hp.page(t, i), t);  // the plan's bits are the mirror's
+  }
+  // On a device the host's bits are the plan's: they go back to the pages.
+  for (int32_t i = 0; i < n; ++i) MarkValid(hp.page(t, i), t);
   // The kept pages stay in table order, except that the one with the most room after its
   // used slots goes last, where new tokens are appended; the emptied pages go back.
   std::vector<bool> gone(n, false);
@@ -1350,8 +1392,6 @@ absl::Status PagedKvCache::MaybeCompact(HeadPages& hp, int t) {
   }
   SLUICE_RETURN_IF_ERROR(pool_->Free(freed));
   tp.last_closed = false;
-  ++compactions_;
-  compaction_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
   return absl::OkStatus();
 }
 

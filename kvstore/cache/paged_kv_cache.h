@@ -21,6 +21,7 @@
 #ifndef SLUICE_KVSTORE_CACHE_PAGED_KV_CACHE_H_
 #define SLUICE_KVSTORE_CACHE_PAGED_KV_CACHE_H_
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -41,6 +42,7 @@
 #include "kvstore/cache/kv_codebooks.h"
 #include "kvstore/cache/row_window.h"
 #include "kvstore/kv_preset.h"
+#include "kvstore/memory/compactor.h"
 #include "kvstore/memory/kv_accounting.h"
 #include "kvstore/memory/page_pool.h"
 #include "kvstore/memory/page_table.h"
@@ -262,7 +264,7 @@ class PagedKvCache final : public model::KvCache {
   PagedKvCache(const PagedKvCacheOptions& options, kernels::KvPageLayout high,
                kernels::KvPageLayout low, kernels::DeviceBuffer arena,
                std::unique_ptr<PagePool> pool, std::unique_ptr<policy::TokenPolicy> policy,
-               kernels::Backend& backend);
+               std::array<std::unique_ptr<Compactor>, 2> compactors, kernels::Backend& backend);
   absl::StatusOr<Seq*> Find(int64_t seq);
   // Whether the open step holds `seq`.
   bool InStep(int64_t seq) const;
@@ -349,10 +351,14 @@ class PagedKvCache final : public model::KvCache {
   // host backend, zeroed device memory on a device backend (DownloadScores brings them back).
   absl::Status PrepareScores(int64_t page_size, int64_t recent_size, float** page, float** recent);
   absl::Status DownloadScores(const float* page, const float* recent);
-  // Once a page's worth of tier t's slots is dead, compacts the list as PlanCompaction plans
-  // (kvstore/memory/compaction.h), the slots moving in one Backend::KvMoveSlots, and frees the
-  // pages it empties (fixed-width formats with K grouped per token; unshared pages only).
-  absl::Status MaybeCompact(HeadPages& hp, int t);
+  // Compacts, tier by tier in one Compactor call, every list evicted from since the last call
+  // (evicted_lists_) that has a page's worth of dead slots, and frees the pages it empties
+  // (fixed-width formats with K grouped per token; lists without shared pages). Runs at the end
+  // of Commit and of Evict, so a policy's evictions within a commit see stable page indices.
+  absl::Status CompactEvicted();
+  // List `hp`'s tier t after its compaction by `plan`: positions follow the moves, the kept
+  // pages stay in table order but the roomiest goes last (new tokens go there), freed go back.
+  absl::Status RebuildCompacted(HeadPages& hp, int t, const CompactionPlan& plan);
   // Flush for Huffman-coded presets: pages one at a time, as many units as each fits.
   absl::Status FlushCoded(Seq& s, int64_t flush);
   // Builds the codebooks of `layer` from the codes of its first `tokens` tokens in `s`.
@@ -385,6 +391,10 @@ class PagedKvCache final : public model::KvCache {
   mutable std::vector<std::pair<PageId, int>> dirty_valid_;
   mutable kernels::DeviceBuffer valid_staging_;
   std::vector<std::unique_ptr<KvCodebookPair>> codebooks_;  // [layers]; null until built
+  // Tiers whose tokens move slot by slot: the compactor of the backend's device; else null.
+  std::array<std::unique_ptr<Compactor>, 2> compactors_;
+  // Lists (with their tier) that lost tokens since the last CompactEvicted.
+  std::vector<std::pair<HeadPages*, int>> evicted_lists_;
   int64_t demoted_ = 0;
   int64_t compactions_ = 0;
   double compaction_seconds_ = 0;
