@@ -57,6 +57,7 @@ namespace sluice {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using kernels::HostView;
 using kernels::KvPageLayout;
 using kernels::KvTierFormat;
 
@@ -127,13 +128,13 @@ absl::StatusOr<nlohmann::json> Codecs(kernels::Backend& cpu, int repeats) {
     SLUICE_ASSIGN_OR_RETURN(double tq, Best(repeats, [&]() -> absl::Status {
                               for (int p = 0; p < pages; ++p) {
                                 SLUICE_RETURN_IF_ERROR(cpu.KvQuantize(
-                                    {.k = k.data(),
-                                     .v = v.data(),
+                                    {.k = HostView(k),
+                                     .v = HostView(v),
                                      .stride = kHeadDim,
                                      .tokens = n,
                                      .format = preset.high,
                                      .layout = l,
-                                     .page = arena.data() + p * preset.high.page_bytes,
+                                     .page = HostView(arena).subview(p * preset.high.page_bytes),
                                      .codebooks = coded ? books.view() : kernels::KvCodebooks{},
                                      .tokens_written = coded ? &written : nullptr}));
                               }
@@ -142,13 +143,13 @@ absl::StatusOr<nlohmann::json> Codecs(kernels::Backend& cpu, int repeats) {
     SLUICE_ASSIGN_OR_RETURN(double td, Best(repeats, [&]() -> absl::Status {
                               for (int p = 0; p < pages; ++p) {
                                 SLUICE_RETURN_IF_ERROR(cpu.KvDequantize(
-                                    {.page = arena.data() + p * preset.high.page_bytes,
+                                    {.page = HostView(arena).subview(p * preset.high.page_bytes),
                                      .format = preset.high,
                                      .layout = l,
                                      .slot = 0,
                                      .tokens = written,
-                                     .k = out.data(),
-                                     .v = out.data() + n * kHeadDim,
+                                     .k = HostView(out),
+                                     .v = HostView(out).subview(n * kHeadDim),
                                      .codebooks = coded ? books.view() : kernels::KvCodebooks{}}));
                               }
                               return absl::OkStatus();
@@ -232,21 +233,22 @@ absl::Status CodesOf(kernels::Backend& cpu, const kvstore::KvPreset& preset, con
   };
   for (int64_t t0 = 0; t0 + l.token_group <= tokens; t0 += l.tokens) {
     const int64_t n = std::min<int64_t>(l.tokens, (tokens - t0) / l.token_group * l.token_group);
-    SLUICE_RETURN_IF_ERROR(cpu.KvQuantize({.k = k + t0 * stride,
-                                           .v = v + t0 * stride,
+    const int64_t span = (n - 1) * stride + kHeadDim;
+    SLUICE_RETURN_IF_ERROR(cpu.KvQuantize({.k = HostView(k + t0 * stride, span),
+                                           .v = HostView(v + t0 * stride, span),
                                            .stride = stride,
                                            .tokens = n,
                                            .format = format,
                                            .layout = l,
-                                           .page = page.data()}));
+                                           .page = HostView(page)}));
     unpack(format.k, l.k_codes, l.k_tile, n, kc);
     unpack(format.v, l.v_codes, 1, n, vc);
-    SLUICE_RETURN_IF_ERROR(cpu.KvDequantize({.page = page.data(),
+    SLUICE_RETURN_IF_ERROR(cpu.KvDequantize({.page = HostView(page),
                                              .format = format,
                                              .layout = l,
                                              .tokens = n,
-                                             .k = dk.data(),
-                                             .v = dv.data()}));
+                                             .k = HostView(dk),
+                                             .v = HostView(dv)}));
     for (int64_t t = 0; t < n; ++t) {
       for (int c = 0; c < kHeadDim; ++c) {
         const double xk = k[(t0 + t) * stride + c], xv = v[(t0 + t) * stride + c];

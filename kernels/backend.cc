@@ -190,6 +190,24 @@ absl::Status ValidateCodebooks(std::string_view op, const KvTierFormat& format,
   return absl::OkStatus();
 }
 
+// A view the op uses: in the backend's memory and at least `need` elements long. `seq` >= 0
+// names the sequence the view is of (the message is built only on failure).
+template <typename T>
+absl::Status CheckView(std::string_view op, std::string_view what, const BufferView<T>& v,
+                       int64_t need, MemorySpace space, int64_t seq = -1) {
+  if (need <= 0) return absl::OkStatus();
+  const bool short_view = v.data == nullptr || v.size < need;
+  if (!short_view && v.space == space) return absl::OkStatus();
+  const std::string name =
+      seq >= 0 ? absl::StrFormat("sequence %d's %s", seq, what) : std::string(what);
+  if (short_view) {
+    return Invalid(op, absl::StrFormat("%s holds %d elements at %p, needs %d", name, v.size,
+                                       static_cast<const void*>(v.data), need));
+  }
+  return Invalid(op, absl::StrFormat("%s is in %s memory; this backend computes in %s memory", name,
+                                     MemorySpaceName(v.space), MemorySpaceName(space)));
+}
+
 absl::Status ValidateSlots(std::string_view op, const KvPageLayout& l, int64_t slot,
                            int64_t tokens) {
   if (slot < 0 || tokens < 0 || slot + tokens > l.tokens) {
@@ -199,7 +217,7 @@ absl::Status ValidateSlots(std::string_view op, const KvPageLayout& l, int64_t s
   return absl::OkStatus();
 }
 
-absl::Status ValidateKvQuantize(const KvQuantizeParams& p) {
+absl::Status ValidateKvQuantize(const KvQuantizeParams& p, MemorySpace space) {
   SLUICE_RETURN_IF_ERROR(ValidateLayout("kv_quantize", p.format, p.layout));
   SLUICE_RETURN_IF_ERROR(ValidateSlots("kv_quantize", p.layout, p.slot, p.tokens));
   const int64_t g = p.layout.token_group;
@@ -212,8 +230,18 @@ absl::Status ValidateKvQuantize(const KvQuantizeParams& p) {
     return Invalid("kv_quantize",
                    absl::StrFormat("stride %d < head_dim %d", p.stride, p.format.head_dim));
   }
-  if (p.tokens > 0 && (p.k == nullptr || p.v == nullptr || p.page == nullptr)) {
-    return Invalid("kv_quantize", "k, v and page must be non-null");
+  if (p.tokens > 0) {
+    constexpr std::string_view kOp = "kv_quantize";
+    const int64_t rows = (p.tokens - 1) * p.stride + p.format.head_dim;
+    SLUICE_RETURN_IF_ERROR(CheckView(kOp, "k", p.k, rows, space));
+    SLUICE_RETURN_IF_ERROR(CheckView(kOp, "v", p.v, rows, space));
+    SLUICE_RETURN_IF_ERROR(CheckView(kOp, "page", p.page, p.format.page_bytes, space));
+    if (p.scores.data != nullptr) {
+      SLUICE_RETURN_IF_ERROR(CheckView(kOp, "scores", p.scores, p.tokens, space));
+    }
+    if (p.positions.data != nullptr) {
+      SLUICE_RETURN_IF_ERROR(CheckView(kOp, "positions", p.positions, p.tokens, space));
+    }
   }
   SLUICE_RETURN_IF_ERROR(ValidateCodebooks("kv_quantize", p.format, p.codebooks));
   if (p.format.huffman_bits > 0 && p.tokens_written == nullptr) {
@@ -222,16 +250,20 @@ absl::Status ValidateKvQuantize(const KvQuantizeParams& p) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateKvDequantize(const KvDequantizeParams& p) {
+absl::Status ValidateKvDequantize(const KvDequantizeParams& p, MemorySpace space) {
   SLUICE_RETURN_IF_ERROR(ValidateLayout("kv_dequantize", p.format, p.layout));
   SLUICE_RETURN_IF_ERROR(ValidateSlots("kv_dequantize", p.layout, p.slot, p.tokens));
-  if (p.tokens > 0 && (p.k == nullptr || p.v == nullptr || p.page == nullptr)) {
-    return Invalid("kv_dequantize", "k, v and page must be non-null");
+  if (p.tokens > 0) {
+    constexpr std::string_view kOp = "kv_dequantize";
+    const int64_t rows = p.tokens * p.format.head_dim;
+    SLUICE_RETURN_IF_ERROR(CheckView(kOp, "page", p.page, p.format.page_bytes, space));
+    SLUICE_RETURN_IF_ERROR(CheckView(kOp, "k", p.k, rows, space));
+    SLUICE_RETURN_IF_ERROR(CheckView(kOp, "v", p.v, rows, space));
   }
   return ValidateCodebooks("kv_dequantize", p.format, p.codebooks);
 }
 
-absl::Status ValidateKvMoveSlots(const KvMoveSlotsParams& p) {
+absl::Status ValidateKvMoveSlots(const KvMoveSlotsParams& p, MemorySpace space) {
   constexpr std::string_view kOp = "kv_move_slots";
   SLUICE_RETURN_IF_ERROR(ValidateLayout(kOp, p.format, p.layout));
   if (p.layout.token_group != 1 || p.format.huffman_bits > 0) {
@@ -239,13 +271,15 @@ absl::Status ValidateKvMoveSlots(const KvMoveSlotsParams& p) {
                                         "token and codes have a fixed width",
                                         KvTierFormatName(p.format)));
   }
-  if (p.count < 0 || (p.count > 0 && (p.moves == nullptr || p.pool == nullptr))) {
-    return Invalid(kOp, "count must be >= 0, with moves and pool non-null");
+  if (p.count < 0 || (p.count > 0 && p.moves == nullptr)) {
+    return Invalid(kOp, "count must be >= 0, with moves non-null");
   }
   if (p.page_bytes < p.format.page_bytes || p.pages < 0) {
     return Invalid(kOp, absl::StrFormat("pages=%d of %d bytes cannot hold %d-byte pages", p.pages,
                                         p.page_bytes, p.format.page_bytes));
   }
+  if (p.count > 0)
+    SLUICE_RETURN_IF_ERROR(CheckView(kOp, "pool", p.pool, p.pages * p.page_bytes, space));
   for (int64_t i = 0; i < p.count; ++i) {
     const KvSlotMove& m = p.moves[i];
     const bool pages_ok =
@@ -321,24 +355,6 @@ absl::Status ValidatePagedAttention(const PagedAttentionParams& p, bool check_io
     }
   }
   return absl::OkStatus();
-}
-
-// A view the op uses: in the backend's memory and at least `need` elements long. `seq` >= 0
-// names the sequence the view is of (the message is built only on failure).
-template <typename T>
-absl::Status CheckView(std::string_view op, std::string_view what, const BufferView<T>& v,
-                       int64_t need, MemorySpace space, int64_t seq = -1) {
-  if (need <= 0) return absl::OkStatus();
-  const bool short_view = v.data == nullptr || v.size < need;
-  if (!short_view && v.space == space) return absl::OkStatus();
-  const std::string name =
-      seq >= 0 ? absl::StrFormat("sequence %d's %s", seq, what) : std::string(what);
-  if (short_view) {
-    return Invalid(op, absl::StrFormat("%s holds %d elements at %p, needs %d", name, v.size,
-                                       static_cast<const void*>(v.data), need));
-  }
-  return Invalid(op, absl::StrFormat("%s is in %s memory; this backend computes in %s memory", name,
-                                     MemorySpaceName(v.space), MemorySpaceName(space)));
 }
 
 // Checks what the batch adds to PagedAttentionParams (the CSR tables, the pool, the views, the
@@ -542,7 +558,7 @@ absl::Status Backend::Attention(const AttentionParams& p) {
 
 absl::Status Backend::KvQuantize(const KvQuantizeParams& p) {
   if (!Supports(Op::kKvQuantize)) return Unsupported(Op::kKvQuantize);
-  SLUICE_RETURN_IF_ERROR(ValidateKvQuantize(p));
+  SLUICE_RETURN_IF_ERROR(ValidateKvQuantize(p, memory_space()));
   if (p.tokens == 0) {
     if (p.tokens_written != nullptr) *p.tokens_written = 0;
     return absl::OkStatus();
@@ -553,7 +569,7 @@ absl::Status Backend::KvQuantize(const KvQuantizeParams& p) {
 absl::Status Backend::KvQuantizeBatch(absl::Span<const KvQuantizeParams> items) {
   if (!Supports(Op::kKvQuantize)) return Unsupported(Op::kKvQuantize);
   for (size_t i = 0; i < items.size(); ++i) {
-    if (absl::Status st = ValidateKvQuantize(items[i]); !st.ok()) {
+    if (absl::Status st = ValidateKvQuantize(items[i], memory_space()); !st.ok()) {
       return absl::Status(st.code(), absl::StrFormat("item %d: %s", i, st.message()));
     }
   }
@@ -573,14 +589,14 @@ absl::Status Backend::DoKvQuantizeBatch(absl::Span<const KvQuantizeParams> items
 
 absl::Status Backend::KvDequantize(const KvDequantizeParams& p) {
   if (!Supports(Op::kKvDequantize)) return Unsupported(Op::kKvDequantize);
-  SLUICE_RETURN_IF_ERROR(ValidateKvDequantize(p));
+  SLUICE_RETURN_IF_ERROR(ValidateKvDequantize(p, memory_space()));
   if (p.tokens == 0) return absl::OkStatus();
   return DoKvDequantize(p);
 }
 
 absl::Status Backend::KvMoveSlots(const KvMoveSlotsParams& p) {
   if (!Supports(Op::kKvMoveSlots)) return Unsupported(Op::kKvMoveSlots);
-  SLUICE_RETURN_IF_ERROR(ValidateKvMoveSlots(p));
+  SLUICE_RETURN_IF_ERROR(ValidateKvMoveSlots(p, memory_space()));
   if (p.count == 0) return absl::OkStatus();
   return DoKvMoveSlots(p);
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 
 namespace sluice::kernels {
 
@@ -19,10 +20,34 @@ inline std::string_view MemorySpaceName(MemorySpace space) {
 // `size` elements of T at `data`, in `space`.
 template <typename T>
 struct BufferView {
+  // Takes no room; stops a bare pointer initializing a view by brace elision (g++ accepts
+  // `{.k = ptr}` for a view member and makes a view of 0 elements).
+  struct NoBraceElision {};
+  [[no_unique_address]] NoBraceElision no_brace_elision;
   T* data = nullptr;
   int64_t size = 0;
   MemorySpace space = MemorySpace::kHost;
+
+  // The elements from `offset` on (0 <= offset <= size).
+  BufferView subview(int64_t offset) const {
+    return {.data = data + offset, .size = size - offset, .space = space};
+  }
+  // Read-only, the same elements.
+  operator BufferView<const T>() const requires(!std::is_const_v<T>) {
+    return {.data = data, .size = size, .space = space};
+  }
 };
+
+// `size` elements of host memory at `data`.
+template <typename T>
+BufferView<T> HostView(T* data, int64_t size) {
+  return {.data = data, .size = size, .space = MemorySpace::kHost};
+}
+// The elements of a host container (std::vector, std::array).
+template <typename C>
+auto HostView(C& c) {
+  return HostView(c.data(), static_cast<int64_t>(c.size()));
+}
 
 }  // namespace sluice::kernels
 

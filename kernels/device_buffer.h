@@ -27,6 +27,13 @@ class DeviceBuffer {
     return static_cast<T*>(data_);
   }
   size_t size() const { return bytes_; }
+  // The buffer as elements of T, in its backend's memory.
+  template <typename T>
+  BufferView<T> view() const {
+    return {.data = as<T>(),
+            .size = static_cast<int64_t>(bytes_ / sizeof(T)),
+            .space = backend_ == nullptr ? MemorySpace::kHost : backend_->memory_space()};
+  }
 
   // Copies `bytes` from host memory at `src` to the start of the buffer, or back.
   absl::Status Upload(const void* src, size_t bytes);

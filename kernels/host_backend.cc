@@ -39,8 +39,8 @@ absl::Status HostBackend::Synchronize() { return absl::OkStatus(); }
 absl::Status HostBackend::DoKvMoveSlots(const KvMoveSlotsParams& p) {
   for (int64_t i = 0; i < p.count; ++i) {
     const KvSlotMove& m = p.moves[i];
-    const uint8_t* src = p.pool + m.src_page * p.page_bytes;
-    uint8_t* dst = p.pool + m.dst_page * p.page_bytes;
+    const uint8_t* src = p.pool.data + m.src_page * p.page_bytes;
+    uint8_t* dst = p.pool.data + m.dst_page * p.page_bytes;
     for (int32_t k = 0; k < m.slots; ++k) {
       KvMoveSlot(p.format, p.layout, src, m.src_slot + k, dst, m.dst_slot + k);
     }

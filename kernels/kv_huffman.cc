@@ -179,20 +179,21 @@ absl::Status KvQuantizeHuffman(const KvQuantizeParams& p,
   int64_t written = 0;
   for (; written < p.tokens; written += u) {
     std::memset(unit.data() + t.unit_layout.valid, 0, 8);
-    quantize_unit({.k = p.k + written * p.stride,
-                   .v = p.v + written * p.stride,
+    quantize_unit({.k = p.k.subview(written * p.stride),
+                   .v = p.v.subview(written * p.stride),
                    .stride = p.stride,
                    .tokens = u,
                    .format = t.unit_format,
                    .layout = t.unit_layout,
-                   .page = unit.data(),
+                   .page = HostView(unit),
                    .slot = 0});
     const int64_t slot = p.slot + written;
     SLUICE_ASSIGN_OR_RETURN(const bool fits,
-                            KvAppendUnit(t, p.codebooks, unit.data(), slot / u, p.page));
+                            KvAppendUnit(t, p.codebooks, unit.data(), slot / u, p.page.data));
     if (!fits) break;
-    KvWriteTokenMeta(p.format, t.layout, p.page, slot, u, p.scores ? p.scores + written : nullptr,
-                     p.positions ? p.positions + written : nullptr);
+    KvWriteTokenMeta(p.format, t.layout, p.page.data, slot, u,
+                     p.scores.data ? p.scores.data + written : nullptr,
+                     p.positions.data ? p.positions.data + written : nullptr);
   }
   *p.tokens_written = written;
   return absl::OkStatus();
@@ -208,18 +209,18 @@ absl::Status KvDequantizeHuffman(
     const int64_t index = s / u, first = s % u;
     const int64_t n = std::min(u - first, p.slot + p.tokens - s);
     if (reference) {
-      KvDecodeUnitReference(t, p.codebooks, p.page, index, unit.data());
+      KvDecodeUnitReference(t, p.codebooks, p.page.data, index, unit.data());
     } else {
-      KvDecodeUnit(t, p.codebooks, p.page, index, unit.data());
+      KvDecodeUnit(t, p.codebooks, p.page.data, index, unit.data());
     }
     const int64_t at = s - p.slot;
-    dequantize_unit({.page = unit.data(),
+    dequantize_unit({.page = HostView(unit),
                      .format = t.unit_format,
                      .layout = t.unit_layout,
                      .slot = first,
                      .tokens = n,
-                     .k = p.k + at * d,
-                     .v = p.v + at * d});
+                     .k = p.k.subview(at * d),
+                     .v = p.v.subview(at * d)});
     s += n;
   }
   return absl::OkStatus();

@@ -133,24 +133,24 @@ TEST_P(KvCodedQuantizeTest, PagesMatchReferenceBytes) {
     for (int call = 0; call < 2; ++call) {
       const int64_t at = call == 0 ? 0 : want_written[0];
       const int64_t tokens = call == 0 ? first : n - at;
-      KvQuantizeParams p{.k = k.data() + at * d,
-                         .v = v.data() + at * d,
+      KvQuantizeParams p{.k = HostView(k).subview(at * d),
+                         .v = HostView(v).subview(at * d),
                          .stride = d,
                          .tokens = tokens,
-                         .scores = scores.data() + at,
-                         .positions = positions.data() + at,
+                         .scores = HostView(scores).subview(at),
+                         .positions = HostView(positions).subview(at),
                          .format = f,
                          .layout = l,
-                         .page = want.data(),
+                         .page = HostView(want),
                          .slot = at,
                          .codebooks = (*books)->view(),
                          .tokens_written = &want_written[call]};
       ASSERT_TRUE(KvQuantizeHuffman(p, [](const KvQuantizeParams& q) { ref::KvQuantize(q); }).ok());
-      p.k = dk.as<float>() + at * d;
-      p.v = dv.as<float>() + at * d;
-      p.scores = ds.as<float>() + at;
-      p.positions = dpos.as<int32_t>() + at;
-      p.page = dpage.as<uint8_t>();
+      p.k = dk.view<float>().subview(at * d);
+      p.v = dv.view<float>().subview(at * d);
+      p.scores = ds.view<float>().subview(at);
+      p.positions = dpos.view<int32_t>().subview(at);
+      p.page = dpage.view<uint8_t>();
       p.tokens_written = &got_written[call];
       ASSERT_TRUE(backend_->KvQuantize(p).ok());
       ASSERT_EQ(got_written[call], want_written[call]) << "call " << call;
@@ -203,8 +203,8 @@ TEST_P(KvCodedQuantizeTest, BatchWritesWhatEachCallWould) {
       rows.push_back(Rows(rng, tokens, d, false));
       const std::vector<float>& k = rows[rows.size() - 2];
       const std::vector<float>& v = rows.back();
-      KvQuantizeParams p{.k = k.data(),
-                         .v = v.data(),
+      KvQuantizeParams p{.k = HostView(k),
+                         .v = HostView(v),
                          .stride = d,
                          .tokens = tokens,
                          .format = f,
@@ -212,14 +212,14 @@ TEST_P(KvCodedQuantizeTest, BatchWritesWhatEachCallWould) {
                          .codebooks = books.back()->view(),
                          .tokens_written = &want_written[i]};
       want.emplace_back(f.page_bytes, 0);
-      p.page = want.back().data();
+      p.page = HostView(want.back());
       ASSERT_TRUE(KvQuantizeHuffman(p, [](const KvQuantizeParams& q) { ref::KvQuantize(q); }).ok());
       buffers.push_back(OnDevice(*backend_, k));
       buffers.push_back(OnDevice(*backend_, v));
       buffers.push_back(OnDevice(*backend_, std::vector<uint8_t>(f.page_bytes, 0)));
-      p.k = buffers[buffers.size() - 3].as<float>();
-      p.v = buffers[buffers.size() - 2].as<float>();
-      p.page = buffers.back().as<uint8_t>();
+      p.k = buffers[buffers.size() - 3].view<float>();
+      p.v = buffers[buffers.size() - 2].view<float>();
+      p.page = buffers.back().view<uint8_t>();
       p.tokens_written = &got_written[i];
       items.push_back(p);
     }
@@ -245,13 +245,13 @@ TEST_P(KvCodedQuantizeTest, RejectsMissingOrShortCodebooks) {
   const DeviceBuffer dk = OnDevice(*backend_, k), dv = OnDevice(*backend_, v);
   const DeviceBuffer page = OnDevice(*backend_, std::vector<uint8_t>(f.page_bytes, 0));
   int64_t written = 0;
-  KvQuantizeParams p{.k = dk.as<float>(),
-                     .v = dv.as<float>(),
+  KvQuantizeParams p{.k = dk.view<float>(),
+                     .v = dv.view<float>(),
                      .stride = 64,
                      .tokens = 64,
                      .format = f,
                      .layout = l,
-                     .page = page.as<uint8_t>(),
+                     .page = page.view<uint8_t>(),
                      .codebooks = (*books)->view(),
                      .tokens_written = &written};
   KvQuantizeParams bad = p;
@@ -291,20 +291,20 @@ TEST_P(KvCodedDequantizeTest, MatchesTheBitAtATimeReference) {
     const int64_t slot = static_cast<int64_t>(rng() % c.written);
     const int64_t tokens = 1 + static_cast<int64_t>(rng() % (c.written - slot));
     std::vector<float> want_k(tokens * d), want_v(tokens * d), got_k(tokens * d), got_v(tokens * d);
-    KvDequantizeParams p{.page = c.bytes.data(),
+    KvDequantizeParams p{.page = HostView(c.bytes),
                          .format = f,
                          .layout = c.layout,
                          .slot = slot,
                          .tokens = tokens,
-                         .k = want_k.data(),
-                         .v = want_v.data(),
+                         .k = HostView(want_k),
+                         .v = HostView(want_v),
                          .codebooks = c.books->view()};
     ASSERT_TRUE(ref::KvDequantizeAny(p).ok());
     const DeviceBuffer dpage = OnDevice(*backend_, c.bytes);
     const DeviceBuffer dk = OnDevice(*backend_, got_k), dv = OnDevice(*backend_, got_v);
-    p.page = dpage.as<uint8_t>();
-    p.k = dk.as<float>();
-    p.v = dv.as<float>();
+    p.page = dpage.view<uint8_t>();
+    p.k = dk.view<float>();
+    p.v = dv.view<float>();
     ASSERT_TRUE(backend_->KvDequantize(p).ok());
     ASSERT_TRUE(dk.Download(got_k.data(), got_k.size() * 4).ok());
     ASSERT_TRUE(dv.Download(got_v.data(), got_v.size() * 4).ok());
@@ -330,13 +330,13 @@ TEST(KvCodedPages, TableAndBitAtATimeDecodersGiveTheSameUnitPages) {
       // And they are the unit page the fixed-width quantizer makes of the same rows.
       std::vector<uint8_t> direct(fast.size(), 0);
       const int64_t t0 = u * c.layout.unit_tokens;
-      ref::KvQuantize({.k = c.k.data() + t0 * f.head_dim,
-                       .v = c.v.data() + t0 * f.head_dim,
+      ref::KvQuantize({.k = HostView(c.k).subview(t0 * f.head_dim),
+                       .v = HostView(c.v).subview(t0 * f.head_dim),
                        .stride = f.head_dim,
                        .tokens = c.layout.unit_tokens,
                        .format = tier.unit_format,
                        .layout = tier.unit_layout,
-                       .page = direct.data()});
+                       .page = HostView(direct)});
       ASSERT_EQ(fast, direct) << "unit " << u;
     }
   }
@@ -350,12 +350,12 @@ TEST(KvCodedPages, RoundTripWithinTheQuantizationBound) {
     const CodedPage c = MakeCodedPage(rng, f);
     const int64_t n = c.written, d = f.head_dim;
     std::vector<float> k(n * d), v(n * d);
-    ASSERT_TRUE(ref::KvDequantizeAny({.page = c.bytes.data(),
+    ASSERT_TRUE(ref::KvDequantizeAny({.page = HostView(c.bytes),
                                       .format = f,
                                       .layout = c.layout,
                                       .tokens = n,
-                                      .k = k.data(),
-                                      .v = v.data(),
+                                      .k = HostView(k),
+                                      .v = HostView(v),
                                       .codebooks = c.books->view()})
                     .ok());
     EXPECT_TRUE(testing::RoundTripWithinBound(f.k, d, c.k.data(), k.data(), n)) << "k";

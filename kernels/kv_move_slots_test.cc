@@ -77,10 +77,12 @@ TEST_P(KvMoveSlotsTest, MatchesKvMoveSlot) {
     auto device = backend_->Allocate(pool.size());
     ASSERT_TRUE(device.ok());
     uint8_t* d = static_cast<uint8_t*>(*device);
+    const BufferView<uint8_t> pool_view{
+        .data = d, .size = pages * page_bytes, .space = backend_->memory_space()};
     ASSERT_TRUE(backend_->CopyToDevice(d, pool.data(), pool.size()).ok());
     const absl::Status st = backend_->KvMoveSlots({.format = f,
                                                    .layout = *layout,
-                                                   .pool = d,
+                                                   .pool = pool_view,
                                                    .pages = pages,
                                                    .page_bytes = page_bytes,
                                                    .moves = kept.data(),
@@ -92,13 +94,31 @@ TEST_P(KvMoveSlotsTest, MatchesKvMoveSlot) {
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_EQ(got[i], want[i]) << "byte " << i % page_bytes << " of page " << i / page_bytes;
     }
+    // A pool view shorter than its pages, or in other memory, is refused before anything runs.
+    BufferView<uint8_t> short_pool = pool_view;
+    short_pool.size -= 1;
+    BufferView<uint8_t> elsewhere = pool_view;
+    elsewhere.space =
+        pool_view.space == MemorySpace::kHost ? MemorySpace::kDevice : MemorySpace::kHost;
+    for (const BufferView<uint8_t>& bad_pool : {short_pool, elsewhere}) {
+      EXPECT_EQ(backend_
+                    ->KvMoveSlots({.format = f,
+                                   .layout = *layout,
+                                   .pool = bad_pool,
+                                   .pages = pages,
+                                   .page_bytes = page_bytes,
+                                   .moves = kept.data(),
+                                   .count = static_cast<int64_t>(kept.size())})
+                    .code(),
+                absl::StatusCode::kInvalidArgument);
+    }
     // A move outside the pool is refused before anything runs.
     KvSlotMove bad = kept[0];
     bad.dst_slot = static_cast<int32_t>(n);
     EXPECT_EQ(backend_
                   ->KvMoveSlots({.format = f,
                                  .layout = *layout,
-                                 .pool = d,
+                                 .pool = pool_view,
                                  .pages = pages,
                                  .page_bytes = page_bytes,
                                  .moves = &bad,

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "kernels/kv_format.h"
 #include "kernels/test_util/kv_round_trip.h"
@@ -66,13 +67,13 @@ std::vector<float> KvRows(std::mt19937_64& rng, int64_t tokens, int64_t stride, 
 std::vector<uint8_t> RefPage(const KvTierFormat& f, const KvPageLayout& l,
                              const std::vector<float>& k, const std::vector<float>& v) {
   std::vector<uint8_t> page(f.page_bytes, 0);
-  ref::KvQuantize({.k = k.data(),
-                   .v = v.data(),
+  ref::KvQuantize({.k = HostView(k),
+                   .v = HostView(v),
                    .stride = f.head_dim,
                    .tokens = l.tokens,
                    .format = f,
                    .layout = l,
-                   .page = page.data()});
+                   .page = HostView(page)});
   return page;
 }
 
@@ -98,15 +99,15 @@ TEST_P(KvQuantizeTest, PagesMatchReferenceBytes) {
     std::vector<int32_t> positions(tokens);
     for (int64_t t = 0; t < tokens; ++t) positions[t] = static_cast<int32_t>(100 + t);
     std::vector<uint8_t> want(f.page_bytes, 0);
-    KvQuantizeParams p{.k = k.data(),
-                       .v = v.data(),
+    KvQuantizeParams p{.k = HostView(k),
+                       .v = HostView(v),
                        .stride = stride,
                        .tokens = tokens,
-                       .scores = scores.data(),
-                       .positions = positions.data(),
+                       .scores = HostView(scores),
+                       .positions = HostView(positions),
                        .format = f,
                        .layout = *layout,
-                       .page = want.data(),
+                       .page = HostView(want),
                        .slot = slot};
     ref::KvQuantize(p);
 
@@ -121,11 +122,11 @@ TEST_P(KvQuantizeTest, PagesMatchReferenceBytes) {
     ASSERT_TRUE(kb->Upload(k).ok() && vb->Upload(v).ok() && sb->Upload(scores).ok() &&
                 pb->Upload(std::vector<float>(f.page_bytes / 4, 0.f)).ok() &&
                 posb->Upload(pos_bits).ok());
-    p.k = kb->data();
-    p.v = vb->data();
-    p.scores = sb->data();
-    p.positions = reinterpret_cast<const int32_t*>(posb->data());
-    p.page = reinterpret_cast<uint8_t*>(pb->data());
+    p.k = kb->view();
+    p.v = vb->view();
+    p.scores = sb->view();
+    p.positions = posb->view<const int32_t>();
+    p.page = pb->view<uint8_t>();
     ASSERT_TRUE(backend_->KvQuantize(p).ok());
     auto got = pb->DownloadChecked();
     ASSERT_TRUE(got.ok()) << got.status();
@@ -165,15 +166,15 @@ TEST_P(KvQuantizeTest, BatchWritesWhatEachCallWould) {
     const int64_t tokens = g * (1 + static_cast<int64_t>(rng() % (groups - slot / g)));
     const std::vector<float> k = KvRows(rng, tokens, f.head_dim, true);
     const std::vector<float> v = KvRows(rng, tokens, f.head_dim, false);
-    KvQuantizeParams p{.k = k.data(),
-                       .v = v.data(),
+    KvQuantizeParams p{.k = HostView(k),
+                       .v = HostView(v),
                        .stride = f.head_dim,
                        .tokens = tokens,
                        .format = f,
                        .layout = l,
                        .slot = slot};
     want.emplace_back(f.page_bytes, 0);
-    p.page = want.back().data();
+    p.page = HostView(want.back());
     ref::KvQuantize(p);
     for (const std::vector<float>* src : {&k, &v}) {
       auto b = GuardedBuffer::Create(*backend_, src->size());
@@ -183,9 +184,9 @@ TEST_P(KvQuantizeTest, BatchWritesWhatEachCallWould) {
     auto page = GuardedBuffer::Create(*backend_, f.page_bytes / 4);
     ASSERT_TRUE(page.ok() && page->Upload(std::vector<float>(f.page_bytes / 4, 0.f)).ok());
     buffers.push_back(std::move(*page));
-    p.k = buffers[buffers.size() - 3].data();
-    p.v = buffers[buffers.size() - 2].data();
-    p.page = reinterpret_cast<uint8_t*>(buffers.back().data());
+    p.k = buffers[buffers.size() - 3].view();
+    p.v = buffers[buffers.size() - 2].view();
+    p.page = buffers.back().view<uint8_t>();
     items.push_back(p);
   }
   const absl::Status st = backend_->KvQuantizeBatch(items);
@@ -209,13 +210,13 @@ TEST_P(KvQuantizeTest, RejectsWritesOffTheTokenGroup) {
   ASSERT_TRUE(layout.ok());
   std::vector<float> x(64 * 64);
   std::vector<uint8_t> page(f.page_bytes);
-  KvQuantizeParams p{.k = x.data(),
-                     .v = x.data(),
+  KvQuantizeParams p{.k = HostView(x),
+                     .v = HostView(x),
                      .stride = 64,
                      .tokens = 16,
                      .format = f,
                      .layout = *layout,
-                     .page = page.data(),
+                     .page = HostView(page),
                      .slot = 0};
   EXPECT_THAT(backend_->KvQuantize(p).message(), HasSubstr("token group"));
   p.tokens = 32;
@@ -224,6 +225,54 @@ TEST_P(KvQuantizeTest, RejectsWritesOffTheTokenGroup) {
   p.slot = 0;
   p.layout.tokens += 1;  // a layout that is not the format's
   EXPECT_THAT(backend_->KvQuantize(p).message(), HasSubstr("layout"));
+}
+
+// Views that do not cover the op's shapes, or live in memory the backend does not compute in,
+// are refused by name before anything runs.
+TEST_P(KvQuantizeTest, RefusesShortViewsAndViewsInOtherMemory) {
+  const KvTierFormat f = Formats()[0];
+  auto layout = ComputePageLayout(f);
+  ASSERT_TRUE(layout.ok());
+  const int64_t d = f.head_dim, tokens = 8;
+  auto rows = GuardedBuffer::Create(*backend_, tokens * d);
+  auto page = GuardedBuffer::Create(*backend_, f.page_bytes / 4);
+  ASSERT_TRUE(rows.ok() && page.ok());
+  const KvQuantizeParams good{.k = rows->view(),
+                              .v = rows->view(),
+                              .stride = d,
+                              .tokens = tokens,
+                              .format = f,
+                              .layout = *layout,
+                              .page = page->view<uint8_t>()};
+  ASSERT_TRUE(backend_->KvQuantize(good).ok());
+  KvQuantizeParams p = good;
+  p.k.size = (tokens - 1) * d;  // one row short
+  EXPECT_THAT(backend_->KvQuantize(p).message(), HasSubstr("k holds"));
+  p = good;
+  p.page.size = f.page_bytes - 1;
+  EXPECT_THAT(backend_->KvQuantize(p).message(), HasSubstr("page holds"));
+  p = good;
+  p.v.space =
+      backend_->memory_space() == MemorySpace::kHost ? MemorySpace::kDevice : MemorySpace::kHost;
+  EXPECT_THAT(
+      backend_->KvQuantize(p).message(),
+      HasSubstr(absl::StrCat("v is in ", std::string(MemorySpaceName(p.v.space)), " memory")));
+  // Dequantizing back into views too short, or elsewhere.
+  const KvDequantizeParams back{.page = page->view<const uint8_t>(),
+                                .format = f,
+                                .layout = *layout,
+                                .tokens = tokens,
+                                .k = rows->view(),
+                                .v = rows->view()};
+  if (backend_->Supports(Op::kKvDequantize)) {
+    ASSERT_TRUE(backend_->KvDequantize(back).ok());
+    KvDequantizeParams q = back;
+    q.k.size = 1;
+    EXPECT_THAT(backend_->KvDequantize(q).message(), HasSubstr("k holds"));
+    q = back;
+    q.page.space = p.v.space;
+    EXPECT_THAT(backend_->KvDequantize(q).message(), HasSubstr("page is in"));
+  }
 }
 
 SLUICE_INSTANTIATE_OP_TEST(KvQuantizeTest);
@@ -242,13 +291,13 @@ TEST_P(KvDequantizeTest, MatchesReference) {
     const std::vector<uint8_t> page = RefPage(f, *layout, k, v);
     const int64_t slot = static_cast<int64_t>(rng() % n), tokens = 1 + rng() % (n - slot);
     std::vector<float> want_k(tokens * d), want_v(tokens * d);
-    KvDequantizeParams p{.page = page.data(),
+    KvDequantizeParams p{.page = HostView(page),
                          .format = f,
                          .layout = *layout,
                          .slot = slot,
                          .tokens = tokens,
-                         .k = want_k.data(),
-                         .v = want_v.data()};
+                         .k = HostView(want_k),
+                         .v = HostView(want_v)};
     ref::KvDequantize(p);
     auto pb = GuardedBuffer::Create(*backend_, f.page_bytes / 4);
     auto kb = GuardedBuffer::Create(*backend_, want_k.size());
@@ -257,9 +306,9 @@ TEST_P(KvDequantizeTest, MatchesReference) {
     std::vector<float> page_words(f.page_bytes / 4);
     std::memcpy(page_words.data(), page.data(), f.page_bytes);
     ASSERT_TRUE(pb->Upload(page_words).ok());
-    p.page = reinterpret_cast<const uint8_t*>(pb->data());
-    p.k = kb->data();
-    p.v = vb->data();
+    p.page = pb->view<const uint8_t>();
+    p.k = kb->view();
+    p.v = vb->view();
     ASSERT_TRUE(backend_->KvDequantize(p).ok());
     auto got_k = kb->DownloadChecked();
     auto got_v = vb->DownloadChecked();
@@ -283,13 +332,13 @@ TEST(KvQuantRoundTrip, ErrorWithinCodecBound) {
     const std::vector<float> k = KvRows(rng, n, d, true), v = KvRows(rng, n, d, false);
     const std::vector<uint8_t> page = RefPage(f, *layout, k, v);
     std::vector<float> rk(n * d), rv(n * d);
-    ref::KvDequantize({.page = page.data(),
+    ref::KvDequantize({.page = HostView(page),
                        .format = f,
                        .layout = *layout,
                        .slot = 0,
                        .tokens = n,
-                       .k = rk.data(),
-                       .v = rv.data()});
+                       .k = HostView(rk),
+                       .v = HostView(rv)});
     EXPECT_TRUE(testing::RoundTripWithinBound(f.k, f.head_dim, k.data(), rk.data(), n)) << "k";
     EXPECT_TRUE(testing::RoundTripWithinBound(f.v, f.head_dim, v.data(), rv.data(), n)) << "v";
   }
@@ -339,12 +388,12 @@ TEST(KvMoveSlot, MovedTokensDequantizeTheSame) {
     const std::vector<float> k = KvRows(rng, n, d, true), v = KvRows(rng, n, d, false);
     const std::vector<uint8_t> src = RefPage(f, *layout, k, v);
     std::vector<float> want_k(n * d), want_v(n * d);
-    ref::KvDequantize({.page = src.data(),
+    ref::KvDequantize({.page = HostView(src),
                        .format = f,
                        .layout = *layout,
                        .tokens = n,
-                       .k = want_k.data(),
-                       .v = want_v.data()});
+                       .k = HostView(want_k),
+                       .v = HostView(want_v)});
     // Every other slot, in order, to the front of the same page; the rest to another page in
     // reverse.
     std::vector<uint8_t> same = src, other(f.page_bytes, 0);
@@ -358,18 +407,18 @@ TEST(KvMoveSlot, MovedTokensDequantizeTheSame) {
                  static_cast<int64_t>(i));
     }
     std::vector<float> got_k(n * d), got_v(n * d), other_k(n * d), other_v(n * d);
-    ref::KvDequantize({.page = same.data(),
+    ref::KvDequantize({.page = HostView(same),
                        .format = f,
                        .layout = *layout,
                        .tokens = n,
-                       .k = got_k.data(),
-                       .v = got_v.data()});
-    ref::KvDequantize({.page = other.data(),
+                       .k = HostView(got_k),
+                       .v = HostView(got_v)});
+    ref::KvDequantize({.page = HostView(other),
                        .format = f,
                        .layout = *layout,
                        .tokens = static_cast<int64_t>(back.size()),
-                       .k = other_k.data(),
-                       .v = other_v.data()});
+                       .k = HostView(other_k),
+                       .v = HostView(other_v)});
     for (size_t i = 0; i < front.size(); ++i) {
       for (int64_t c = 0; c < d; ++c) {
         ASSERT_EQ(got_k[i * d + c], want_k[front[i] * d + c]) << "front " << i;

@@ -1,6 +1,10 @@
-// Parameter structs for sluice's math ops. Plain data and pointers only, so the same struct
-// reaches the scalar reference, the CPU kernels and the CUDA kernels unchanged. Every pointer
-// carries its shape; pointers live on the device of the backend that runs the op.
+// Parameter structs for sluice's math ops. Plain data, pointers and buffer views only, so the
+// same struct reaches the scalar reference, the CPU kernels and the CUDA kernels unchanged.
+// Every pointer carries its shape; pointers live on the device of the backend that runs the op.
+// A BufferView (kernels/buffer_view.h) also knows its length and its memory: the backend refuses
+// one outside its memory or too short for the op's shapes before any kernel runs. The KV ops
+// (KvQuantize, KvDequantize, KvMoveSlots, BatchPagedAttention) take views; the model's dense
+// ops still take pointers.
 #ifndef SLUICE_KERNELS_OP_PARAMS_H_
 #define SLUICE_KERNELS_OP_PARAMS_H_
 
@@ -116,18 +120,18 @@ struct AttentionParams {
 // Huffman-coded tiers append whole units after the page's `slot` slots already written, as many
 // as the page has room for, and report how many tokens that was in *tokens_written.
 struct KvQuantizeParams {
-  const float* k = nullptr;  // [tokens, stride]: the head's head_dim values open each row
-  const float* v = nullptr;  // [tokens, stride]
-  int64_t stride = 0;        // floats from one token's row to the next, >= head_dim
+  BufferView<const float> k;  // [tokens, stride]: the head's head_dim values open each row
+  BufferView<const float> v;  // [tokens, stride]
+  int64_t stride = 0;         // floats from one token's row to the next, >= head_dim
   int64_t tokens = 0;
-  const float* scores = nullptr;       // [tokens] or null (0 is stored); used with token_meta
-  const int32_t* positions = nullptr;  // [tokens] or null (-1 is stored); used with token_meta
+  BufferView<const float> scores;       // [tokens] or empty (0 is stored); used with token_meta
+  BufferView<const int32_t> positions;  // [tokens] or empty (-1 is stored); used with token_meta
   KvTierFormat format;
-  KvPageLayout layout;      // ComputePageLayout(format)
-  uint8_t* page = nullptr;  // [format.page_bytes]
+  KvPageLayout layout;       // ComputePageLayout(format)
+  BufferView<uint8_t> page;  // [format.page_bytes]
   int64_t slot = 0;
   KvCodebooks codebooks;              // Huffman-coded tiers only
-  int64_t* tokens_written = nullptr;  // Huffman-coded tiers only
+  int64_t* tokens_written = nullptr;  // Huffman-coded tiers only; host memory
 };
 
 // One move of KvMoveSlots: `slots` consecutive slots of pool page src_page, from src_slot on,
@@ -147,8 +151,8 @@ struct KvSlotMove {
 // written by one move and read or written by another.
 struct KvMoveSlotsParams {
   KvTierFormat format;
-  KvPageLayout layout;      // ComputePageLayout(format)
-  uint8_t* pool = nullptr;  // [pages * page_bytes], the backend's memory
+  KvPageLayout layout;       // ComputePageLayout(format)
+  BufferView<uint8_t> pool;  // [pages * page_bytes]
   int64_t pages = 0;
   int64_t page_bytes = 0;             // >= format.page_bytes
   const KvSlotMove* moves = nullptr;  // [count], host memory
@@ -158,13 +162,13 @@ struct KvMoveSlotsParams {
 // Expands slots [slot, slot + tokens) of a page back to fp32 (tests, checks and tools; the
 // attention kernels decode in registers instead).
 struct KvDequantizeParams {
-  const uint8_t* page = nullptr;  // [format.page_bytes]
+  BufferView<const uint8_t> page;  // [format.page_bytes]
   KvTierFormat format;
   KvPageLayout layout;
   int64_t slot = 0;
   int64_t tokens = 0;
-  float* k = nullptr;     // [tokens, head_dim]
-  float* v = nullptr;     // [tokens, head_dim]
+  BufferView<float> k;    // [tokens, head_dim]
+  BufferView<float> v;    // [tokens, head_dim]
   KvCodebooks codebooks;  // Huffman-coded tiers only
 };
 

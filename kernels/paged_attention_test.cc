@@ -82,13 +82,13 @@ absl::StatusOr<std::vector<uint8_t>> RandomPage(std::mt19937_64& rng, const KvTi
     if (!written.ok()) return written.status();
     n = *written;
   } else {
-    ref::KvQuantize({.k = k.data(),
-                     .v = v.data(),
+    ref::KvQuantize({.k = HostView(k),
+                     .v = HostView(v),
                      .stride = d,
                      .tokens = n,
                      .format = f,
                      .layout = l,
-                     .page = bytes.data()});
+                     .page = HostView(bytes)});
   }
   uint64_t* valid = reinterpret_cast<uint64_t*>(bytes.data() + l.valid);
   for (int64_t s = 0; s < n; ++s) {

@@ -82,6 +82,12 @@ T* As(const DeviceMemory& m) {
 }
 
 // Median time in microseconds of `reps` runs of `fn` (after two warm-up runs), by CUDA events.
+// `size` elements of device memory at `data`, as the KV launchers take them.
+template <typename T>
+kernels::BufferView<T> DeviceView(T* data, int64_t size) {
+  return {.data = data, .size = size, .space = kernels::MemorySpace::kDevice};
+}
+
 template <typename Fn>
 absl::StatusOr<double> TimeMedianUs(cudaStream_t stream, int reps, Fn fn) {
   for (int i = 0; i < 2; ++i) SLUICE_RETURN_IF_ERROR(fn());
@@ -190,16 +196,16 @@ absl::Status FillCodedPool(PagePool& pool, const Rows& rows, cudaStream_t stream
   SLUICE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(As<void>(unit_pages), 0, units * unit_bytes, stream));
   for (int64_t i = 0; i < units; ++i) {
     const int64_t t0 = (i * 7 * u) % (rows.tokens - u);
-    SLUICE_CUDA_RETURN_IF_ERROR(
-        kc::LaunchKvQuantize({.k = As<float>(rows.k) + t0 * d,
-                              .v = As<float>(rows.v) + t0 * d,
-                              .stride = d,
-                              .tokens = u,
-                              .format = tier.unit_format,
-                              .layout = tier.unit_layout,
-                              .page = As<uint8_t>(unit_pages) + i * unit_bytes,
-                              .slot = 0},
-                             stream));
+    SLUICE_CUDA_RETURN_IF_ERROR(kc::LaunchKvQuantize(
+        {.k = DeviceView(As<float>(rows.k) + t0 * d, (rows.tokens - t0) * d),
+         .v = DeviceView(As<float>(rows.v) + t0 * d, (rows.tokens - t0) * d),
+         .stride = d,
+         .tokens = u,
+         .format = tier.unit_format,
+         .layout = tier.unit_layout,
+         .page = DeviceView(As<uint8_t>(unit_pages) + i * unit_bytes, unit_bytes),
+         .slot = 0},
+        stream));
   }
   std::vector<kc::HuffmanEncodeJob> jobs(pool.pages);
   for (int64_t p = 0; p < pool.pages; ++p) {
@@ -294,16 +300,16 @@ absl::StatusOr<PagePool> MakePool(const KvTierFormat& format, int64_t pages, con
   const int64_t n = pool.layout.tokens, d = format.head_dim;
   for (int64_t p = 0; p < pages; ++p) {
     const int64_t t0 = (p * 13) % (rows.tokens - n);
-    SLUICE_CUDA_RETURN_IF_ERROR(
-        kc::LaunchKvQuantize({.k = As<float>(rows.k) + t0 * d,
-                              .v = As<float>(rows.v) + t0 * d,
-                              .stride = d,
-                              .tokens = n,
-                              .format = format,
-                              .layout = pool.layout,
-                              .page = As<uint8_t>(pool.arena) + p * format.page_bytes,
-                              .slot = 0},
-                             stream));
+    SLUICE_CUDA_RETURN_IF_ERROR(kc::LaunchKvQuantize(
+        {.k = DeviceView(As<float>(rows.k) + t0 * d, (rows.tokens - t0) * d),
+         .v = DeviceView(As<float>(rows.v) + t0 * d, (rows.tokens - t0) * d),
+         .stride = d,
+         .tokens = n,
+         .format = format,
+         .layout = pool.layout,
+         .page = DeviceView(As<uint8_t>(pool.arena) + p * format.page_bytes, format.page_bytes),
+         .slot = 0},
+        stream));
   }
   SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   pool.slots.assign(pages, static_cast<int32_t>(n));

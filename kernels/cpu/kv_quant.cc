@@ -53,11 +53,11 @@ void KvQuantize(const KvQuantizeParams& p, Isa isa) {
                                                 : kq_scalar::QuantizeSegment;
   const KvTierFormat& f = p.format;
   const KvPageLayout& l = p.layout;
-  segment(f.k, f.head_dim, l.k_tile, p.k, p.stride, p.tokens, p.page, l.k_codes, l.k_meta, p.slot,
-          l.tokens);
-  segment(f.v, f.head_dim, 1, p.v, p.stride, p.tokens, p.page, l.v_codes, l.v_meta, p.slot,
-          l.tokens);
-  KvWriteTokenMeta(f, l, p.page, p.slot, p.tokens, p.scores, p.positions);
+  segment(f.k, f.head_dim, l.k_tile, p.k.data, p.stride, p.tokens, p.page.data, l.k_codes, l.k_meta,
+          p.slot, l.tokens);
+  segment(f.v, f.head_dim, 1, p.v.data, p.stride, p.tokens, p.page.data, l.v_codes, l.v_meta,
+          p.slot, l.tokens);
+  KvWriteTokenMeta(f, l, p.page.data, p.slot, p.tokens, p.scores.data, p.positions.data);
 }
 
 }  // namespace sluice::kernels::cpu

@@ -438,10 +438,10 @@ void KvDequantize(const KvDequantizeParams& p, Isa isa) {
   const KvPageLayout& l = p.layout;
   const int d = f.head_dim;
   for (int64_t t = 0; t < p.tokens; ++t) {
-    decode(f.k, d, l.k_tile, p.page, l.k_codes, l.k_row_bytes, l.k_meta, p.slot + t, l.tokens,
-           Fp8Lut(), p.k + t * d);
-    decode(f.v, d, 1, p.page, l.v_codes, l.v_row_bytes, l.v_meta, p.slot + t, l.tokens, Fp8Lut(),
-           p.v + t * d);
+    decode(f.k, d, l.k_tile, p.page.data, l.k_codes, l.k_row_bytes, l.k_meta, p.slot + t, l.tokens,
+           Fp8Lut(), p.k.data + t * d);
+    decode(f.v, d, 1, p.page.data, l.v_codes, l.v_row_bytes, l.v_meta, p.slot + t, l.tokens,
+           Fp8Lut(), p.v.data + t * d);
   }
 }
 

@@ -172,7 +172,7 @@ absl::Status CudaBackend::DoKvMoveSlots(const KvMoveSlotsParams& p) {
   SLUICE_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(device_moves, moves.data(), bytes, cudaMemcpyHostToDevice, impl_->stream));
   const kernels::cuda::SparseCopyParams copy{
-      .arena = p.pool,
+      .arena = p.pool.data,
       .page_bytes = p.page_bytes,
       .layout = kernels::cuda::SlotCopyLayoutOf(p.format, p.layout),
       .moves = static_cast<const kernels::cuda::DeviceSlotMove*>(device_moves),

@@ -111,15 +111,13 @@ void CheckBatch(const Case& c, std::mt19937_64& rng, uint64_t seed,
           ASSERT_TRUE(written.ok()) << written.status();
           slots = *written;
         } else {
-          ref::KvQuantize({.k = k.data(),
-                           .v = v.data(),
+          ref::KvQuantize({.k = HostView(k),
+                           .v = HostView(v),
                            .stride = c.d,
                            .tokens = slots,
-                           .scores = nullptr,
-                           .positions = nullptr,
                            .format = f,
                            .layout = l,
-                           .page = bytes.data()});
+                           .page = HostView(bytes)});
         }
         uint64_t* valid = reinterpret_cast<uint64_t*>(bytes.data() + l.valid);
         for (int64_t s = 0; s < slots; ++s) {

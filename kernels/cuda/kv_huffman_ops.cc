@@ -57,22 +57,24 @@ absl::Status KvQuantizeHuffman(const KvQuantizeParams& p, cudaStream_t stream) {
   uint8_t* unit_pages = scratch.data();
   SLUICE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit_pages, 0, units * unit_bytes, stream));
   for (int64_t i = 0; i < units; ++i) {
-    SLUICE_CUDA_RETURN_IF_ERROR(LaunchKvQuantize({.k = p.k + i * u * p.stride,
-                                                  .v = p.v + i * u * p.stride,
+    SLUICE_CUDA_RETURN_IF_ERROR(LaunchKvQuantize({.k = p.k.subview(i * u * p.stride),
+                                                  .v = p.v.subview(i * u * p.stride),
                                                   .stride = p.stride,
                                                   .tokens = u,
                                                   .format = t.unit_format,
                                                   .layout = t.unit_layout,
-                                                  .page = unit_pages + i * unit_bytes,
+                                                  .page = {.data = unit_pages + i * unit_bytes,
+                                                           .size = unit_bytes,
+                                                           .space = MemorySpace::kDevice},
                                                   .slot = 0},
                                                  stream));
   }
-  const HuffmanEncodeJob job{.page = p.page,
+  const HuffmanEncodeJob job{.page = p.page.data,
                              .units = unit_pages,
                              .first_unit = static_cast<int32_t>(p.slot / u),
                              .units_count = static_cast<int32_t>(units),
-                             .scores = p.scores,
-                             .positions = p.positions,
+                             .scores = p.scores.data,
+                             .positions = p.positions.data,
                              .tokens_written = written.data()};
   SLUICE_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(job_memory.data(), &job, sizeof(job), cudaMemcpyHostToDevice, stream));
@@ -96,7 +98,7 @@ absl::Status KvDequantizeHuffman(const KvDequantizeParams& p, cudaStream_t strea
   SLUICE_ASSIGN_OR_RETURN(auto job_memory, DeviceArray<HuffmanDecodeJob>::Create(units));
   std::vector<HuffmanDecodeJob> jobs(units);
   for (int64_t i = 0; i < units; ++i) {
-    jobs[i] = {.page = p.page,
+    jobs[i] = {.page = p.page.data,
                .unit = static_cast<int32_t>(u0 + i),
                .out = scratch.data() + i * unit_bytes};
   }
@@ -111,13 +113,15 @@ absl::Status KvDequantizeHuffman(const KvDequantizeParams& p, cudaStream_t strea
     const int64_t n = std::min(u - first, p.slot + p.tokens - s);
     const int64_t at = s - p.slot;
     SLUICE_CUDA_RETURN_IF_ERROR(
-        LaunchKvDequantize({.page = scratch.data() + (index - u0) * unit_bytes,
+        LaunchKvDequantize({.page = {.data = scratch.data() + (index - u0) * unit_bytes,
+                                     .size = unit_bytes,
+                                     .space = MemorySpace::kDevice},
                             .format = t.unit_format,
                             .layout = t.unit_layout,
                             .slot = first,
                             .tokens = n,
-                            .k = p.k + at * d,
-                            .v = p.v + at * d},
+                            .k = p.k.subview(at * d),
+                            .v = p.v.subview(at * d)},
                            stream));
     s += n;
   }

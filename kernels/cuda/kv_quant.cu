@@ -158,10 +158,12 @@ __global__ void TokenMetaKernel(KvQuantizeParams p) {
   if (t >= p.tokens) return;
   const int64_t s = p.slot + t;
   if (p.format.token_meta) {
-    reinterpret_cast<float*>(p.page + p.layout.scores)[s] = p.scores ? p.scores[t] : 0.f;
-    reinterpret_cast<int32_t*>(p.page + p.layout.positions)[s] = p.positions ? p.positions[t] : -1;
+    const float* scores = p.scores.data;
+    const int32_t* positions = p.positions.data;
+    reinterpret_cast<float*>(p.page.data + p.layout.scores)[s] = scores ? scores[t] : 0.f;
+    reinterpret_cast<int32_t*>(p.page.data + p.layout.positions)[s] = positions ? positions[t] : -1;
   }
-  atomicOr(reinterpret_cast<unsigned long long*>(p.page + p.layout.valid) + s / 64,
+  atomicOr(reinterpret_cast<unsigned long long*>(p.page.data + p.layout.valid) + s / 64,
            1ull << (s % 64));
 }
 
@@ -223,12 +225,12 @@ cudaError_t QuantizeSegment(const KvQuantSpec& spec, int d, int tile, const floa
 cudaError_t LaunchKvQuantize(const KvQuantizeParams& p, cudaStream_t stream) {
   const KvTierFormat& f = p.format;
   const KvPageLayout& l = p.layout;
-  if (cudaError_t e = QuantizeSegment(f.k, f.head_dim, l.k_tile, p.k, p.stride, p.tokens, p.page,
-                                      l.k_codes, l.k_meta, p.slot, l.tokens, stream);
+  if (cudaError_t e = QuantizeSegment(f.k, f.head_dim, l.k_tile, p.k.data, p.stride, p.tokens,
+                                      p.page.data, l.k_codes, l.k_meta, p.slot, l.tokens, stream);
       e != cudaSuccess) {
     return e;
   }
-  if (cudaError_t e = QuantizeSegment(f.v, f.head_dim, 1, p.v, p.stride, p.tokens, p.page,
+  if (cudaError_t e = QuantizeSegment(f.v, f.head_dim, 1, p.v.data, p.stride, p.tokens, p.page.data,
                                       l.v_codes, l.v_meta, p.slot, l.tokens, stream);
       e != cudaSuccess) {
     return e;
@@ -242,9 +244,10 @@ cudaError_t LaunchKvDequantize(const KvDequantizeParams& p, cudaStream_t stream)
   const KvPageLayout& l = p.layout;
   const int64_t work = p.tokens * f.head_dim;
   SLUICE_LAUNCH(Blocks(work), kThreads, 0, stream, DequantizeKernel)
-  (f.k, f.head_dim, l.k_tile, p.page, l.k_codes, l.k_meta, p.slot, p.tokens, l.tokens, p.k);
+  (f.k, f.head_dim, l.k_tile, p.page.data, l.k_codes, l.k_meta, p.slot, p.tokens, l.tokens,
+   p.k.data);
   SLUICE_LAUNCH(Blocks(work), kThreads, 0, stream, DequantizeKernel)
-  (f.v, f.head_dim, 1, p.page, l.v_codes, l.v_meta, p.slot, p.tokens, l.tokens, p.v);
+  (f.v, f.head_dim, 1, p.page.data, l.v_codes, l.v_meta, p.slot, p.tokens, l.tokens, p.v.data);
   return cudaGetLastError();
 }
 

@@ -173,11 +173,11 @@ Fp8GroupParams MakeFp8GroupParams(float amax) {
 void KvQuantize(const KvQuantizeParams& p) {
   const KvTierFormat& f = p.format;
   const KvPageLayout& l = p.layout;
-  QuantizeSegment(f.k, f.head_dim, l.k_tile, p.k, p.stride, p.tokens, p.page, l.k_codes, l.k_meta,
-                  p.slot, l.tokens);
-  QuantizeSegment(f.v, f.head_dim, 1, p.v, p.stride, p.tokens, p.page, l.v_codes, l.v_meta, p.slot,
-                  l.tokens);
-  KvWriteTokenMeta(f, l, p.page, p.slot, p.tokens, p.scores, p.positions);
+  QuantizeSegment(f.k, f.head_dim, l.k_tile, p.k.data, p.stride, p.tokens, p.page.data, l.k_codes,
+                  l.k_meta, p.slot, l.tokens);
+  QuantizeSegment(f.v, f.head_dim, 1, p.v.data, p.stride, p.tokens, p.page.data, l.v_codes,
+                  l.v_meta, p.slot, l.tokens);
+  KvWriteTokenMeta(f, l, p.page.data, p.slot, p.tokens, p.scores.data, p.positions.data);
 }
 
 absl::Status KvDequantizeAny(const KvDequantizeParams& p) {
@@ -189,10 +189,10 @@ absl::Status KvDequantizeAny(const KvDequantizeParams& p) {
 void KvDequantize(const KvDequantizeParams& p) {
   const KvTierFormat& f = p.format;
   const KvPageLayout& l = p.layout;
-  DequantizeSegment(f.k, f.head_dim, l.k_tile, p.page, l.k_codes, l.k_meta, p.slot, p.tokens,
-                    l.tokens, p.k);
-  DequantizeSegment(f.v, f.head_dim, 1, p.page, l.v_codes, l.v_meta, p.slot, p.tokens, l.tokens,
-                    p.v);
+  DequantizeSegment(f.k, f.head_dim, l.k_tile, p.page.data, l.k_codes, l.k_meta, p.slot, p.tokens,
+                    l.tokens, p.k.data);
+  DequantizeSegment(f.v, f.head_dim, 1, p.page.data, l.v_codes, l.v_meta, p.slot, p.tokens,
+                    l.tokens, p.v.data);
 }
 
 }  // namespace sluice::kernels::ref

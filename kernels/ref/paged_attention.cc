@@ -22,13 +22,13 @@ absl::Status PagedAttention(const PagedAttentionParams& p) {
       const KvPageRef& page = p.pages[i];
       const KvPageLayout& l = p.layouts[page.tier];
       std::vector<float> pk(page.slots * d), pv(page.slots * d);
-      KvDequantizeParams dq{.page = page.data,
+      KvDequantizeParams dq{.page = HostView(page.data, p.formats[page.tier].page_bytes),
                             .format = p.formats[page.tier],
                             .layout = l,
                             .slot = 0,
                             .tokens = page.slots,
-                            .k = pk.data(),
-                            .v = pv.data()};
+                            .k = HostView(pk),
+                            .v = HostView(pv)};
       if (p.codebooks != nullptr) dq.codebooks = p.codebooks[page.tier];
       if (absl::Status st = KvDequantizeAny(dq); !st.ok()) return st;
       const uint64_t* valid = reinterpret_cast<const uint64_t*>(page.data + l.valid);

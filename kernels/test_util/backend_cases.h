@@ -49,6 +49,14 @@ class GuardedBuffer {
   static absl::StatusOr<GuardedBuffer> Create(Backend& backend, size_t n);
 
   float* data() const { return buffer_.as<float>(); }
+  // The n values (not the guard elements) as elements of T, in the backend's memory.
+  template <typename T = float>
+  BufferView<T> view() const {
+    const BufferView<T> all = buffer_.view<T>();
+    return {.data = all.data,
+            .size = static_cast<int64_t>(n_ * sizeof(float) / sizeof(T)),
+            .space = all.space};
+  }
   absl::Status Upload(const std::vector<float>& values);
   // Reads the `n` values back; fails if any guard element was overwritten.
   absl::StatusOr<std::vector<float>> DownloadChecked() const;

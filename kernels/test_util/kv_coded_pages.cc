@@ -15,13 +15,13 @@ absl::StatusOr<std::unique_ptr<OwnedCodebooks>> CodebooksFromRows(const KvTierFo
   std::vector<uint64_t> kh(KvMaxCode(format.k) + 1), vh(KvMaxCode(format.v) + 1);
   std::vector<uint8_t> unit(ul.bytes_used);
   for (int64_t t0 = 0; t0 + u <= n; t0 += u) {
-    ref::KvQuantize({.k = k + t0 * d,
-                     .v = v + t0 * d,
+    ref::KvQuantize({.k = HostView(k + t0 * d, u * d),
+                     .v = HostView(v + t0 * d, u * d),
                      .stride = d,
                      .tokens = u,
                      .format = tier.unit_format,
                      .layout = ul,
-                     .page = unit.data()});
+                     .page = HostView(unit)});
     for (int64_t i = 0; i < u * d; ++i) {
       kh[unit[ul.k_codes + i]]++;
       vh[unit[ul.v_codes + i]]++;
@@ -38,13 +38,13 @@ absl::StatusOr<int64_t> RefCodedWrite(const KvTierFormat& format, const KvCodebo
                                       uint8_t* page) {
   SLUICE_ASSIGN_OR_RETURN(const KvPageLayout layout, ComputePageLayout(format));
   int64_t written = 0;
-  SLUICE_RETURN_IF_ERROR(KvQuantizeHuffman({.k = k,
-                                            .v = v,
+  SLUICE_RETURN_IF_ERROR(KvQuantizeHuffman({.k = HostView(k, n * format.head_dim),
+                                            .v = HostView(v, n * format.head_dim),
                                             .stride = format.head_dim,
                                             .tokens = n,
                                             .format = format,
                                             .layout = layout,
-                                            .page = page,
+                                            .page = HostView(page, format.page_bytes),
                                             .slot = slot,
                                             .codebooks = codebooks,
                                             .tokens_written = &written},

@@ -26,13 +26,15 @@ absl::StatusOr<KvCodebookPair> BuildKvCodebooks(kernels::Backend& backend,
   std::vector<uint8_t> page(fixed.page_bytes);
   for (int64_t t0 = 0; t0 + fl.token_group <= tokens; t0 += fl.tokens) {
     const int64_t n = std::min<int64_t>(fl.tokens, (tokens - t0) / fl.token_group * fl.token_group);
-    SLUICE_RETURN_IF_ERROR(backend.KvQuantize({.k = k + t0 * stride,
-                                               .v = v + t0 * stride,
+    // Host memory: Huffman-coded pages are built on host backends only.
+    const int64_t span = (n - 1) * stride + d;
+    SLUICE_RETURN_IF_ERROR(backend.KvQuantize({.k = kernels::HostView(k + t0 * stride, span),
+                                               .v = kernels::HostView(v + t0 * stride, span),
                                                .stride = stride,
                                                .tokens = n,
                                                .format = fixed,
                                                .layout = fl,
-                                               .page = page.data()}));
+                                               .page = kernels::HostView(page)}));
     for (int64_t i = 0; i < n * d; ++i) {
       k_hist[page[fl.k_codes + i]]++;
       v_hist[page[fl.v_codes + i]]++;

@@ -26,6 +26,7 @@
 namespace sluice::kvstore {
 namespace {
 
+using kernels::HostView;
 using kernels::KvCodec;
 using kernels::KvGrouping;
 using kernels::KvQuantSpec;
@@ -114,8 +115,11 @@ TEST(KvQuantRealKv, SmolLM2KeysAndValuesStayWithinBounds) {
           const int64_t n =
               std::min(per_page, (kTokens - t0) / layout->token_group * layout->token_group);
           const int64_t stride = c.kv_heads * d;
-          const float* k = rec.k(layer).data() + t0 * stride + h * d;
-          const float* v = rec.v(layer).data() + t0 * stride + h * d;
+          const int64_t span = (n - 1) * stride + d;
+          const kernels::BufferView<const float> k =
+              HostView(rec.k(layer).data() + t0 * stride + h * d, span);
+          const kernels::BufferView<const float> v =
+              HostView(rec.v(layer).data() + t0 * stride + h * d, span);
           std::vector<uint8_t> page(f.page_bytes, 0), want(f.page_bytes, 0);
           kernels::KvQuantizeParams p{.k = k,
                                       .v = v,
@@ -123,25 +127,25 @@ TEST(KvQuantRealKv, SmolLM2KeysAndValuesStayWithinBounds) {
                                       .tokens = n,
                                       .format = f,
                                       .layout = *layout,
-                                      .page = page.data()};
+                                      .page = HostView(page)};
           ASSERT_TRUE((*cpu)->KvQuantize(p).ok());
-          p.page = want.data();
+          p.page = HostView(want);
           kernels::ref::KvQuantize(p);
           ASSERT_EQ(page, want) << "layer " << layer << " head " << h << " token " << t0;
           std::vector<float> rk(n * d), rv(n * d), xk(n * d), xv(n * d);
           ASSERT_TRUE((*cpu)
-                          ->KvDequantize({.page = page.data(),
+                          ->KvDequantize({.page = HostView(page),
                                           .format = f,
                                           .layout = *layout,
                                           .slot = 0,
                                           .tokens = n,
-                                          .k = rk.data(),
-                                          .v = rv.data()})
+                                          .k = HostView(rk),
+                                          .v = HostView(rv)})
                           .ok());
           for (int64_t t = 0; t < n; ++t) {
             for (int j = 0; j < d; ++j) {
-              xk[t * d + j] = k[t * stride + j];
-              xv[t * d + j] = v[t * stride + j];
+              xk[t * d + j] = k.data[t * stride + j];
+              xv[t * d + j] = v.data[t * stride + j];
             }
           }
           ASSERT_TRUE(kernels::testing::RoundTripWithinBound(f.k, d, xk.data(), rk.data(), n))
@@ -193,28 +197,28 @@ TEST(KvQuantRealKv, SmolLM2KeysAndValuesStayWithinBounds) {
           std::vector<uint8_t> page(f.page_bytes, 0);
           int64_t n = 0;
           ASSERT_TRUE((*cpu)
-                          ->KvQuantize({.k = xk.data() + t0 * d,
-                                        .v = xv.data() + t0 * d,
+                          ->KvQuantize({.k = HostView(xk).subview(t0 * d),
+                                        .v = HostView(xv).subview(t0 * d),
                                         .stride = d,
                                         .tokens = std::min<int64_t>(layout->tokens, kTokens - t0),
                                         .format = f,
                                         .layout = *layout,
-                                        .page = page.data(),
+                                        .page = HostView(page),
                                         .codebooks = view,
                                         .tokens_written = &n})
                           .ok());
           ASSERT_GT(n, 0);
           std::vector<float> rk(n * d), rv(n * d), wk(n * d), wv(n * d);
-          kernels::KvDequantizeParams dq{.page = page.data(),
+          kernels::KvDequantizeParams dq{.page = HostView(page),
                                          .format = f,
                                          .layout = *layout,
                                          .tokens = n,
-                                         .k = rk.data(),
-                                         .v = rv.data(),
+                                         .k = HostView(rk),
+                                         .v = HostView(rv),
                                          .codebooks = view};
           ASSERT_TRUE((*cpu)->KvDequantize(dq).ok());
-          dq.k = wk.data();
-          dq.v = wv.data();
+          dq.k = HostView(wk);
+          dq.v = HostView(wv);
           ASSERT_TRUE(kernels::ref::KvDequantizeAny(dq).ok());
           ASSERT_EQ(rk, wk) << "layer " << layer << " head " << h;
           ASSERT_EQ(rv, wv) << "layer " << layer << " head " << h;
@@ -229,21 +233,21 @@ TEST(KvQuantRealKv, SmolLM2KeysAndValuesStayWithinBounds) {
             for (int64_t done = 0; done < n; done += fl->tokens) {
               const int64_t m = std::min<int64_t>(fl->tokens, n - done);
               ASSERT_TRUE((*cpu)
-                              ->KvQuantize({.k = xk.data() + (t0 + done) * d,
-                                            .v = xv.data() + (t0 + done) * d,
+                              ->KvQuantize({.k = HostView(xk).subview((t0 + done) * d),
+                                            .v = HostView(xv).subview((t0 + done) * d),
                                             .stride = d,
                                             .tokens = m,
                                             .format = fixed->high,
                                             .layout = *fl,
-                                            .page = fp.data()})
+                                            .page = HostView(fp)})
                               .ok());
               ASSERT_TRUE((*cpu)
-                              ->KvDequantize({.page = fp.data(),
+                              ->KvDequantize({.page = HostView(fp),
                                               .format = fixed->high,
                                               .layout = *fl,
                                               .tokens = m,
-                                              .k = fk.data() + done * d,
-                                              .v = fv.data() + done * d})
+                                              .k = HostView(fk).subview(done * d),
+                                              .v = HostView(fv).subview(done * d)})
                               .ok());
             }
             ASSERT_EQ(rk, fk) << same_as << " keys, layer " << layer << " head " << h;

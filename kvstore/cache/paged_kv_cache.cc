@@ -858,8 +858,8 @@ absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush, const TierChoice* c
     const int64_t n = static_cast<int64_t>(rows[i].size());
     if (n == 0) continue;
     const int64_t padded = (n + group - 1) / group * group;
-    const float* src_k = s.k[layer].data() + h * d;
-    const float* src_v = s.v[layer].data() + h * d;
+    kernels::BufferView<const float> src_k = s.k[layer].view().subview(h * d);
+    kernels::BufferView<const float> src_v = s.v[layer].view().subview(h * d);
     int64_t stride = row_;
     if (n < flush) {
       // The rows this list keeps, gathered on the backend (kept until the batch is quantized).
@@ -871,14 +871,16 @@ absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush, const TierChoice* c
       gather.reserve(padded * 2);
       for (int64_t r = 0; r < padded; ++r) {
         const int64_t from = rows[i][std::min(r, n - 1)];
-        gather.push_back(
-            {.dst = k.as<float>() + r * d, .src = src_k + from * row_, .bytes = d * sizeof(float)});
-        gather.push_back(
-            {.dst = v.as<float>() + r * d, .src = src_v + from * row_, .bytes = d * sizeof(float)});
+        gather.push_back({.dst = k.as<float>() + r * d,
+                          .src = src_k.data + from * row_,
+                          .bytes = d * sizeof(float)});
+        gather.push_back({.dst = v.as<float>() + r * d,
+                          .src = src_v.data + from * row_,
+                          .bytes = d * sizeof(float)});
       }
       SLUICE_RETURN_IF_ERROR(backend_.CopyOnDevice(gather));
-      src_k = k.as<float>();
-      src_v = v.as<float>();
+      src_k = k.view<const float>();
+      src_v = v.view<const float>();
       stride = d;
       batch->rows.push_back(std::move(k));
       batch->rows.push_back(std::move(v));
@@ -901,9 +903,10 @@ absl::Status PagedKvCache::FlushFixed(Seq& s, int64_t flush, const TierChoice* c
   return absl::OkStatus();
 }
 
-absl::Status PagedKvCache::WriteRows(HeadPages& hp, int t, const float* k, const float* v,
-                                     int64_t stride, int64_t n, const std::vector<PageId>& fresh,
-                                     int64_t* next, QuantizeBatch* batch) {
+absl::Status PagedKvCache::WriteRows(HeadPages& hp, int t, kernels::BufferView<const float> k,
+                                     kernels::BufferView<const float> v, int64_t stride, int64_t n,
+                                     const std::vector<PageId>& fresh, int64_t* next,
+                                     QuantizeBatch* batch) {
   const kernels::KvPageLayout& layout = layouts_[t];
   TierPages& tp = hp.tier[t];
   for (int64_t t0 = 0; t0 < n;) {
@@ -916,13 +919,13 @@ absl::Status PagedKvCache::WriteRows(HeadPages& hp, int t, const float* k, const
       tp.last_closed = false;
     }
     const int64_t chunk = std::min<int64_t>(n - t0, layout.tokens - tp.slots.back());
-    batch->items.push_back({.k = k + t0 * stride,
-                            .v = v + t0 * stride,
+    batch->items.push_back({.k = k.subview(t0 * stride),
+                            .v = v.subview(t0 * stride),
                             .stride = stride,
                             .tokens = chunk,
                             .format = formats_[t],
                             .layout = layout,
-                            .page = pool_->data(hp.page(t, hp.count(t) - 1)),
+                            .page = PageView(hp.page(t, hp.count(t) - 1)),
                             .slot = tp.slots.back()});
     MirrorWritten(hp.page(t, hp.count(t) - 1), t, tp.slots.back(), chunk);
     tp.slots.back() += static_cast<int32_t>(chunk);
@@ -1019,13 +1022,13 @@ absl::Status PagedKvCache::FlushCoded(Seq& s, int64_t flush) {
       written[i] = 0;
       want[i] = std::min<int64_t>(flush - done[i], layout_.tokens - tp.slots.back());
       round.push_back(i);
-      items.push_back({.k = s.k[layer].data() + done[i] * row_ + h * options_.head_dim,
-                       .v = s.v[layer].data() + done[i] * row_ + h * options_.head_dim,
+      items.push_back({.k = s.k[layer].view().subview(done[i] * row_ + h * options_.head_dim),
+                       .v = s.v[layer].view().subview(done[i] * row_ + h * options_.head_dim),
                        .stride = row_,
                        .tokens = want[i],
                        .format = options_.preset.high,
                        .layout = layout_,
-                       .page = pool_->data(hp.table.high(hp.table.high_count() - 1)),
+                       .page = PageView(hp.table.high(hp.table.high_count() - 1)),
                        .slot = tp.slots.back(),
                        .codebooks = Codebooks(layer),
                        .tokens_written = &written[i]});
@@ -1184,9 +1187,9 @@ absl::Status PagedKvCache::Demote(HeadPages& hp, int64_t position, int32_t page,
     SLUICE_ASSIGN_OR_RETURN(demote_rows_,
                             kernels::DeviceBuffer::Create(backend_, 2 * d * sizeof(float)));
   }
-  float* k = demote_rows_.as<float>();
-  float* v = k + d;
-  SLUICE_RETURN_IF_ERROR(backend_.KvDequantize({.page = pool_->data(hp.page(0, page)),
+  const kernels::BufferView<float> k = demote_rows_.view<float>();
+  const kernels::BufferView<float> v = k.subview(d);
+  SLUICE_RETURN_IF_ERROR(backend_.KvDequantize({.page = PageView(hp.page(0, page)),
                                                 .format = formats_[0],
                                                 .layout = layouts_[0],
                                                 .slot = slot,

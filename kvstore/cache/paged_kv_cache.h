@@ -204,6 +204,10 @@ class PagedKvCache final : public model::KvCache {
   kernels::KvCodebooks Codebooks(int layer) const;
   // The page pool as the backend sees it.
   kernels::BufferView<const uint8_t> PoolView() const;
+  // Page `id` of the pool, in the backend's memory.
+  kernels::BufferView<uint8_t> PageView(PageId id) const {
+    return {.data = pool_->data(id), .size = pool_->page_bytes(), .space = backend_.memory_space()};
+  }
   const KvPreset& preset() const { return options_.preset; }
   // The preset's token policy (kvstore/policy/): which tokens stay, and in which tier.
   const policy::TokenPolicy& policy() const { return *policy_; }
@@ -306,9 +310,9 @@ class PagedKvCache final : public model::KvCache {
   // Places n rows (row r at k + r * stride) in tier t of `hp` after its written slots, taking
   // fresh pages from `fresh` (advancing *next) when the last one is full; their quantization
   // goes to `batch`.
-  absl::Status WriteRows(HeadPages& hp, int t, const float* k, const float* v, int64_t stride,
-                         int64_t n, const std::vector<PageId>& fresh, int64_t* next,
-                         QuantizeBatch* batch);
+  absl::Status WriteRows(HeadPages& hp, int t, kernels::BufferView<const float> k,
+                         kernels::BufferView<const float> v, int64_t stride, int64_t n,
+                         const std::vector<PageId>& fresh, int64_t* next, QuantizeBatch* batch);
   // Evicts committed `positions` of one list (checked against s.length): paged ones at once,
   // window ones into hp.pending.
   absl::Status EvictList(int64_t seq, Seq& s, HeadPages& hp, absl::Span<const int64_t> positions);

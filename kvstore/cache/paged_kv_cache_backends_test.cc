@@ -278,13 +278,13 @@ void ExpectPagesHoldTheirTokens(kernels::Backend& backend, const PagedKvCache& c
         const uint64_t* valid = reinterpret_cast<const uint64_t*>(page.data() + layout->valid);
         for (int32_t j = 0; j < slots; ++j, ++at) {
           if (!((valid[j / 64] >> (j % 64)) & 1)) continue;
-          ASSERT_TRUE(ref.KvDequantize({.page = page.data(),
+          ASSERT_TRUE(ref.KvDequantize({.page = kernels::HostView(page),
                                         .format = formats[t],
                                         .layout = *layout,
                                         .slot = j,
                                         .tokens = 1,
-                                        .k = dk.data(),
-                                        .v = dv.data()})
+                                        .k = kernels::HostView(dk),
+                                        .v = kernels::HostView(dv)})
                           .ok());
           const int64_t pos = tier.positions(static_cast<int>(at));
           const float* wk = &k[layer][pos * kRow + h * kDim];

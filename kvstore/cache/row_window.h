@@ -24,6 +24,11 @@ class RowWindow {
   int64_t capacity() const { return capacity_; }  // rows the buffer holds
   // The first live row; null while the window has no memory.
   float* data() const { return buffer_.as<float>() == nullptr ? nullptr : Row(start_); }
+  // The live rows, in the backend's memory.
+  kernels::BufferView<float> view() const {
+    kernels::BufferView<float> all = buffer_.view<float>();
+    return {.data = data(), .size = rows_ * row_, .space = all.space};
+  }
 
   // Makes the window `rows` long: shrinking drops the newest rows; growing adds rows of
   // unspecified contents after the live ones, moving those (a copy on the backend) into a

@@ -73,7 +73,9 @@ class HostCompactor final : public Compactor {
     if (moves.empty()) return absl::OkStatus();
     return backend_.KvMoveSlots({.format = format_,
                                  .layout = layout_,
-                                 .pool = memory_.base,
+                                 .pool = {.data = memory_.base,
+                                          .size = memory_.pages * memory_.page_bytes,
+                                          .space = backend_.memory_space()},
                                  .pages = memory_.pages,
                                  .page_bytes = memory_.page_bytes,
                                  .moves = moves.data(),
