@@ -51,6 +51,17 @@ if command -v bazel >/dev/null 2>&1; then
       grep -qxF "$f" <<<"$used_paths" || say "$f is not used by any Bazel target"
     done < <(git ls-files --cached --others --exclude-standard '*.cc' '*.h' '*.cu' '*.cuh')
   fi
+  # Every compiled .cu is in the machine-code gate (tools/sass NVCC_ARCHIVES): a kernel added
+  # without it would ship with no register, spill or occupancy check.
+  if ungated=$(bazel query --noshow_progress \
+    'attr("srcs", ".+\.cu", kind("_cuda_archive", //...)) except deps(//tools/sass:nvcc_archives, 1)' \
+    2>/dev/null); then
+    for label in $ungated; do
+      say "$label compiles CUDA but is not in tools/sass/BUILD's NVCC_ARCHIVES (the SASS gate)"
+    done
+  else
+    say "bazel query for CUDA archives outside the SASS gate failed"
+  fi
 else
   say "bazel is not installed (run tools/setup.sh)"
 fi
