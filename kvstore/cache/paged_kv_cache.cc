@@ -1365,8 +1365,11 @@ absl::Status PagedKvCache::RebuildCompacted(HeadPages& hp, int t, const Compacti
       positions[m.dst_page][m.dst_slot + k] = positions[m.src_page][m.src_slot + k];
     }
   }
-  // On a device the host's bits are the plan's: they go back to the pages.
-  for (int32_t i = 0; i < n; ++i) MarkValid(hp.page(t, i), t);
+  // The host's bits are the plan's; where the compactor left the pages' own bits behind (only
+  // destinations set), they go back to the pages (nothing on a host backend: they are the same).
+  if (!compactors_[t]->moves_page_bits()) {
+    for (int32_t i = 0; i < n; ++i) MarkValid(hp.page(t, i), t);
+  }
   // The kept pages stay in table order, except that the one with the most room after its
   // used slots goes last, where new tokens are appended; the emptied pages go back.
   std::vector<bool> gone(n, false);

@@ -49,6 +49,7 @@ class HostCompactor final : public Compactor {
       : backend_(backend), format_(format), layout_(layout), memory_(memory) {}
 
   std::string_view planner() const override { return "host"; }
+  bool moves_page_bits() const override { return false; }
 
   absl::Status Compact(absl::Span<const CompactionList> lists,
                        std::vector<CompactionPlan>* plans) override {
@@ -97,6 +98,7 @@ class CudaCompactor final : public Compactor {
       : backend_(backend), gpu_(std::move(gpu)), layout_(layout), memory_(memory) {}
 
   std::string_view planner() const override { return "cuda"; }
+  bool moves_page_bits() const override { return true; }
 
   absl::Status Compact(absl::Span<const CompactionList> lists,
                        std::vector<CompactionPlan>* plans) override {

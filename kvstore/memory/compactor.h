@@ -55,13 +55,16 @@ class Compactor {
 
   // "host" or "cuda": where the lists are planned.
   virtual std::string_view planner() const = 0;
+  // Whether the pages' own valid bits end equal to the host bitmaps (GpuCompactor moves them on
+  // the device as the plan does). When false, only each moved slot's destination is marked valid
+  // there, and a caller keeping the bits apart from the pages writes its bitmaps back.
+  virtual bool moves_page_bits() const = 0;
 
   // Plans every list as PlanCompaction(views, layout.tokens) plans it (plans[i] is list i's) and
   // carries the plans out: the moved slots' codes, metadata, scores and positions are copied
   // between the pool's pages, and each list's host bitmaps end as ApplyCompaction leaves them.
   // The pages' own valid bits (in the pool's memory) must equal the host bitmaps before the
-  // call; afterwards every moved slot's destination is valid there, and a caller that keeps the
-  // bits apart from the pages (a device pool) writes the host bitmaps back. Freeing the plans'
+  // call; afterwards see moves_page_bits(). Freeing the plans'
   // freed pages and updating the lists' used slots stay with the caller. InvalidArgument,
   // before anything changes, for a list whose lengths disagree.
   virtual absl::Status Compact(absl::Span<const CompactionList> lists,
