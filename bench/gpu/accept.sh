@@ -7,7 +7,8 @@
 #
 # correctness: every CUDA test (the op tests' cuda cases, decode attention, the page allocator,
 #   compaction, the paged KV cache on the CUDA backend); then compute-sanitizer memcheck on all
-#   of them, racecheck and synccheck on the small shapes.
+#   of them, racecheck and synccheck on the small shapes (racecheck.sh: any hazard in a sluice
+#   kernel fails, warnings too; cuBLAS's own are counted, not failed).
 # speed: the PyTorch SDPA peer, then gpu_bench one preset per process (a sticky fault in one
 #   preset cannot poison the others' rows), merged into gpu-attention.json; allocation and
 #   compaction with the sluice preset; ncu on the sluice and fp16 chunk kernels at batch 32 x 16k;
@@ -16,7 +17,7 @@
 #   by the launch that caused it (each Launch* function returns cudaGetLastError()), naming it.
 #
 # Every step appends a record to $OUT/summary.json as it goes (name, ok, seconds, log), so a run
-# cut short still says how far it got. A run stops starting steps when its budget is spent
+# cut short still says how far it got; a run that ends packs $OUT into accept-<mode>.tgz. A run stops starting steps when its budget is spent
 # (SLUICE_ACCEPT_BUDGET_S, default 540 s: the device tool allows 600 s a call); steps run in order
 # of importance and the ones left are recorded as not run. Logs and results go to $OUT (the device
 # tool's output folder) or bench/results/gpu-accept.
@@ -112,12 +113,15 @@ case "$mode" in
         step "memcheck-$bin" 150 "$sanitizer" --tool memcheck --error-exitcode 1 \
           --leak-check full $bundle/bin/$bin --gtest_brief=1 $args || status=1
       done
-      for tool in racecheck synccheck; do
-        for t in "${small_tests[@]}"; do
-          read -r bin args <<<"$t"
-          step "$tool-$bin" 60 "$sanitizer" --tool $tool --error-exitcode 1 \
-            $bundle/bin/$bin --gtest_brief=1 $args || status=1
-        done
+      for t in "${small_tests[@]}"; do
+        read -r bin args <<<"$t"
+        step "racecheck-$bin" 60 bench/gpu/racecheck.sh "$sanitizer" \
+          $bundle/bin/$bin --gtest_brief=1 $args || status=1
+      done
+      for t in "${small_tests[@]}"; do
+        read -r bin args <<<"$t"
+        step "synccheck-$bin" 60 "$sanitizer" --tool synccheck --error-exitcode 1 \
+          $bundle/bin/$bin --gtest_brief=1 $args || status=1
       done
     fi
     ;;
@@ -148,8 +152,9 @@ case "$mode" in
       status=1
     fi
     if [[ -n "$cuobjdump" ]]; then
-      step resources 30 "$cuobjdump" -res-usage $bundle/bin/gpu_bench $bundle/bin/backend_ops_test \
-        || status=1
+      # One binary a call: given two, cuobjdump prints its usage and exits 0.
+      step resources 30 sh -c "for b in gpu_bench backend_ops_test; do \
+        '$cuobjdump' -res-usage $bundle/bin/\$b || exit 1; done" || status=1
     fi
     for p in kvcomp int8 kivi4 kivi2 minikv leankv-k8v4 leankv-k4v2 sinks snapkv pyramid h2o; do
       bench_preset $p 90 --memory=false || status=1
@@ -166,9 +171,18 @@ for f in sorted(glob.glob(os.path.join(out, "presets", "*", "gpu-attention.json"
 if merged:
     json.dump(merged, open(os.path.join(out, "gpu-attention.json"), "w"), indent=1)
     print("merged", len(merged["rows"]), "rows into gpu-attention.json")
-sluice = os.path.join(out, "presets", "sluice", "gpu-codec-memory.json")
-if os.path.exists(sluice):
-    open(os.path.join(out, "gpu-codec-memory.json"), "w").write(open(sluice).read())
+# The memory rows are sluice's (only its process runs the memory benchmark); the Huffman rows
+# come from the presets with Huffman-coded tiers (kvcomp).
+codec = None
+for f in sorted(glob.glob(os.path.join(out, "presets", "*", "gpu-codec-memory.json"))):
+    d = json.load(open(f))
+    if codec is None:
+        codec = dict(d, huffman=[], memory=[])
+    codec["huffman"] += d.get("huffman", [])
+    if os.path.basename(os.path.dirname(f)) == "sluice":
+        codec["memory"] = d.get("memory", [])
+if codec:
+    json.dump(codec, open(os.path.join(out, "gpu-codec-memory.json"), "w"), indent=1)
 PY
     ;;
   *)
@@ -177,4 +191,12 @@ PY
     ;;
 esac
 echo "summary: $summary"
+# The device tool brings back only a few files from $OUT: there, leave one archive per mode
+# (logs, summary and results; not ncu's binary reports) in place of the loose files.
+if [[ -n "${OUT:-}" ]]; then
+  archive="accept-$mode.tgz"
+  (cd "$out" && tar czf "/tmp/$archive" --exclude='*.tgz' --exclude='*.ncu-rep' . &&
+    find . -mindepth 1 -not -name '*.tgz' -delete && mv "/tmp/$archive" .) &&
+    echo "results: $out/$archive"
+fi
 exit $status

@@ -242,6 +242,8 @@ __device__ __forceinline__ void SoftmaxView(const DecodeKernelParams& p, const S
       sum += w;
     }
     sum = WarpSum(sum);
+    // Every lane has read s.m[r] above; lane 0 overwrites it below.
+    __syncwarp();
     if (lane == 0) {
       const float f = m_new == -INFINITY ? 1.f : expf(m_old - m_new);
       s.factor[r] = f;
@@ -714,6 +716,8 @@ __device__ __forceinline__ void KiviSoftmax(const KiviSmem& s, int vt, int n, co
 #pragma unroll
     for (int h = 0; h < VG; ++h) zs[h] = WarpSum(zs[h]);
   }
+  // Every lane has read s.m[r] above; lane 0 overwrites it below.
+  __syncwarp();
   if (lane == 0) {
     const float f = m_new == -INFINITY ? 1.f : expf(m_old - m_new);
     s.factor[r] = f;
