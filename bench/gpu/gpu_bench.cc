@@ -48,6 +48,7 @@ ABSL_FLAG(std::string, presets, "", "comma-separated presets; empty: all");
 ABSL_FLAG(std::string, batches, "1,8,32,128", "batch sizes");
 ABSL_FLAG(std::string, contexts, "1024,4096,8192,16384,32768", "context lengths");
 ABSL_FLAG(std::string, shapes, "llama3-8b,smollm2", "attention shapes");
+ABSL_FLAG(int, pages_per_chunk, 0, "pages per split-K chunk; 0: the plan's choice");
 ABSL_FLAG(int, reps, 20, "timed repetitions per configuration (median reported)");
 ABSL_FLAG(int, pool_pages, 16384, "distinct pages per tier");
 ABSL_FLAG(bool, memory, true, "run the allocation and compaction benchmark");
@@ -474,7 +475,8 @@ absl::Status Run() {
                                      .page_offsets = offsets.data(),
                                      .recent_offsets = recent_offsets.data(),
                                      .recent_k = recent_k_rows.data(),
-                                     .recent_v = recent_v_rows.data()};
+                                     .recent_v = recent_v_rows.data(),
+                                     .pages_per_chunk = absl::GetFlag(FLAGS_pages_per_chunk)};
           nlohmann::json row = {{"preset", name},
                                 {"batch", batch},
                                 {"context", context},

@@ -147,6 +147,55 @@ std::string DecodeAttentionPlan::kernel() const {
   return bits == 0 ? "generic" : absl::StrCat("kivi", bits);
 }
 
+int64_t ChoosePagesPerChunk(absl::Span<const int32_t> page_offsets, int64_t layers,
+                            int64_t row_groups, int64_t wave, bool recent_chunk) {
+  const int64_t lists = static_cast<int64_t>(page_offsets.size()) - 1;
+  if (layers <= 0 || lists <= 0 || lists % layers != 0 || wave <= 0) return 1;
+  const int64_t per_layer = lists / layers;
+  int64_t longest = 1;
+  for (int64_t i = 0; i < lists; ++i) {
+    longest = std::max<int64_t>(longest, page_offsets[i + 1] - page_offsets[i]);
+  }
+  // The model's length of the step's launches with chunks of up to `size` pages.
+  const auto cost = [&](int64_t size) {
+    int64_t total = 0;
+    for (int64_t l = 0; l < layers; ++l) {
+      int64_t blocks = 0, recent_blocks = 0, longest_chunk = 0;
+      for (int64_t i = l * per_layer; i < (l + 1) * per_layer; ++i) {
+        const int64_t n = page_offsets[i + 1] - page_offsets[i];
+        const int64_t k = (n + size - 1) / size;
+        blocks += k;
+        recent_blocks += recent_chunk || k == 0 ? 1 : 0;
+        if (k > 0) longest_chunk = std::max(longest_chunk, (n + k - 1) / k);
+      }
+      // Page chunks in waves; chunks of recent tokens only, short, as their fixed work spread
+      // over the wave.
+      total += (blocks * row_groups + wave - 1) / wave * (longest_chunk + kChunkFixedPages) +
+               (recent_blocks * row_groups * kChunkFixedPages + wave - 1) / wave;
+    }
+    return total;
+  };
+  // A wave's share of a layer's pages per block cuts the longest list into about `even` pieces;
+  // the sizes tried cut it into up to twice that and 16 more (past that, more pieces only add
+  // waves; the 16 let many-wave layers fill their last wave), and the share itself.
+  const int64_t layer_pages = page_offsets[lists] / layers;
+  const int64_t share = std::max<int64_t>(1, (layer_pages * row_groups + wave - 1) / wave);
+  const int64_t even = (longest + share - 1) / share;
+  int64_t best = std::min(share, longest), best_cost = cost(best);
+  int64_t previous = -1;
+  for (int64_t pieces = 1; pieces <= std::min(longest, 2 * even + 16); ++pieces) {
+    const int64_t size = (longest + pieces - 1) / pieces;
+    if (size == previous) continue;
+    previous = size;
+    const int64_t c = cost(size);
+    if (c < best_cost || (c == best_cost && size > best)) {
+      best = size;
+      best_cost = c;
+    }
+  }
+  return best;
+}
+
 absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
     const DecodeBatch& b, cudaStream_t stream, DecodeAttentionWorkspace* workspace) {
   const int64_t d = b.head_dim;
@@ -291,16 +340,15 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
 
   // Split-K: each bh's pages in chunks of near-equal size; its recent tokens go in the last of
   // them (KIVI kernel) or in a chunk of their own (generic kernel). By default the chunk size
-  // makes the page blocks about one full wave of the GPU (SMs x blocks per SM, from the
-  // occupancy calculator): fewer chunks leave SMs idle, more pay for partial states and the
-  // merge. A bh's n pages go in ceil(n / size) chunks whose sizes differ by at most one page.
+  // is ChoosePagesPerChunk's, for waves of SMs x blocks per SM (the occupancy calculator's).
+  // A bh's n pages go in ceil(n / size) chunks whose sizes differ by at most one page.
   const int64_t row_groups =
       (rows + state->kernel.rows_per_block - 1) / state->kernel.rows_per_block;
   const int64_t wave = std::max<int64_t>(1, int64_t{sms} * std::max(1, per_sm));
   int64_t per_chunk = b.pages_per_chunk;
   if (per_chunk <= 0) {
-    const int64_t layer_pages = b.page_offsets[lists] / layers;  // a layer's, on average
-    per_chunk = std::max<int64_t>(1, (layer_pages * row_groups + wave - 1) / wave);
+    per_chunk = ChoosePagesPerChunk(absl::MakeConstSpan(b.page_offsets, lists + 1), layers,
+                                    row_groups, wave, !fold_recent);
   }
   std::vector<DecodeChunk> chunks;
   std::vector<int32_t> chunk_offsets;  // per layer, from its first chunk

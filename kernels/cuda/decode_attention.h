@@ -66,7 +66,7 @@ struct DecodeBatch {
   const int64_t* recent_offsets = nullptr;  // [batch + 1]
   const float* const* recent_k = nullptr;   // [layers * batch], device pointers
   const float* const* recent_v = nullptr;   // [layers * batch], device pointers
-  // Pages per chunk; 0 lets the plan choose (enough chunks to fill the GPU twice).
+  // Pages per chunk; 0 lets the plan choose (ChoosePagesPerChunk).
   int32_t pages_per_chunk = 0;
 };
 
@@ -122,6 +122,20 @@ class DecodeAttentionPlan {
   explicit DecodeAttentionPlan(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
 };
+
+// The pages per chunk a plan picks when DecodeBatch::pages_per_chunk is 0. Blocks run in waves
+// of `wave` (SMs x blocks per SM) and a layer's launch lasts about its waves times its longest
+// chunk plus a chunk's fixed work (query load, partial state, its share of the merge), counted
+// as kChunkFixedPages pages; a chunk of recent tokens only costs its fixed work. Of the sizes
+// that cut the longest list into 1 to 16 more than twice the pieces that make a layer one wave,
+// and a wave's share of the pages, the one whose launches sum to the least; ties go to the
+// larger size (fewer partial states). `page_offsets`: [layers * lists_per_layer + 1];
+// `row_groups`: blocks per chunk (query rows over rows per block); `recent_chunk`: whether each
+// list also gets a chunk of its own for its recent tokens (the generic kernel) rather than
+// folding them into its last chunk.
+inline constexpr int64_t kChunkFixedPages = 2;
+int64_t ChoosePagesPerChunk(absl::Span<const int32_t> page_offsets, int64_t layers,
+                            int64_t row_groups, int64_t wave, bool recent_chunk);
 
 // Backend::PagedAttention on the GPU: one sequence, host metadata, device data. With a
 // workspace, the plan is built in it and the call returns without waiting for the kernels.

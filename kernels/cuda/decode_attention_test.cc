@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -273,6 +274,91 @@ TEST(DecodeAttentionPlan, PlansInAWorkspaceAllocateOnce) {
 }
 
 // Shapes are checked before any CUDA call: this runs without a GPU too.
+// The launches' length in ChoosePagesPerChunk's model, written out on its own: per layer, waves
+// of `wave` page blocks times the longest chunk plus the fixed pages, and the recent-only
+// blocks' fixed pages over the wave.
+int64_t ChunkingCost(const std::vector<int32_t>& offsets, int64_t layers, int64_t row_groups,
+                     int64_t wave, bool recent_chunk, int64_t size) {
+  const int64_t per_layer = (static_cast<int64_t>(offsets.size()) - 1) / layers;
+  int64_t cost = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    int64_t blocks = 0, recent_blocks = 0, longest = 0;
+    for (int64_t i = l * per_layer; i < (l + 1) * per_layer; ++i) {
+      const int64_t n = offsets[i + 1] - offsets[i];
+      int64_t pieces = 0;
+      while (pieces * size < n) ++pieces;
+      blocks += pieces;
+      if (recent_chunk || pieces == 0) ++recent_blocks;
+      for (int64_t k = 0; k < pieces; ++k) {
+        longest = std::max(longest, n * (k + 1) / pieces - n * k / pieces);
+      }
+    }
+    cost += (blocks * row_groups + wave - 1) / wave * (longest + kChunkFixedPages);
+    cost += (recent_blocks * row_groups * kChunkFixedPages + wave - 1) / wave;
+  }
+  return cost;
+}
+
+std::vector<int32_t> Offsets(const std::vector<int32_t>& pages) {
+  std::vector<int32_t> offsets = {0};
+  for (const int32_t n : pages) offsets.push_back(offsets.back() + n);
+  return offsets;
+}
+
+TEST(ChoosePagesPerChunk, FillsWholeWaves) {
+  // 32 sequences x 8 kv-heads x 171 pages (16k tokens of sluice pages) on 132 SMs x 4 blocks:
+  // a wave's share, 83 pages, makes 3 chunks a list, 768 blocks, a wave and a half; 86 pages
+  // make 2, 512 blocks, one wave.
+  const std::vector<int32_t> b32 = Offsets(std::vector<int32_t>(256, 171));
+  EXPECT_EQ(ChoosePagesPerChunk(b32, 1, 1, 528, /*recent_chunk=*/false), 86);
+  // 8 sequences: 9 chunks a list of 19 pages would be 576 blocks; 8 of 22 fit one wave.
+  const std::vector<int32_t> b8 = Offsets(std::vector<int32_t>(64, 171));
+  EXPECT_EQ(ChoosePagesPerChunk(b8, 1, 1, 528, false), 22);
+  // A chunk of its own for each list's recent tokens adds short blocks, not waves.
+  EXPECT_EQ(ChoosePagesPerChunk(b32, 1, 1, 528, /*recent_chunk=*/true), 86);
+  // Two row groups double the blocks.
+  EXPECT_EQ(ChoosePagesPerChunk(b8, 1, 2, 528, false), 43);
+  // One short list: a page a chunk.
+  EXPECT_EQ(ChoosePagesPerChunk(Offsets({3}), 1, 1, 528, false), 1);
+  EXPECT_EQ(ChoosePagesPerChunk(Offsets({0, 0}), 1, 1, 528, false), 1);
+}
+
+TEST(ChoosePagesPerChunk, BeatsAWavesShareAndFindsTheBestForAlikeLists) {
+  std::mt19937 rng(std::random_device{}());
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t layers = 1 + rng() % 3, lists = 1 + rng() % 300, wave = 8 + rng() % 600;
+    const int64_t row_groups = 1 + rng() % 2;
+    const bool recent_chunk = rng() % 2 == 0;
+    // Ragged lists, or every list alike (a uniform batch).
+    const bool uniform = rng() % 2 == 0;
+    std::vector<int32_t> pages;
+    const int32_t most = 1 + rng() % 400;
+    for (int64_t i = 0; i < layers * lists; ++i) {
+      pages.push_back(uniform ? most : static_cast<int32_t>(rng() % (most + 1)));
+    }
+    const std::vector<int32_t> offsets = Offsets(pages);
+    const int64_t chosen = ChoosePagesPerChunk(offsets, layers, row_groups, wave, recent_chunk);
+    const int64_t longest = *std::max_element(pages.begin(), pages.end());
+    ASSERT_GE(chosen, 1);
+    ASSERT_LE(chosen, std::max<int64_t>(1, longest));
+    // A wave's share of a layer's pages per block, what plans used before.
+    const int64_t share =
+        std::max<int64_t>(1, (offsets.back() / layers * row_groups + wave - 1) / wave);
+    int64_t best = -1;
+    for (int64_t size = 1; size <= std::max<int64_t>(1, longest); ++size) {
+      const int64_t c = ChunkingCost(offsets, layers, row_groups, wave, recent_chunk, size);
+      if (best < 0 || c < best) best = c;
+    }
+    const int64_t cost = ChunkingCost(offsets, layers, row_groups, wave, recent_chunk, chosen);
+    EXPECT_LE(cost, ChunkingCost(offsets, layers, row_groups, wave, recent_chunk, share))
+        << "trial " << trial;
+    // Alike lists: every size cuts them as one of the tried sizes does, and the best wins.
+    if (uniform) {
+      EXPECT_EQ(cost, best) << "trial " << trial << ": chose " << chosen;
+    }
+  }
+}
+
 TEST(DecodeAttentionPlan, RejectsBadShapes) {
   const int32_t offsets[2] = {0, 0};
   const int64_t recent[2] = {0, 1};
