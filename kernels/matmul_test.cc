@@ -67,17 +67,26 @@ class MatmulTest : public ::testing::TestWithParam<BackendCase> {
   }
 
   // `precision` kBf16 allows bf16 rounding of both operands (2^-9 relative each, to nearest).
+  // With `accumulate`, y starts random and the product is added to it.
   void Check(GgmlType type, int64_t m, int64_t n, int64_t k, uint64_t seed,
-             MatmulPrecision precision = MatmulPrecision::kFp32) {
+             MatmulPrecision precision = MatmulPrecision::kFp32, bool accumulate = false) {
     SCOPED_TRACE(::testing::Message()
                  << backend_->name() << " " << GgmlTypeName(uint32_t(type)) << " m=" << m
-                 << " n=" << n << " k=" << k << " seed=" << seed);
+                 << " n=" << n << " k=" << k << " seed=" << seed << " accumulate=" << accumulate);
     std::mt19937_64 rng(seed);
     std::vector<float> x = testing::RandomFloats(rng, m * k, -2.f, 2.f);
     std::vector<uint8_t> w = RandomWeights(rng, type, n, k);
-    std::vector<float> want(m * n), bound(m * n);
-    ref::Matmul(
-        {.x = x.data(), .w = w.data(), .w_type = type, .y = want.data(), .m = m, .n = n, .k = k});
+    const std::vector<float> prior =
+        accumulate ? testing::RandomFloats(rng, m * n, -4.f, 4.f) : std::vector<float>();
+    std::vector<float> want = accumulate ? prior : std::vector<float>(m * n), bound(m * n);
+    ref::Matmul({.x = x.data(),
+                 .w = w.data(),
+                 .w_type = type,
+                 .y = want.data(),
+                 .m = m,
+                 .n = n,
+                 .k = k,
+                 .accumulate = accumulate});
     // Error bound from the magnitudes: |x| times |w| (dequantized in double by ref as well).
     std::vector<float> wf(n * k), absx(m * k);
     const GgmlTypeTraits* t = FindGgmlType(static_cast<uint32_t>(type));
@@ -95,12 +104,15 @@ class MatmulTest : public ::testing::TestWithParam<BackendCase> {
                  .k = k});
     const float rel = precision == MatmulPrecision::kBf16 ? 4.5e-3f : 2e-6f;
     for (float& b : bound) b = rel * b + 1e-6f;
+    // The sum's rounding against the prior's magnitude.
+    for (size_t i = 0; i < prior.size(); ++i) bound[i] += 2e-7f * std::fabs(prior[i]);
 
     auto xb = GuardedBuffer::Create(*backend_, x.size());
     auto wb = backend_->Allocate(w.size());
     auto yb = GuardedBuffer::Create(*backend_, want.size());
     ASSERT_TRUE(xb.ok() && wb.ok() && yb.ok());
     ASSERT_TRUE(xb->Upload(x).ok());
+    if (accumulate) ASSERT_TRUE(yb->Upload(prior).ok());
     ASSERT_TRUE(backend_->CopyToDevice(*wb, w.data(), w.size()).ok());
     const absl::Status st = backend_->Matmul({.x = xb->data(),
                                               .w = *wb,
@@ -109,7 +121,8 @@ class MatmulTest : public ::testing::TestWithParam<BackendCase> {
                                               .m = m,
                                               .n = n,
                                               .k = k,
-                                              .precision = precision});
+                                              .precision = precision,
+                                              .accumulate = accumulate});
     ASSERT_TRUE(st.ok()) << st;
     ASSERT_TRUE(backend_->Synchronize().ok());
     auto got = yb->DownloadChecked();
@@ -144,6 +157,20 @@ TEST_P(MatmulTest, Bf16PrecisionStaysWithinBf16Rounding) {
          {std::tuple<int64_t, int64_t, int64_t>{1, 37, 576}, {7, 33, 160}, {64, 96, 1536}}) {
       Check(type, m, n, k, rng(), MatmulPrecision::kBf16);
     }
+  }
+}
+
+// y += x w^T on every path: quantized dot (m <= 4), tiles, BLAS panels (m >= 16), bf16.
+TEST_P(MatmulTest, AccumulatesIntoY) {
+  std::mt19937_64 rng(testing::TestSeed());
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kQ8_0, GgmlType::kQ4_1}) {
+    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 37, 576},
+                           {4, 20, 96},
+                           {7, 33, 160},
+                           {17, 50, 1536}}) {
+      Check(type, m, n, k, rng(), MatmulPrecision::kFp32, /*accumulate=*/true);
+    }
+    Check(type, 7, 33, 160, rng(), MatmulPrecision::kBf16, /*accumulate=*/true);
   }
 }
 

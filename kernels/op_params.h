@@ -40,7 +40,8 @@ struct RmsNormParams {
 enum class MatmulPrecision : uint8_t { kFp32 = 0, kBf16 = 1 };
 
 // y[m, n] = sum_k x[m, k] * w[n, k]: activations times the transpose of a weight matrix stored
-// row by row in a GGML element type (dequantized on the fly; arithmetic in fp32).
+// row by row in a GGML element type (dequantized on the fly; arithmetic in fp32). With
+// accumulate, y[m, n] += that sum instead (a residual connection added in the same pass).
 struct MatmulParams {
   const float* x = nullptr;  // [m, k], contiguous
   const void* w = nullptr;   // [n, k] in w_type's storage layout (row stride = k's row bytes)
@@ -50,6 +51,7 @@ struct MatmulParams {
   int64_t n = 0;
   int64_t k = 0;  // a multiple of w_type's block size
   MatmulPrecision precision = MatmulPrecision::kFp32;
+  bool accumulate = false;
 };
 
 // out[t, :] = dequantize(table[ids[t], :]): embedding lookup.

@@ -1,6 +1,8 @@
 #include "model/llama.h"
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -67,9 +69,6 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromGguf(const GgufFile& g) {
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& g,
                                                              kernels::Backend& backend) {
-  if (backend.kind() == kernels::BackendKind::kCuda) {
-    return absl::UnimplementedError("the Llama forward runs on the cpu or ref backend for now");
-  }
   for (kernels::Op op : {kernels::Op::kRmsNorm, kernels::Op::kMatmul, kernels::Op::kGetRows,
                          kernels::Op::kRope, kernels::Op::kSwiGlu, kernels::Op::kAttention}) {
     if (!backend.Supports(op)) {
@@ -93,7 +92,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& g,
   };
   auto weight = [&](const std::string& name, std::vector<int64_t> dims) -> absl::StatusOr<Weight> {
     SLUICE_ASSIGN_OR_RETURN(const GgufTensor* t, tensor(name, dims));
-    return Weight{t->data, t->type};
+    return Weight{t->data, t->type, t->bytes};
   };
   auto norm = [&](const std::string& name) -> absl::StatusOr<const float*> {
     SLUICE_ASSIGN_OR_RETURN(const GgufTensor* t, tensor(name, {c.hidden}));
@@ -125,12 +124,95 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& g,
     SLUICE_ASSIGN_OR_RETURN(l.down, weight(p + "ffn_down.weight", {c.ffn, c.hidden}));
     model->layers_.push_back(l);
   }
+  if (backend.memory_space() == kernels::MemorySpace::kDevice) {
+    SLUICE_RETURN_IF_ERROR(model->UploadWeights());
+  }
   return model;
 }
 
+absl::Status LlamaModel::UploadWeights() {
+  const size_t norm_bytes = config_.hidden * sizeof(float);
+  constexpr size_t kAlign = 256;
+  const auto aligned = [](size_t n) { return (n + kAlign - 1) / kAlign * kAlign; };
+  // Every weight and norm once, in load order; the output head only when it is not tied.
+  std::vector<Weight*> weights = {&token_embd_};
+  if (!config_.tied_output) weights.push_back(&output_);
+  std::vector<const float**> norms = {&output_norm_};
+  for (Layer& l : layers_) {
+    norms.push_back(&l.attn_norm);
+    norms.push_back(&l.ffn_norm);
+    for (Weight* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) weights.push_back(w);
+  }
+  size_t total = norms.size() * aligned(norm_bytes);
+  for (const Weight* w : weights) total += aligned(w->bytes);
+  SLUICE_ASSIGN_OR_RETURN(device_weights_, kernels::DeviceBuffer::Create(backend_, total));
+  uint8_t* base = device_weights_.as<uint8_t>();
+  size_t at = 0;
+  const auto place = [&](const void* src, size_t bytes) -> absl::StatusOr<uint8_t*> {
+    uint8_t* dst = base + at;
+    SLUICE_RETURN_IF_ERROR(backend_.CopyToDevice(dst, src, bytes));
+    at += aligned(bytes);
+    return dst;
+  };
+  for (Weight* w : weights) {
+    SLUICE_ASSIGN_OR_RETURN(uint8_t * dst, place(w->data, w->bytes));
+    w->data = dst;
+  }
+  if (config_.tied_output) output_ = token_embd_;
+  for (const float** n : norms) {
+    SLUICE_ASSIGN_OR_RETURN(uint8_t * dst, place(*n, norm_bytes));
+    *n = reinterpret_cast<const float*>(dst);
+  }
+  owned_norms_.clear();  // the device holds them now
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::EnsureScratch(int64_t rows, int64_t batch) {
+  const LlamaConfig& c = config_;
+  Scratch& s = scratch_;
+  const auto grow = [&](kernels::DeviceBuffer& b, int64_t elements, size_t size) {
+    const size_t bytes = static_cast<size_t>(elements) * size;
+    if (b.size() >= bytes) return absl::OkStatus();
+    b.Reset();
+    SLUICE_ASSIGN_OR_RETURN(b, kernels::DeviceBuffer::Create(backend_, bytes));
+    return absl::OkStatus();
+  };
+  if (rows > s.rows) {
+    const int64_t q_dim = c.heads * c.head_dim, kv_dim = c.kv_heads * c.head_dim;
+    for (auto [b, width] : {std::pair{&s.x, c.hidden},
+                            {&s.h, c.hidden},
+                            {&s.q, q_dim},
+                            {&s.k, kv_dim},
+                            {&s.v, kv_dim},
+                            {&s.attn, q_dim},
+                            {&s.gate, c.ffn},
+                            {&s.up, c.ffn}}) {
+      SLUICE_RETURN_IF_ERROR(grow(*b, rows * width, sizeof(float)));
+    }
+    SLUICE_RETURN_IF_ERROR(grow(s.ids, rows, sizeof(int32_t)));
+    SLUICE_RETURN_IF_ERROR(grow(s.positions, rows, sizeof(int32_t)));
+    s.rows = rows;
+  }
+  if (batch > s.batch) {
+    SLUICE_RETURN_IF_ERROR(grow(s.last, batch * c.hidden, sizeof(float)));
+    if (backend_.memory_space() == kernels::MemorySpace::kDevice) {
+      SLUICE_RETURN_IF_ERROR(grow(s.logits, batch * c.vocab, sizeof(float)));
+    }
+    s.batch = batch;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LlamaModel::Matmul(const float* x, const Weight& w, float* y, int64_t m, int64_t n,
-                                int64_t k) {
-  return backend_.Matmul({.x = x, .w = w.data, .w_type = w.type, .y = y, .m = m, .n = n, .k = k});
+                                int64_t k, bool accumulate) {
+  return backend_.Matmul({.x = x,
+                          .w = w.data,
+                          .w_type = w.type,
+                          .y = y,
+                          .m = m,
+                          .n = n,
+                          .k = k,
+                          .accumulate = accumulate});
 }
 
 absl::Status LlamaModel::Forward(absl::Span<const ForwardEntry> batch, KvCache& cache,
@@ -177,35 +259,38 @@ absl::Status LlamaModel::RunStep(absl::Span<const ForwardEntry> batch,
     }
   }
   const int64_t m = static_cast<int64_t>(ids.size());
+  const int64_t b = static_cast<int64_t>(batch.size());
   const int64_t q_dim = c.heads * c.head_dim, kv_dim = c.kv_heads * c.head_dim;
-
-  std::vector<float> x(m * c.hidden), h(m * c.hidden), q(m * q_dim), k(m * kv_dim), v(m * kv_dim),
-      attn(m * q_dim), proj(m * c.hidden), gate(m * c.ffn), up(m * c.ffn);
+  SLUICE_RETURN_IF_ERROR(EnsureScratch(m, b));
+  Scratch& s = scratch_;
+  float* x = s.x.as<float>();
+  float* h = s.h.as<float>();
+  float* q = s.q.as<float>();
+  float* k = s.k.as<float>();
+  float* v = s.v.as<float>();
+  float* attn = s.attn.as<float>();
+  float* gate = s.gate.as<float>();
+  float* up = s.up.as<float>();
+  SLUICE_RETURN_IF_ERROR(s.ids.Upload(ids.data(), m * sizeof(int32_t)));
+  SLUICE_RETURN_IF_ERROR(s.positions.Upload(positions.data(), m * sizeof(int32_t)));
   SLUICE_RETURN_IF_ERROR(backend_.GetRows({.table = token_embd_.data,
                                            .table_type = token_embd_.type,
-                                           .ids = ids.data(),
-                                           .out = x.data(),
+                                           .ids = s.ids.as<int32_t>(),
+                                           .out = x,
                                            .count = m,
                                            .rows = c.vocab,
                                            .dim = c.hidden}));
-  auto add = [&](const std::vector<float>& delta) {
-    for (int64_t i = 0; i < m * c.hidden; ++i) x[i] += delta[i];
-  };
 
   for (int li = 0; li < c.layers; ++li) {
     const Layer& l = layers_[li];
-    SLUICE_RETURN_IF_ERROR(backend_.RmsNorm({.x = x.data(),
-                                             .weight = l.attn_norm,
-                                             .y = h.data(),
-                                             .rows = m,
-                                             .dim = c.hidden,
-                                             .eps = c.rms_eps}));
-    SLUICE_RETURN_IF_ERROR(Matmul(h.data(), l.q, q.data(), m, q_dim, c.hidden));
-    SLUICE_RETURN_IF_ERROR(Matmul(h.data(), l.k, k.data(), m, kv_dim, c.hidden));
-    SLUICE_RETURN_IF_ERROR(Matmul(h.data(), l.v, v.data(), m, kv_dim, c.hidden));
-    for (auto [buf, heads] : {std::pair{q.data(), c.heads}, std::pair{k.data(), c.kv_heads}}) {
+    SLUICE_RETURN_IF_ERROR(backend_.RmsNorm(
+        {.x = x, .weight = l.attn_norm, .y = h, .rows = m, .dim = c.hidden, .eps = c.rms_eps}));
+    SLUICE_RETURN_IF_ERROR(Matmul(h, l.q, q, m, q_dim, c.hidden));
+    SLUICE_RETURN_IF_ERROR(Matmul(h, l.k, k, m, kv_dim, c.hidden));
+    SLUICE_RETURN_IF_ERROR(Matmul(h, l.v, v, m, kv_dim, c.hidden));
+    for (auto [buf, heads] : {std::pair{q, c.heads}, std::pair{k, c.kv_heads}}) {
       SLUICE_RETURN_IF_ERROR(backend_.Rope({.x = buf,
-                                            .positions = positions.data(),
+                                            .positions = s.positions.as<int32_t>(),
                                             .tokens = m,
                                             .heads = heads,
                                             .head_dim = c.head_dim,
@@ -213,41 +298,42 @@ absl::Status LlamaModel::RunStep(absl::Span<const ForwardEntry> batch,
                                             .theta_base = c.rope_theta,
                                             .neox = false}));
     }
-    SLUICE_RETURN_IF_ERROR(cache.Write(li, k.data(), v.data()));
-    SLUICE_RETURN_IF_ERROR(cache.Attend(li, q.data(), attn.data()));
+    SLUICE_RETURN_IF_ERROR(cache.Write(li, k, v));
+    SLUICE_RETURN_IF_ERROR(cache.Attend(li, q, attn));
     SLUICE_RETURN_IF_ERROR(cache.LayerDone(li));
-    SLUICE_RETURN_IF_ERROR(Matmul(attn.data(), l.o, proj.data(), m, c.hidden, q_dim));
-    add(proj);
-    SLUICE_RETURN_IF_ERROR(backend_.RmsNorm({.x = x.data(),
-                                             .weight = l.ffn_norm,
-                                             .y = h.data(),
-                                             .rows = m,
-                                             .dim = c.hidden,
-                                             .eps = c.rms_eps}));
-    SLUICE_RETURN_IF_ERROR(Matmul(h.data(), l.gate, gate.data(), m, c.ffn, c.hidden));
-    SLUICE_RETURN_IF_ERROR(Matmul(h.data(), l.up, up.data(), m, c.ffn, c.hidden));
-    SLUICE_RETURN_IF_ERROR(backend_.SwiGlu(
-        {.gate = gate.data(), .up = up.data(), .out = gate.data(), .n = m * c.ffn}));
-    SLUICE_RETURN_IF_ERROR(Matmul(gate.data(), l.down, proj.data(), m, c.hidden, c.ffn));
-    add(proj);
+    // The residual stream takes the projections in place: x += attn o^T, later x += ... down^T.
+    SLUICE_RETURN_IF_ERROR(Matmul(attn, l.o, x, m, c.hidden, q_dim, /*accumulate=*/true));
+    SLUICE_RETURN_IF_ERROR(backend_.RmsNorm(
+        {.x = x, .weight = l.ffn_norm, .y = h, .rows = m, .dim = c.hidden, .eps = c.rms_eps}));
+    SLUICE_RETURN_IF_ERROR(Matmul(h, l.gate, gate, m, c.ffn, c.hidden));
+    SLUICE_RETURN_IF_ERROR(Matmul(h, l.up, up, m, c.ffn, c.hidden));
+    SLUICE_RETURN_IF_ERROR(backend_.SwiGlu({.gate = gate, .up = up, .out = gate, .n = m * c.ffn}));
+    SLUICE_RETURN_IF_ERROR(Matmul(gate, l.down, x, m, c.hidden, c.ffn, /*accumulate=*/true));
   }
   SLUICE_RETURN_IF_ERROR(cache.Commit());
 
   // Only each entry's last token needs logits.
-  const int64_t b = static_cast<int64_t>(batch.size());
-  std::vector<float> last(b * c.hidden);
+  float* last = s.last.as<float>();
+  std::vector<kernels::Backend::Copy> rows;
+  rows.reserve(b);
   for (int64_t e = 0; e < b; ++e) {
     const int64_t row = starts[e] + static_cast<int64_t>(batch[e].tokens.size()) - 1;
-    std::copy(x.begin() + row * c.hidden, x.begin() + (row + 1) * c.hidden,
-              last.begin() + e * c.hidden);
+    rows.push_back({.dst = last + e * c.hidden,
+                    .src = x + row * c.hidden,
+                    .bytes = static_cast<size_t>(c.hidden) * sizeof(float)});
   }
-  SLUICE_RETURN_IF_ERROR(backend_.RmsNorm({.x = last.data(),
+  SLUICE_RETURN_IF_ERROR(backend_.CopyOnDevice(rows));
+  SLUICE_RETURN_IF_ERROR(backend_.RmsNorm({.x = last,
                                            .weight = output_norm_,
-                                           .y = last.data(),
+                                           .y = last,
                                            .rows = b,
                                            .dim = c.hidden,
                                            .eps = c.rms_eps}));
-  return Matmul(last.data(), output_, logits, b, c.vocab, c.hidden);
+  if (backend_.memory_space() == kernels::MemorySpace::kHost) {
+    return Matmul(last, output_, logits, b, c.vocab, c.hidden);
+  }
+  SLUICE_RETURN_IF_ERROR(Matmul(last, output_, s.logits.as<float>(), b, c.vocab, c.hidden));
+  return s.logits.Download(logits, static_cast<size_t>(b * c.vocab) * sizeof(float));
 }
 
 }  // namespace sluice::model

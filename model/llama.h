@@ -4,6 +4,8 @@
 // Weights stay in their GGUF storage types and are dequantized inside the matmul kernels;
 // arithmetic is fp32. One Forward call runs a batch of sequences, each contributing any number
 // of new tokens (a prompt chunk or one decode token), so prefill and decode share one path.
+// Activations live in the backend's memory (device memory on CUDA, where the weights are
+// uploaded once at load); only the token ids and positions go in and the logits come out.
 #ifndef SLUICE_MODEL_LLAMA_H_
 #define SLUICE_MODEL_LLAMA_H_
 
@@ -15,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
+#include "kernels/device_buffer.h"
 #include "model/gguf.h"
 #include "model/kv_cache.h"
 
@@ -47,21 +50,23 @@ struct ForwardEntry {
 
 class LlamaModel {
  public:
-  // `gguf` must outlive the model (weights point into its mapping). The backend must keep its
-  // buffers in host memory (ref or cpu) until the CUDA path lands.
+  // `gguf` must outlive the model on host backends (weights point into its mapping); on a
+  // device backend the weights are copied to device memory here.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const GgufFile& gguf,
                                                           kernels::Backend& backend);
 
   const LlamaConfig& config() const { return config_; }
 
-  // Runs the new tokens of every entry, appends their K/V to `cache`, and writes the logits of
-  // each entry's last token to logits [batch.size(), vocab].
+  // Runs the new tokens of every entry, appends their K/V to `cache` (a cache on the same
+  // backend), and writes the logits of each entry's last token to logits [batch.size(), vocab],
+  // host memory.
   absl::Status Forward(absl::Span<const ForwardEntry> batch, KvCache& cache, float* logits);
 
  private:
   struct Weight {
     const void* data = nullptr;
     kernels::GgmlType type = kernels::GgmlType::kF32;
+    size_t bytes = 0;
   };
   struct Layer {
     const float* attn_norm = nullptr;  // [hidden]
@@ -69,10 +74,22 @@ class LlamaModel {
     Weight q, k, v, o, gate, up, down;
   };
 
+  // The step's activations in the backend's memory, grown to the largest step and kept.
+  struct Scratch {
+    int64_t rows = 0, batch = 0;                          // what the buffers hold
+    kernels::DeviceBuffer x, h, q, k, v, attn, gate, up;  // [rows, ...]
+    kernels::DeviceBuffer ids, positions;                 // [rows]
+    kernels::DeviceBuffer last, logits;                   // [batch, hidden], [batch, vocab]
+  };
+
   LlamaModel(LlamaConfig config, kernels::Backend& backend)
       : config_(std::move(config)), backend_(backend) {}
 
-  absl::Status Matmul(const float* x, const Weight& w, float* y, int64_t m, int64_t n, int64_t k);
+  // Copies every weight into one device buffer and points the model at it there.
+  absl::Status UploadWeights();
+  absl::Status EnsureScratch(int64_t rows, int64_t batch);
+  absl::Status Matmul(const float* x, const Weight& w, float* y, int64_t m, int64_t n, int64_t k,
+                      bool accumulate = false);
   // Forward's pass once the cache's step is open; `lengths` are the entries' committed tokens.
   absl::Status RunStep(absl::Span<const ForwardEntry> batch, absl::Span<const int64_t> lengths,
                        KvCache& cache, float* logits);
@@ -85,6 +102,9 @@ class LlamaModel {
   std::vector<Layer> layers_;
   // Norm weights converted to fp32 when the file stores them otherwise.
   std::vector<std::vector<float>> owned_norms_;
+  // On a device backend: every weight, uploaded at load.
+  kernels::DeviceBuffer device_weights_;
+  Scratch scratch_;
 };
 
 }  // namespace sluice::model

@@ -13,6 +13,7 @@
 #include "kernels/ref/ref_backend.h"
 #include "kvstore/cache/paged_kv_cache.h"
 #include "model/test_util/gguf_writer.h"
+#include "model/test_util/tiny_cache.h"
 #include "model/test_util/tiny_llama.h"
 
 namespace sluice::model {
@@ -20,24 +21,13 @@ namespace {
 
 using kernels::GgmlType;
 
-// A paged KV cache for the tiny model; by default fp16 pages behind a residual window longer
-// than any test sequence, so every token stays in fp32 and results compare exactly.
 std::unique_ptr<kvstore::PagedKvCache> MakeCache(const testing::TinyLlamaSpec& spec,
                                                  kernels::Backend& backend,
                                                  std::string_view preset = "fp16",
                                                  int32_t residual = 1024) {
-  auto p = kvstore::FindKvPreset(preset, static_cast<int32_t>(spec.hidden / spec.heads), 4096);
-  EXPECT_TRUE(p.ok()) << p.status();
-  p->residual = residual;
-  auto cache = kvstore::PagedKvCache::Create({.layers = spec.layers,
-                                              .heads = spec.heads,
-                                              .kv_heads = spec.kv_heads,
-                                              .head_dim = spec.hidden / spec.heads,
-                                              .preset = *p,
-                                              .pages = 512},
-                                             backend);
+  auto cache = testing::MakeTinyCache(spec, backend, preset, residual);
   EXPECT_TRUE(cache.ok()) << cache.status();
-  return std::move(*cache);
+  return cache.ok() ? std::move(*cache) : nullptr;
 }
 
 struct Loaded {

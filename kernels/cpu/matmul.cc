@@ -12,6 +12,11 @@ namespace sluice::kernels::cpu {
 
 namespace {
 constexpr int64_t kTileRows = 16;
+// y[at] = v, or y[at] += v with p.accumulate.
+inline void Store(const MatmulParams& p, int64_t at, float v) {
+  p.y[at] = p.accumulate ? p.y[at] + v : v;
+}
+
 // Up to this many activation rows, quantized weights are used in place (decode); above it,
 // dequantizing a tile once and reusing it across rows wins (prefill).
 constexpr int64_t kMaxRowsForQuantizedDot = 4;
@@ -34,7 +39,7 @@ void MatmulQuantizedDot(const MatmulParams& p, const VecOps& ops, int threads) {
     const void* w = static_cast<const uint8_t*>(p.w) + j * row_bytes;
     float out[kMaxRowsForQuantizedDot];
     ops.dot_quantized(p.w_type, w, p.x, xsum.data(), p.k, static_cast<int>(p.m), out);
-    for (int64_t i = 0; i < p.m; ++i) p.y[i * p.n + j] = out[i];
+    for (int64_t i = 0; i < p.m; ++i) Store(p, i * p.n + j, out[i]);
   }
 }
 
@@ -66,7 +71,7 @@ void MatmulBlas(const MatmulParams& p, const VecOps& ops, int threads) {
         w = panel.data();
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, p.m, rows, p.k, 1.f, p.x, p.k, w, p.k,
-                  0.f, p.y + n0, p.n);
+                  p.accumulate ? 1.f : 0.f, p.y + n0, p.n);
     }
   }
 }
@@ -101,18 +106,19 @@ void Matmul(const MatmulParams& p, Isa isa, int threads) {
         for (; r + 4 <= rows; r += 4) {
           ops.dot4x4(p.x + i * p.k, p.k, tile.data() + r * p.k, p.k, p.k, block);
           for (int a = 0; a < 4; ++a) {
-            for (int b = 0; b < 4; ++b) p.y[(i + a) * p.n + n0 + r + b] = block[a * 4 + b];
+            for (int b = 0; b < 4; ++b) Store(p, (i + a) * p.n + n0 + r + b, block[a * 4 + b]);
           }
         }
         for (; r < rows; ++r) {
           for (int a = 0; a < 4; ++a) {
-            p.y[(i + a) * p.n + n0 + r] = ops.dot(p.x + (i + a) * p.k, tile.data() + r * p.k, p.k);
+            Store(p, (i + a) * p.n + n0 + r,
+                  ops.dot(p.x + (i + a) * p.k, tile.data() + r * p.k, p.k));
           }
         }
       }
       for (; i < p.m; ++i) {
         for (int64_t r = 0; r < rows; ++r) {
-          p.y[i * p.n + n0 + r] = ops.dot(p.x + i * p.k, tile.data() + r * p.k, p.k);
+          Store(p, i * p.n + n0 + r, ops.dot(p.x + i * p.k, tile.data() + r * p.k, p.k));
         }
       }
     }

@@ -28,7 +28,7 @@ int64_t ChunkRows(const MatmulParams& p) {
 absl::Status MatmulBf16(const MatmulParams& p, cublasHandle_t cublas, void* workspace,
                         cudaStream_t stream) {
   const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
-  const float one = 1.f, zero = 0.f;
+  const float one = 1.f, beta = p.accumulate ? 1.f : 0.f;
   uint16_t* x16 = static_cast<uint16_t*>(workspace);
   uint16_t* w16 = x16 + p.m * p.k;
   SLUICE_CUDA_RETURN_IF_ERROR(LaunchDequantizeRowsBf16(GgmlType::kF32, p.x, p.m, p.k, x16, stream));
@@ -48,7 +48,7 @@ absl::Status MatmulBf16(const MatmulParams& p, cublasHandle_t cublas, void* work
       break;
     }
     status = CublasStatus(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, nc, m, k, &one, w16,
-                                       CUDA_R_16BF, k, x16, CUDA_R_16BF, k, &zero, p.y + n0,
+                                       CUDA_R_16BF, k, x16, CUDA_R_16BF, k, &beta, p.y + n0,
                                        CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                           "cublasGemmEx", __FILE__, __LINE__);
   }
@@ -73,13 +73,13 @@ absl::Status Matmul(const MatmulParams& p, cublasHandle_t cublas, float* workspa
   }
   if (Bf16(p)) return MatmulBf16(p, cublas, workspace, stream);
   const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
-  const float one = 1.f, zero = 0.f;
+  const float one = 1.f, beta = p.accumulate ? 1.f : 0.f;
   // cuBLAS is column-major: y [m, n] row-major is C = y^T [n, m] with ldc = n; w [n, k]
   // row-major is a k x n column-major matrix, transposed to n x k; x [m, k] row-major is the
   // k x m column-major B. So C = op_T(w) * x.
   if (p.w_type == GgmlType::kF32) {
     SLUICE_CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one,
-                                              static_cast<const float*>(p.w), k, p.x, k, &zero, p.y,
+                                              static_cast<const float*>(p.w), k, p.x, k, &beta, p.y,
                                               n));
     return absl::OkStatus();
   }
@@ -93,7 +93,7 @@ absl::Status Matmul(const MatmulParams& p, cublasHandle_t cublas, float* workspa
     SLUICE_CUDA_RETURN_IF_ERROR(LaunchDequantizeRows(
         p.w_type, static_cast<const uint8_t*>(p.w) + n0 * row_bytes, nc, p.k, workspace, stream));
     SLUICE_CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas, CUBLAS_OP_T, CUBLAS_OP_N, nc, m, k, &one,
-                                              workspace, k, p.x, k, &zero, p.y + n0, n));
+                                              workspace, k, p.x, k, &beta, p.y + n0, n));
   }
   return absl::OkStatus();
 }

@@ -12,7 +12,7 @@ void Matmul(const MatmulParams& p) {
     DequantizeRow(p.w_type, static_cast<const uint8_t*>(p.w) + j * row_bytes, w.data(), p.k);
     for (int64_t i = 0; i < p.m; ++i) {
       const float* x = p.x + i * p.k;
-      double acc = 0;
+      double acc = p.accumulate ? p.y[i * p.n + j] : 0.0;
       for (int64_t c = 0; c < p.k; ++c) acc += static_cast<double>(x[c]) * w[c];
       p.y[i * p.n + j] = static_cast<float>(acc);
     }

@@ -1,0 +1,143 @@
+// The Llama forward on every backend against the cpu backend's, on tiny random models: a batch
+// of two prompts, then batched decode steps fed the cpu run's greedy tokens, through paged
+// caches on the same backend (fp16 pages, 4-bit KIVI pages). On cuda the weights, activations
+// and KV pages are device memory; its case runs under the emulation of CUDA in CI
+// (llama_backends_test_emu) and on a GPU where there is one.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/test_util/backend_cases.h"
+#include "kvstore/cache/paged_kv_cache.h"
+#include "model/llama.h"
+#include "model/test_util/tiny_cache.h"
+#include "model/test_util/tiny_llama.h"
+
+namespace sluice::model {
+namespace {
+
+using kernels::testing::BackendCase;
+
+std::unique_ptr<kvstore::PagedKvCache> MakeCache(const testing::TinyLlamaSpec& spec,
+                                                 kernels::Backend& backend,
+                                                 const std::string& preset, int32_t residual) {
+  auto cache = testing::MakeTinyCache(spec, backend, preset, residual, /*pages=*/256);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  return cache.ok() ? std::move(*cache) : nullptr;
+}
+
+int32_t Argmax(const float* logits, int64_t vocab) {
+  return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+}
+
+// The gap between the best and the second-best logit.
+float Margin(const float* logits, int64_t vocab) {
+  float best = -INFINITY, second = -INFINITY;
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (logits[i] > best) {
+      second = best;
+      best = logits[i];
+    } else if (logits[i] > second) {
+      second = logits[i];
+    }
+  }
+  return best - second;
+}
+
+class LlamaBackendsTest : public ::testing::TestWithParam<BackendCase> {
+ protected:
+  void SetUp() override {
+    auto backend = GetParam().create();
+    if (!backend.ok()) GTEST_SKIP() << GetParam().name << " skipped: " << backend.status();
+    backend_ = std::move(*backend);
+    auto cpu = kernels::CpuBackend::Create();
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    cpu_ = std::move(*cpu);
+  }
+
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<kernels::CpuBackend> cpu_;
+};
+
+TEST_P(LlamaBackendsTest, PrefillAndGreedyDecodeMatchCpu) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << backend_->name() << " seed " << seed);
+  testing::TinyLlamaSpec spec;
+  auto gguf = GgufFile::FromBytes(testing::BuildTinyLlamaGguf(spec, seed));
+  ASSERT_TRUE(gguf.ok()) << gguf.status();
+  auto want_model = LlamaModel::Load(**gguf, *cpu_);
+  auto got_model = LlamaModel::Load(**gguf, *backend_);
+  ASSERT_TRUE(want_model.ok()) << want_model.status();
+  ASSERT_TRUE(got_model.ok()) << got_model.status();
+  const int64_t vocab = (*want_model)->config().vocab;
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<int32_t>> prompts;
+  for (const int n : {13, 29}) {
+    std::vector<int32_t> p(n);
+    for (auto& t : p) t = static_cast<int32_t>(rng() % vocab);
+    prompts.push_back(p);
+  }
+
+  // fp16 pages from the first token on; 4-bit KIVI pages behind an 8-token window.
+  for (auto [preset, residual, tol] :
+       {std::tuple{"fp16", 0, 1e-4f}, std::tuple{"kivi4", 8, 2e-3f}}) {
+    SCOPED_TRACE(preset);
+    auto want_cache = MakeCache(spec, *cpu_, preset, residual);
+    auto got_cache = MakeCache(spec, *backend_, preset, residual);
+    ASSERT_TRUE(want_cache && got_cache);
+    std::vector<ForwardEntry> batch;
+    for (int s = 0; s < 2; ++s) {
+      ASSERT_TRUE(want_cache->AddSequence(s, 64).ok());
+      ASSERT_TRUE(got_cache->AddSequence(s, 64).ok());
+      batch.push_back({s, prompts[s]});
+    }
+    std::vector<float> want(2 * vocab), got(2 * vocab);
+    int clear = 0, agree = 0;
+    std::vector<std::vector<int32_t>> next(2, std::vector<int32_t>(1));
+    for (int step = 0; step < 16; ++step) {
+      ASSERT_TRUE((*want_model)->Forward(batch, *want_cache, want.data()).ok());
+      const absl::Status st = (*got_model)->Forward(batch, *got_cache, got.data());
+      ASSERT_TRUE(st.ok()) << st;
+      float worst = 0, scale = 0;
+      for (int64_t i = 0; i < 2 * vocab; ++i) {
+        ASSERT_TRUE(std::isfinite(got[i])) << "logit " << i << " at step " << step;
+        worst = std::max(worst, std::fabs(got[i] - want[i]));
+        scale = std::max(scale, std::fabs(want[i]));
+      }
+      EXPECT_LE(worst, tol * scale) << "step " << step;
+      for (int s = 0; s < 2; ++s) {
+        const float* w = want.data() + s * vocab;
+        const float* g = got.data() + s * vocab;
+        // Where the cpu's best token leads by more than the tolerance, the greedy pick is the
+        // same; both runs go on with the cpu's pick.
+        if (Margin(w, vocab) > 2 * tol * scale) {
+          ++clear;
+          agree += Argmax(g, vocab) == Argmax(w, vocab);
+        }
+        next[s][0] = Argmax(w, vocab);
+        batch[s] = {s, next[s]};
+      }
+    }
+    EXPECT_EQ(agree, clear);
+    EXPECT_GT(clear, 16) << "too few clear greedy picks to compare";
+    EXPECT_GT(got_cache->pool().used_pages(), 0);
+    for (int s = 0; s < 2; ++s) {
+      ASSERT_TRUE(got_cache->RemoveSequence(s).ok());
+      ASSERT_TRUE(want_cache->RemoveSequence(s).ok());
+    }
+    EXPECT_EQ(got_cache->pool().used_pages(), 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, LlamaBackendsTest,
+                         ::testing::ValuesIn(kernels::testing::BackendsUnderTest()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace sluice::model
