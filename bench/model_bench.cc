@@ -1,4 +1,6 @@
-// Prefill and decode throughput of the model runtime on the CPU: for each batch size B and
+// Prefill and decode throughput of the model runtime on a backend (the CPU unless --backend
+// says otherwise; a GPU machine runs it with --backend=cuda --random_model=smollm2, the
+// model's shapes with random weights made in memory): for each batch size B and
 // prompt length P, B sequences of P synthetic tokens are prefilled in one batched forward, then
 // decoded greedily for D steps with all B sequences in every step. Prints a table on stderr and
 // one JSON object on stdout (bench/model_bench.py compares it with llama.cpp).
@@ -11,17 +13,26 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
 #include "bench/int_list.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/registry.h"
 #include "kvstore/cache/paged_kv_cache.h"
 #include "kvstore/kv_preset.h"
 #include "model/gguf.h"
 #include "model/llama.h"
+#include "model/test_util/tiny_llama.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, model, "", "GGUF model path.");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
+ABSL_FLAG(std::string, backend, "cpu",
+          "cpu, cuda, ref or auto (CUDA where a GPU is usable, else CPU). The default is the CPU: "
+          "the llama.cpp peer of ./sluice bench model runs there.");
+ABSL_FLAG(std::string, random_model, "",
+          "Instead of --model: random weights at a model's shapes, made in memory; smollm2 "
+          "(SmolLM2-135M's: 30 layers, hidden 576, 9 heads, 3 kv-heads, Q4_1 weights).");
 ABSL_FLAG(std::string, batches, "1,4,16", "Batch sizes.");
 ABSL_FLAG(std::string, prompt_lengths, "128,1024", "Prompt lengths in tokens.");
 ABSL_FLAG(int, decode_tokens, 32, "Decode steps per case.");
@@ -44,9 +55,26 @@ absl::Status Run() {
   SLUICE_ASSIGN_OR_RETURN(std::vector<int> prompts,
                           bench::ParseIntList(absl::GetFlag(FLAGS_prompt_lengths)));
   const int decode = absl::GetFlag(FLAGS_decode_tokens);
-  SLUICE_ASSIGN_OR_RETURN(auto gguf, model::GgufFile::Open(absl::GetFlag(FLAGS_model)));
-  SLUICE_ASSIGN_OR_RETURN(auto backend,
-                          kernels::CpuBackend::Create({.threads = absl::GetFlag(FLAGS_threads)}));
+  std::unique_ptr<model::GgufFile> gguf;
+  const std::string random_model = absl::GetFlag(FLAGS_random_model);
+  if (random_model.empty()) {
+    SLUICE_ASSIGN_OR_RETURN(gguf, model::GgufFile::Open(absl::GetFlag(FLAGS_model)));
+  } else if (random_model == "smollm2") {
+    const model::testing::TinyLlamaSpec smollm2 = {.layers = 30,
+                                                   .hidden = 576,
+                                                   .ffn = 1536,
+                                                   .heads = 9,
+                                                   .kv_heads = 3,
+                                                   .vocab = 49152,
+                                                   .rope_theta = 100000.f};
+    SLUICE_ASSIGN_OR_RETURN(
+        gguf, model::GgufFile::FromBytes(model::testing::BuildTinyLlamaGguf(smollm2, /*seed=*/1)));
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--random_model=%s: the only one is smollm2", random_model));
+  }
+  SLUICE_ASSIGN_OR_RETURN(auto backend, kernels::CreateNamedBackend(absl::GetFlag(FLAGS_backend),
+                                                                    absl::GetFlag(FLAGS_threads)));
   SLUICE_ASSIGN_OR_RETURN(auto llama, model::LlamaModel::Load(*gguf, *backend));
   const model::LlamaConfig& c = llama->config();
 
@@ -67,6 +95,7 @@ absl::Status Run() {
                                          *backend);
   };
   nlohmann::json cases = nlohmann::json::array();
+  const auto* cpu = dynamic_cast<const kernels::CpuBackend*>(backend.get());
   std::fprintf(stderr, "sluice (%s)\n%6s %7s %14s %14s\n", backend->name().c_str(), "batch",
                "prompt", "prefill tok/s", "decode tok/s");
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
@@ -119,10 +148,12 @@ absl::Status Run() {
                        {"decode_tokens_per_s", dec}});
     }
   }
-  nlohmann::json out = {{"system", "sluice"},
-                        {"backend", backend->name()},
-                        {"threads", backend->threads()},
-                        {"cases", cases}};
+  nlohmann::json out = {
+      {"system", "sluice"},
+      {"backend", backend->name()},
+      {"threads", cpu != nullptr ? cpu->threads() : 0},
+      {"model", random_model.empty() ? absl::GetFlag(FLAGS_model) : "random " + random_model},
+      {"cases", cases}};
   std::cout << out.dump() << "\n";
   return absl::OkStatus();
 }

@@ -1,5 +1,6 @@
 #include "kernels/registry.h"
 
+#include "absl/strings/str_format.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/ref/ref_backend.h"
@@ -28,6 +29,24 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateDefaultBackend() {
   auto gpu = CreateBackend(BackendKind::kCuda);
   if (gpu.ok()) return gpu;
   return CreateBackend(BackendKind::kCpu);
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateNamedBackend(std::string_view name, int threads) {
+  const auto cpu = [threads]() -> absl::StatusOr<std::unique_ptr<Backend>> {
+    auto backend = CpuBackend::Create({.threads = threads});
+    if (!backend.ok()) return backend.status();
+    return std::unique_ptr<Backend>(std::move(*backend));
+  };
+  if (name == "cpu") return cpu();
+  if (name == "cuda") return CreateBackend(BackendKind::kCuda);
+  if (name == "ref") return CreateBackend(BackendKind::kRef);
+  if (name == "auto") {
+    auto gpu = CreateBackend(BackendKind::kCuda);
+    if (gpu.ok()) return gpu;
+    return cpu();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("--backend=%s: expected auto, cpu, cuda or ref", name));
 }
 
 }  // namespace sluice::kernels

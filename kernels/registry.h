@@ -3,6 +3,7 @@
 #define SLUICE_KERNELS_REGISTRY_H_
 
 #include <memory>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
@@ -15,6 +16,12 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(BackendKind kind);
 
 // CUDA if a device is usable, else CPU.
 absl::StatusOr<std::unique_ptr<Backend>> CreateDefaultBackend();
+
+// The backend a `--backend` flag names: "cpu" (with `threads` threads, 0 = one per core),
+// "cuda", "ref", or "auto" (CUDA where a device is usable, else the CPU with `threads`).
+// InvalidArgument naming the value for anything else; Unavailable, saying why, for "cuda"
+// where no GPU is usable.
+absl::StatusOr<std::unique_ptr<Backend>> CreateNamedBackend(std::string_view name, int threads = 0);
 
 }  // namespace sluice::kernels
 

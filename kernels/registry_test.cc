@@ -28,5 +28,25 @@ TEST(Registry, CudaIsCreatedOrSaysWhyNot) {
   EXPECT_EQ((*def)->kind(), cuda.ok() ? BackendKind::kCuda : BackendKind::kCpu);
 }
 
+TEST(Registry, NamedBackends) {
+  auto cpu = CreateNamedBackend("cpu", 1);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ((*cpu)->kind(), BackendKind::kCpu);
+  EXPECT_NE((*cpu)->name().find("1 thread"), std::string::npos) << (*cpu)->name();
+  auto ref = CreateNamedBackend("ref");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_EQ((*ref)->kind(), BackendKind::kRef);
+  const bool gpu = CreateBackend(BackendKind::kCuda).ok();
+  auto automatic = CreateNamedBackend("auto", 1);
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  EXPECT_EQ((*automatic)->kind(), gpu ? BackendKind::kCuda : BackendKind::kCpu);
+  auto cuda = CreateNamedBackend("cuda");
+  EXPECT_EQ(cuda.ok(), gpu) << cuda.status();
+  if (!gpu) EXPECT_EQ(cuda.status().code(), absl::StatusCode::kUnavailable);
+  auto bad = CreateNamedBackend("tpu");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--backend=tpu"), std::string::npos) << bad.status();
+}
+
 }  // namespace
 }  // namespace sluice::kernels

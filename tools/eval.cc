@@ -20,7 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "kernels/registry.h"
 #include "kvstore/kv_preset.h"
 #include "model/gguf.h"
 #include "model/llama.h"
@@ -50,6 +50,8 @@ ABSL_FLAG(int32_t, residual, -1,
 ABSL_FLAG(bool, json, false, "One JSON line per preset on stdout instead of a table.");
 ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else the cache).");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
+ABSL_FLAG(std::string, backend, "auto",
+          "auto (CUDA where a GPU is usable, else CPU), cpu, cuda or ref.");
 
 namespace sluice {
 namespace {
@@ -75,8 +77,9 @@ absl::StatusOr<Loaded> Load() {
   SLUICE_ASSIGN_OR_RETURN(l.gguf, model::GgufFile::Open(path));
   SLUICE_ASSIGN_OR_RETURN(model::VocabSpec vocab, model::VocabFromGguf(*l.gguf));
   SLUICE_ASSIGN_OR_RETURN(auto tokenizer, model::Tokenizer::Create(std::move(vocab)));
-  SLUICE_ASSIGN_OR_RETURN(l.backend,
-                          kernels::CpuBackend::Create({.threads = absl::GetFlag(FLAGS_threads)}));
+  SLUICE_ASSIGN_OR_RETURN(l.backend, kernels::CreateNamedBackend(absl::GetFlag(FLAGS_backend),
+                                                                 absl::GetFlag(FLAGS_threads)));
+  std::fprintf(stderr, "backend: %s\n", l.backend->name().c_str());
   SLUICE_ASSIGN_OR_RETURN(l.llama, model::LlamaModel::Load(*l.gguf, *l.backend));
   SLUICE_ASSIGN_OR_RETURN(l.tokens, tokenizer->Encode(text.str(), false));
   return l;

@@ -17,7 +17,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "kernels/registry.h"
 #include "kvstore/cache/paged_kv_cache.h"
 #include "kvstore/kv_preset.h"
 #include "model/chat_template.h"
@@ -40,6 +40,8 @@ ABSL_FLAG(int64_t, seed, -1, "Sampling seed; -1 = random.");
 ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else the cache).");
 ABSL_FLAG(bool, json, false, "Print one JSON object instead of streaming text.");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
+ABSL_FLAG(std::string, backend, "auto",
+          "auto (CUDA where a GPU is usable, else CPU), cpu, cuda or ref.");
 ABSL_FLAG(std::string, preset, "fp16",
           "KV cache compression preset: fp16, int8, kivi4, kivi2 or kvcomp.");
 
@@ -67,8 +69,9 @@ absl::Status Run() {
   SLUICE_ASSIGN_OR_RETURN(auto gguf, model::GgufFile::Open(path));
   SLUICE_ASSIGN_OR_RETURN(model::VocabSpec vocab, model::VocabFromGguf(*gguf));
   SLUICE_ASSIGN_OR_RETURN(auto tokenizer, model::Tokenizer::Create(std::move(vocab)));
-  SLUICE_ASSIGN_OR_RETURN(auto backend,
-                          kernels::CpuBackend::Create({.threads = absl::GetFlag(FLAGS_threads)}));
+  SLUICE_ASSIGN_OR_RETURN(auto backend, kernels::CreateNamedBackend(absl::GetFlag(FLAGS_backend),
+                                                                    absl::GetFlag(FLAGS_threads)));
+  std::fprintf(stderr, "backend: %s\n", backend->name().c_str());
   SLUICE_ASSIGN_OR_RETURN(auto llama, model::LlamaModel::Load(*gguf, *backend));
   const model::LlamaConfig& config = llama->config();
 

@@ -6,11 +6,12 @@
 #   bench/gpu/accept.sh speed [--sync]         # run 2
 #
 # correctness: every CUDA test (the op tests' cuda cases, decode attention, the page allocator,
-#   compaction, the paged KV cache on the CUDA backend); then compute-sanitizer memcheck on all
+#   compaction, the paged KV cache and the model on the CUDA backend); then compute-sanitizer memcheck on all
 #   of them, racecheck and synccheck on the small shapes (racecheck.sh: any hazard in a sluice
 #   kernel fails, warnings too; cuBLAS's own are counted, not failed).
 # speed: the PyTorch SDPA peer, then gpu_bench one preset per process (a sticky fault in one
-#   preset cannot poison the others' rows), merged into gpu-attention.json; allocation and
+#   preset cannot poison the others' rows), merged into gpu-attention.json; the model's prefill
+#   and decode on the GPU and on the CPU (model_bench, model-cuda.json, model-cpu.json); allocation and
 #   compaction with the sluice preset; ncu on the sluice and fp16 chunk kernels at batch 32 x 16k;
 #   the resource table of every kernel as built (cuobjdump -res-usage).
 # --sync sets CUDA_LAUNCH_BLOCKING=1: every launch waits for its kernel, so a fault is reported
@@ -85,6 +86,7 @@ tests=(
   "gpu_compaction_test"
   "compactor_test --gtest_filter=*/cuda"
   "paged_kv_cache_backends_test --gtest_filter=*/cuda"
+  "llama_backends_test --gtest_filter=*/cuda"
 )
 small_tests=(
   "warp_mma_test"
@@ -139,6 +141,13 @@ case "$mode" in
     }
     bench_preset sluice 180 --memory=true || status=1
     bench_preset fp16 90 --memory=false || status=1
+    # The whole model on the GPU (random weights at SmolLM2's shapes: the real file is more than
+    # a call carries), and on this machine's CPU in the same run.
+    for b in cuda cpu; do
+      step "model-$b" 120 sh -c "$bundle/bin/model_bench --backend=$b --random_model=smollm2 \
+        --batches=1,16,64 --prompt_lengths=512 --decode_tokens=32 --repeats=1 --preset=sluice \
+        >$out/model-$b.json" || status=1
+    done
     if [[ -n "$ncu" ]]; then
       for p in sluice fp16; do
         step "ncu-$p" 120 "$ncu" --clock-control none --kernel-name regex:ChunkKernel \
