@@ -316,16 +316,19 @@ TEST_P(BatchPagedAttentionTest, EachSequenceAsItsOwnCall) {
   const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
   // q_tokens is each sequence's most; recent its most beyond its queries.
-  // The last two: a decode step (one query each, no scores), which the CUDA backend runs as
-  // one plan, with the KIVI kernel and with the generic one.
+  // From the fifth on: decode steps (one query each), which the CUDA backend runs as one plan,
+  // with the KIVI kernel and with the generic one; without key scores, then with them (summed
+  // per kv-head, then per query head).
   const std::vector<Case> cases = {
       Case{3, 9, 3, 64, 20, 4, true},         Case{1, 8, 2, 128, 70, 3, false, true},
       Case{6, 4, 4, 32, 5, 3, false},         Case{2, 9, 3, 64, 3, 5, true},
+      Case{1, 8, 2, 128, 70, 3, false, true}, Case{1, 9, 3, 64, 20, 4, true},
       Case{1, 8, 2, 128, 70, 3, false, true}, Case{1, 9, 3, 64, 20, 4, true}};
   for (const Case& c : cases) {
     const int64_t index = &c - &*cases.begin();
     const bool decode_step = index >= 4;
-    const bool scores = index != 2 && !decode_step, per_head = index == 3;
+    const bool scores = (index != 2 && !decode_step) || index >= 6;
+    const bool per_head = index == 3 || index == 7;
     const int64_t batch = 1 + static_cast<int64_t>(rng() % 6);
     SCOPED_TRACE(::testing::Message()
                  << "case " << index << " batch " << batch << " seed " << seed);

@@ -129,8 +129,6 @@ struct DecodeAttentionPlan::State {
   std::vector<Tables> tables;  // [layers * tier_count]; uploads point into it
   int64_t page_bytes_read = 0;
   int64_t max_keys = 0;
-  int64_t total_slots = 0;
-  int64_t recent = 0;  // batch 1: recent tokens
   bool scores = false;
 };
 
@@ -402,11 +400,14 @@ absl::StatusOr<DecodeAttentionPlan> DecodeAttentionPlan::Create(
   arrays.Scratch(&p.part_acc, max_layer_chunks * rows * d);
   arrays.Scratch(&p.row_m, bh_count * rows);
   arrays.Scratch(&p.row_l, bh_count * rows);
-  if (b.batch == 1 && layers == 1) {
+  const bool score_offsets = b.page_score_offsets != nullptr && b.recent_score_offsets != nullptr;
+  if ((b.batch == 1 && layers == 1) || score_offsets) {
     state->scores = true;
-    state->total_slots = slot_offsets[bh_count];
-    state->recent = b.recent_offsets[1] - b.recent_offsets[0];
     arrays.Scratch(&p.logits, max_layer_keys * rows);
+    if (score_offsets) {
+      arrays.Upload(&p.page_score_offsets, b.page_score_offsets, layers * b.batch);
+      arrays.Upload(&p.recent_score_offsets, b.recent_score_offsets, layers * b.batch);
+    }
   }
   if (workspace == nullptr) {
     // The plan's own memory; the staging vector goes out of scope, so wait for the copy.
@@ -456,6 +457,10 @@ absl::Status DecodeAttentionPlan::Run(const float* q, float* out, cudaStream_t s
   p.slot_offsets += layer * lists;
   p.recent_k += layer * st.batch;
   p.recent_v += layer * st.batch;
+  if (p.page_score_offsets != nullptr) {
+    p.page_score_offsets += layer * st.batch;
+    p.recent_score_offsets += layer * st.batch;
+  }
   for (int t = 0; t < p.tier_count; ++t) {
     const State::Tables& tables = st.tables[layer * p.tier_count + t];
     p.tiers[t].k_table = tables.k;
@@ -467,7 +472,8 @@ absl::Status DecodeAttentionPlan::Run(const float* q, float* out, cudaStream_t s
   p.out = out;
   const bool scores = page_scores != nullptr || recent_scores != nullptr;
   if (scores && !state_->scores) {
-    return absl::UnimplementedError("decode attention: key scores are for batch 1 only");
+    return absl::UnimplementedError(
+        "decode attention: key scores asked of a plan made without score offsets");
   }
   if (!scores) p.logits = nullptr;
   p.page_scores = page_scores;
@@ -475,8 +481,7 @@ absl::Status DecodeAttentionPlan::Run(const float* q, float* out, cudaStream_t s
   p.scores_per_head = scores_per_head;
   SLUICE_CUDA_RETURN_IF_ERROR(LaunchDecodeAttention(p, state_->kernel, stream));
   if (scores) {
-    SLUICE_CUDA_RETURN_IF_ERROR(
-        LaunchDecodeScores(p, state_->max_keys, state_->total_slots, state_->recent, stream));
+    SLUICE_CUDA_RETURN_IF_ERROR(LaunchDecodeScores(p, state_->max_keys, stream));
   }
   return absl::OkStatus();
 }
@@ -545,7 +550,10 @@ absl::Status PagedAttention(const PagedAttentionParams& p, cudaStream_t stream,
 
 bool RunsAsOnePlan(const BatchPagedAttentionParams& p,
                    absl::Span<const PagedAttentionParams> sequences) {
-  if (sequences.empty() || p.page_scores.data != nullptr || sequences.front().q_tokens == 0) {
+  if (sequences.empty() || sequences.front().q_tokens == 0) return false;
+  // Scores need each sequence's place in the score arrays.
+  if (p.page_scores.data != nullptr &&
+      (p.page_score_offsets == nullptr || p.recent_score_offsets == nullptr)) {
     return false;
   }
   for (const PagedAttentionParams& s : sequences) {
@@ -559,17 +567,24 @@ absl::Status BatchPagedAttention(const BatchPagedAttentionParams& p,
                                  cudaStream_t stream, DecodeAttentionWorkspace* workspace) {
   if (!RunsAsOnePlan(p, sequences)) {
     return absl::InvalidArgumentError(
-        "decode attention: one plan takes sequences with the same queries and no scores");
+        "decode attention: one plan takes sequences with the same queries (and, with key "
+        "scores, each sequence's score offsets)");
   }
   // One page list for the batch: sequence b's lists after those of the sequences before it.
   FlatLayer flat;
   flat.Append(sequences);
-  SLUICE_ASSIGN_OR_RETURN(
-      DecodeAttentionPlan plan,
-      DecodeAttentionPlan::Create(BatchOf(sequences.front(), p.batch, 1, p.codebooks, flat), stream,
-                                  workspace));
+  DecodeBatch batch = BatchOf(sequences.front(), p.batch, 1, p.codebooks, flat);
+  const bool scores = p.page_scores.data != nullptr;
+  if (scores) {
+    batch.page_score_offsets = p.page_score_offsets;
+    batch.recent_score_offsets = p.recent_score_offsets;
+  }
+  SLUICE_ASSIGN_OR_RETURN(DecodeAttentionPlan plan,
+                          DecodeAttentionPlan::Create(batch, stream, workspace));
   // Sequence b's queries are rows [b * q_tokens, (b + 1) * q_tokens): q and out as they are.
-  SLUICE_RETURN_IF_ERROR(plan.Run(p.q.data, p.out.data, stream));
+  SLUICE_RETURN_IF_ERROR(plan.Run(p.q.data, p.out.data, stream,
+                                  scores ? p.page_scores.data : nullptr,
+                                  scores ? p.recent_scores.data : nullptr, p.scores_per_head));
   if (workspace == nullptr) SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return absl::OkStatus();
 }

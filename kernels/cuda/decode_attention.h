@@ -68,6 +68,11 @@ struct DecodeBatch {
   const float* const* recent_v = nullptr;   // [layers * batch], device pointers
   // Pages per chunk; 0 lets the plan choose (ChoosePagesPerChunk).
   int32_t pages_per_chunk = 0;
+  // For key scores at any batch: where each (layer, sequence)'s scores start in Run's
+  // page_scores and recent_scores ([layers * batch] each, host). A plan of one sequence and one
+  // layer takes scores without them (both start at 0).
+  const int64_t* page_score_offsets = nullptr;
+  const int64_t* recent_score_offsets = nullptr;
 };
 
 // Device and pinned host memory that plans are built in, grown to the largest plan and kept.
@@ -102,8 +107,9 @@ class DecodeAttentionPlan {
   ~DecodeAttentionPlan();
 
   // out[b, t, h, :] for q [batch, q_tokens, heads, head_dim] (both device, fp32), over layer
-  // `layer`'s pages. With scores (batch 1, one layer only), page_scores / recent_scores as in
-  // PagedAttentionParams, device memory.
+  // `layer`'s pages. With scores (a plan of one sequence and layer, or one made with score
+  // offsets), each sequence's page_scores / recent_scores as in PagedAttentionParams, from its
+  // offsets; device memory.
   absl::Status Run(const float* q, float* out, cudaStream_t stream, float* page_scores = nullptr,
                    float* recent_scores = nullptr, bool scores_per_head = false,
                    int64_t layer = 0) const;
@@ -143,8 +149,8 @@ absl::Status PagedAttention(const PagedAttentionParams& p, cudaStream_t stream,
                             DecodeAttentionWorkspace* workspace = nullptr);
 
 // Whether a batch runs as one plan: every sequence has the same number of queries (a decode
-// step's one) and no key scores are asked for. `sequences` are the batch's sequences as
-// Backend::BatchPagedAttention resolved them.
+// step's one), and key scores, if asked for, come with each sequence's score offsets. `sequences`
+// are the batch's sequences as Backend::BatchPagedAttention resolved them.
 bool RunsAsOnePlan(const BatchPagedAttentionParams& p,
                    absl::Span<const PagedAttentionParams> sequences);
 // Backend::BatchPagedAttention on the GPU for a batch that RunsAsOnePlan: one plan, one launch.

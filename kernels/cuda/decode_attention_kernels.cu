@@ -533,13 +533,18 @@ __global__ void MergeKernel(const __grid_constant__ DecodeKernelParams p) {
 
 // Cumulative attention per key (batch 1): weights from the logits and each row's final max and
 // sum, summed over the rows of a kv-head (or per query head), added to the score arrays.
-__global__ void ScoreKernel(const __grid_constant__ DecodeKernelParams p, int64_t total_slots,
-                            int64_t recent) {
-  const int bh = blockIdx.y, kvh = bh % p.kv_heads;
+__global__ void ScoreKernel(const __grid_constant__ DecodeKernelParams p) {
+  const int bh = blockIdx.y, b = bh / p.kv_heads, kvh = bh % p.kv_heads;
   const int k0 = p.key_offsets[bh], keys = p.key_offsets[bh + 1] - k0;
   const int paged = p.slot_offsets[bh + 1] - p.slot_offsets[bh];
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= keys) return;
+  // Sequence b's score rows: its paged slots (every kv-head's, in list order), its recent tokens.
+  const int seq_slot0 = p.slot_offsets[b * p.kv_heads];
+  const int64_t total_slots = p.slot_offsets[(b + 1) * p.kv_heads] - seq_slot0;
+  const int64_t recent = p.recent_offsets[b + 1] - p.recent_offsets[b];
+  float* page_scores = p.page_scores + (p.page_score_offsets ? p.page_score_offsets[b] : 0);
+  float* recent_scores = p.recent_scores + (p.recent_score_offsets ? p.recent_score_offsets[b] : 0);
   const float* lg = p.logits + static_cast<int64_t>(k0 + j) * p.rows;
   const float* M = p.row_m + static_cast<int64_t>(bh) * p.rows;
   const float* L = p.row_l + static_cast<int64_t>(bh) * p.rows;
@@ -551,10 +556,10 @@ __global__ void ScoreKernel(const __grid_constant__ DecodeKernelParams p, int64_
       sum += lg[r] == -INFINITY ? 0.f : expf(lg[r] - M[r]) / L[r];
     }
     if (j < paged) {
-      p.page_scores[gi * total_slots + p.slot_offsets[bh] + j] += sum;
+      page_scores[gi * total_slots + (p.slot_offsets[bh] - seq_slot0) + j] += sum;
     } else {
       const int64_t row = p.scores_per_head ? kvh * p.group + gi : kvh;
-      p.recent_scores[row * recent + (j - paged)] += sum;
+      recent_scores[row * recent + (j - paged)] += sum;
     }
   }
 }
@@ -1203,10 +1208,9 @@ cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, DecodeKernelChoic
   return cudaGetLastError();
 }
 
-cudaError_t LaunchDecodeScores(const DecodeKernelParams& p, int64_t max_keys, int64_t total_slots,
-                               int64_t recent, cudaStream_t stream) {
+cudaError_t LaunchDecodeScores(const DecodeKernelParams& p, int64_t max_keys, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((max_keys + 127) / 128), p.bh_count);
-  SLUICE_LAUNCH(grid, 128, 0, stream, ScoreKernel)(p, total_slots, recent);
+  SLUICE_LAUNCH(grid, 128, 0, stream, ScoreKernel)(p);
   return cudaGetLastError();
 }
 

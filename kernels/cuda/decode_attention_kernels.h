@@ -135,9 +135,13 @@ struct DecodeKernelParams {
   int32_t unit_buffer_bytes = 0;
   int32_t meta_floats = 0;
   int32_t view_tokens = 0;
-  // Scores (batch 1): as PagedAttentionParams.
+  // Scores: sequence b's as PagedAttentionParams' (rows of its paged slots, then of its recent
+  // tokens), from page_scores + page_score_offsets[b] and recent_scores +
+  // recent_score_offsets[b]; null offsets (one sequence) start both at 0.
   float* page_scores = nullptr;
   float* recent_scores = nullptr;
+  const int64_t* page_score_offsets = nullptr;    // device [batch], or null
+  const int64_t* recent_score_offsets = nullptr;  // device [batch], or null
   bool scores_per_head = false;
 };
 
@@ -170,10 +174,9 @@ cudaError_t DecodeBlocksPerSm(const DecodeKernelParams& p, DecodeKernelChoice k,
 // Enqueues the chunk kernel and the merge on `stream`.
 cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, DecodeKernelChoice k,
                                   cudaStream_t stream);
-// Then, with logits (batch 1): adds each key's weights to page_scores / recent_scores.
-// max_keys bounds any bh's keys; total_slots is page_scores' row length; recent the recent tokens.
-cudaError_t LaunchDecodeScores(const DecodeKernelParams& p, int64_t max_keys, int64_t total_slots,
-                               int64_t recent, cudaStream_t stream);
+// Then, with logits: adds each key's weights to its sequence's page_scores / recent_scores.
+// max_keys bounds any bh's keys.
+cudaError_t LaunchDecodeScores(const DecodeKernelParams& p, int64_t max_keys, cudaStream_t stream);
 
 }  // namespace sluice::kernels::cuda
 
