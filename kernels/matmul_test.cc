@@ -112,7 +112,9 @@ class MatmulTest : public ::testing::TestWithParam<BackendCase> {
     auto yb = GuardedBuffer::Create(*backend_, want.size());
     ASSERT_TRUE(xb.ok() && wb.ok() && yb.ok());
     ASSERT_TRUE(xb->Upload(x).ok());
-    if (accumulate) ASSERT_TRUE(yb->Upload(prior).ok());
+    if (accumulate) {
+      ASSERT_TRUE(yb->Upload(prior).ok());
+    }
     ASSERT_TRUE(backend_->CopyToDevice(*wb, w.data(), w.size()).ok());
     const absl::Status st = backend_->Matmul({.x = xb->data(),
                                               .w = *wb,

@@ -299,6 +299,10 @@ struct BatchPagedAttentionStep {
   int64_t layers = 0;
   BatchPagedAttentionParams batch;
   bool scores = false;  // whether the layers' calls will ask for key scores
+  // With scores, where each (layer, sequence)'s scores will start ([layers * batch], host; layer
+  // l's calls pass l's), or null when the calls' offsets are not known ahead.
+  const int64_t* page_score_offsets = nullptr;
+  const int64_t* recent_score_offsets = nullptr;
 };
 
 }  // namespace sluice::kernels

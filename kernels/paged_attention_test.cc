@@ -563,9 +563,9 @@ TEST_P(BatchPagedAttentionTest, RejectsTablesThatDoNotFit) {
 
 // A decode step planned once (PlanBatchPagedAttention) and run layer by layer must give what
 // each layer's call gives without the plan: several layers with their own pages, windows and
-// Huffman codebooks in one pool. The CUDA backend plans (one device plan for every layer); the
-// host backends plan nothing. A call that is not the planned layer, or a plan of another
-// backend, is refused.
+// Huffman codebooks in one pool, without key scores and then with them. The CUDA backend plans
+// (one device plan for every layer); the host backends plan nothing. A call that is not the
+// planned layer, scores put elsewhere than planned, or a plan of another backend, is refused.
 TEST_P(BatchPagedAttentionTest, StepPlanRunsEachLayerAsItsOwnCall) {
   const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
@@ -730,6 +730,77 @@ TEST_P(BatchPagedAttentionTest, StepPlanRunsEachLayerAsItsOwnCall) {
     const absl::Status st = backend_->BatchPagedAttention(p);
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
     EXPECT_THAT(st.message(), ::testing::HasSubstr("another backend")) << st;
+
+    // The step planned with key scores (per query head on the KIVI case), each layer's
+    // sequences at their own offsets: outputs and scores as each layer's call gives them alone.
+    const bool per_head = c.kivi;
+    const int64_t group = per_head ? c.heads / c.kv_heads : 1;
+    std::vector<int64_t> ps_at, rs_at, ps_size(kLayers), rs_size(kLayers);
+    for (int64_t l = 0; l < kLayers; ++l) {
+      for (int64_t b = 0; b < batch; ++b) {
+        ps_at.push_back(ps_size[l]);
+        rs_at.push_back(rs_size[l]);
+        for (int64_t h = 0; h < c.kv_heads; ++h) {
+          const int64_t list = (l * batch + b) * c.kv_heads + h;
+          for (int32_t t = 0; t < tier_count; ++t) {
+            for (int32_t j = indptr[t][list]; j < indptr[t][list + 1]; ++j) {
+              ps_size[l] += group * slots[t][j];
+            }
+          }
+        }
+        rs_size[l] += group * c.kv_heads * recent[b];
+      }
+    }
+    step.scores = true;
+    step.batch.scores_per_head = per_head;
+    step.page_score_offsets = ps_at.data();
+    step.recent_score_offsets = rs_at.data();
+    auto scored_plan = backend_->PlanBatchPagedAttention(step);
+    ASSERT_TRUE(scored_plan.ok()) << scored_plan.status();
+    EXPECT_EQ(*scored_plan != nullptr, backend_->kind() == BackendKind::kCuda);
+    for (int64_t l = 0; l < kLayers; ++l) {
+      SCOPED_TRACE(::testing::Message() << "scored layer " << l);
+      ASSERT_TRUE(qb->Upload(testing::RandomFloats(rng, q_size, -2, 2)).ok());
+      const std::vector<float> ps0 =
+          testing::RandomFloats(rng, std::max<int64_t>(1, ps_size[l]), 0, 1);
+      const std::vector<float> rs0 =
+          testing::RandomFloats(rng, std::max<int64_t>(1, rs_size[l]), 0, 1);
+      std::vector<std::vector<float>>
+          results;  // out, page scores, recent scores; alone then planned
+      for (const bool use_plan : {false, true}) {
+        auto ps = GuardedBuffer::Create(*backend_, ps0.size());
+        auto rs = GuardedBuffer::Create(*backend_, rs0.size());
+        auto out = GuardedBuffer::Create(*backend_, q_size);
+        ASSERT_TRUE(ps.ok() && rs.ok() && out.ok());
+        ASSERT_TRUE(ps->Upload(ps0).ok() && rs->Upload(rs0).ok());
+        BatchPagedAttentionParams sp = LayerOfStep(step, l);
+        sp.q = {.data = qb->data(), .size = q_size, .space = space};
+        sp.out = {.data = out->data(), .size = q_size, .space = space};
+        sp.page_scores = {.data = ps->data(), .size = ps_size[l], .space = space};
+        sp.recent_scores = {.data = rs->data(), .size = rs_size[l], .space = space};
+        sp.page_score_offsets = ps_at.data() + l * batch;
+        sp.recent_score_offsets = rs_at.data() + l * batch;
+        if (use_plan) sp.plan = scored_plan->get();
+        const absl::Status scored = backend_->BatchPagedAttention(sp);
+        ASSERT_TRUE(scored.ok()) << scored;
+        for (GuardedBuffer* buf : {&*out, &*ps, &*rs}) {
+          auto got = buf->DownloadChecked();
+          ASSERT_TRUE(got.ok()) << got.status();
+          results.push_back(std::move(*got));
+        }
+        if (use_plan && *scored_plan != nullptr && batch > 1) {
+          // Sequence 1's scores put anywhere else than planned are refused.
+          std::vector<int64_t> moved(ps_at.begin() + l * batch, ps_at.begin() + (l + 1) * batch);
+          moved[1] += 1;
+          sp.page_score_offsets = moved.data();
+          const absl::Status elsewhere = backend_->BatchPagedAttention(sp);
+          EXPECT_EQ(elsewhere.code(), absl::StatusCode::kInvalidArgument) << elsewhere;
+        }
+      }
+      testing::ExpectNear(results[3], results[0], {1e-6f}, 1e-6f, "planned scored layer");
+      testing::ExpectNear(results[4], results[1], {1e-5f}, 1e-5f, "planned page scores");
+      testing::ExpectNear(results[5], results[2], {1e-5f}, 1e-5f, "planned recent scores");
+    }
   }
 }
 

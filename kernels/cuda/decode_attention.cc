@@ -471,6 +471,10 @@ absl::Status DecodeAttentionPlan::Run(const float* q, float* out, cudaStream_t s
   p.q = q;
   p.out = out;
   const bool scores = page_scores != nullptr || recent_scores != nullptr;
+  if (scores && (page_scores == nullptr || recent_scores == nullptr)) {
+    return absl::InvalidArgumentError(
+        "decode attention: key scores need both page_scores and recent_scores");
+  }
   if (scores && !state_->scores) {
     return absl::UnimplementedError(
         "decode attention: key scores asked of a plan made without score offsets");
@@ -593,7 +597,11 @@ absl::StatusOr<std::unique_ptr<BatchAttentionPlan>> DecodeStepPlan::Create(
     const void* backend, const BatchPagedAttentionStep& step,
     absl::Span<const std::vector<PagedAttentionParams>> layers, cudaStream_t stream,
     DecodeAttentionWorkspace* workspace) {
-  if (step.scores || layers.empty()) return nullptr;
+  if (layers.empty()) return nullptr;
+  // Scores need every (layer, sequence)'s offsets now.
+  if (step.scores && (step.page_score_offsets == nullptr || step.recent_score_offsets == nullptr)) {
+    return nullptr;
+  }
   for (const std::vector<PagedAttentionParams>& sequences : layers) {
     if (!RunsAsOnePlan(step.batch, sequences) ||
         sequences.front().q_tokens != layers.front().front().q_tokens) {
@@ -610,12 +618,20 @@ absl::StatusOr<std::unique_ptr<BatchAttentionPlan>> DecodeStepPlan::Create(
   }
   const int64_t q_tokens = layers.front().front().q_tokens;
   const int64_t n_layers = static_cast<int64_t>(layers.size());
-  SLUICE_ASSIGN_OR_RETURN(
-      DecodeAttentionPlan plan,
-      DecodeAttentionPlan::Create(
-          BatchOf(layers.front().front(), step.batch.batch, n_layers, step.batch.codebooks, flat),
-          stream, workspace));
+  DecodeBatch batch =
+      BatchOf(layers.front().front(), step.batch.batch, n_layers, step.batch.codebooks, flat);
+  if (step.scores) {
+    batch.page_score_offsets = step.page_score_offsets;
+    batch.recent_score_offsets = step.recent_score_offsets;
+  }
+  SLUICE_ASSIGN_OR_RETURN(DecodeAttentionPlan plan,
+                          DecodeAttentionPlan::Create(batch, stream, workspace));
   auto out = std::unique_ptr<DecodeStepPlan>(new DecodeStepPlan(backend, std::move(plan)));
+  if (step.scores) {
+    const int64_t n = n_layers * step.batch.batch;
+    out->page_score_offsets_.assign(step.page_score_offsets, step.page_score_offsets + n);
+    out->recent_score_offsets_.assign(step.recent_score_offsets, step.recent_score_offsets + n);
+  }
   out->batch_ = step.batch.batch;
   out->kv_heads_ = step.batch.kv_heads;
   out->q_tokens_ = q_tokens;
@@ -637,9 +653,20 @@ absl::Status DecodeStepPlan::Run(const BatchPagedAttentionParams& p,
         "plan (%d layers, batch %d, %d kv-heads)",
         layer, p.batch, p.kv_heads, plan_.layers(), batch_, kv_heads_));
   }
-  if (p.page_scores.data != nullptr) {
+  const bool scores = p.page_scores.data != nullptr;
+  if (scores && page_score_offsets_.empty()) {
     return absl::InvalidArgumentError(
         "batch_paged_attention: key scores asked of a step planned without them");
+  }
+  for (int64_t b = 0; scores && b < batch_; ++b) {
+    if (p.page_score_offsets == nullptr || p.recent_score_offsets == nullptr ||
+        p.page_score_offsets[b] != page_score_offsets_[layer * batch_ + b] ||
+        p.recent_score_offsets[b] != recent_score_offsets_[layer * batch_ + b]) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "batch_paged_attention: sequence %d of layer %d puts its key scores elsewhere than the "
+          "step's plan",
+          b, layer));
+    }
   }
   // The call must be the layer the plan holds: same queries, windows and pages, in order.
   int32_t at = page_offsets_[layer * lists];
@@ -666,7 +693,8 @@ absl::Status DecodeStepPlan::Run(const BatchPagedAttentionParams& p,
           b, layer));
     }
   }
-  return plan_.Run(p.q.data, p.out.data, stream, nullptr, nullptr, false, layer);
+  return plan_.Run(p.q.data, p.out.data, stream, scores ? p.page_scores.data : nullptr,
+                   scores ? p.recent_scores.data : nullptr, p.scores_per_head, layer);
 }
 
 }  // namespace sluice::kernels::cuda

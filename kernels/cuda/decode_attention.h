@@ -160,8 +160,9 @@ absl::Status BatchPagedAttention(const BatchPagedAttentionParams& p,
 
 // Backend::PlanBatchPagedAttention on the GPU: one DecodeAttentionPlan over every layer of the
 // step (one upload of all the layers' page tables and work split), and host copies of what each
-// layer's call must match. Null when a layer does not run as one plan (RunsAsOnePlan) or the
-// step asks for key scores.
+// layer's call must match (pages, windows, queries, and with key scores where each
+// sequence's go). Null when a layer does not run as one plan (RunsAsOnePlan), or the step asks
+// for key scores without saying where each (layer, sequence)'s go.
 class DecodeStepPlan final : public BatchAttentionPlan {
  public:
   // `backend`: the Backend that owns `stream` and `workspace` (BatchAttentionPlan::backend).
@@ -185,6 +186,8 @@ class DecodeStepPlan final : public BatchAttentionPlan {
   std::vector<int32_t> page_offsets_;  // [layers * batch * kv_heads + 1]
   std::vector<int64_t> recent_offsets_;
   std::vector<const float*> recent_k_, recent_v_;  // [layers * batch]
+  // With scores: each (layer, sequence)'s, as planned ([layers * batch]).
+  std::vector<int64_t> page_score_offsets_, recent_score_offsets_;
 };
 
 }  // namespace sluice::kernels::cuda

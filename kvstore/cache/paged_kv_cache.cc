@@ -497,7 +497,9 @@ absl::Status PagedKvCache::BeginStep(absl::Span<const model::StepEntry> batch) {
                               .recent_v = plan.recent_v.data(),
                               .recent_tokens = plan.recent_tokens.data(),
                               .scores_per_head = per_head},
-                    .scores = policy_->scores() != policy::ScoreMode::kNone};
+                    .scores = policy_->scores() != policy::ScoreMode::kNone,
+                    .page_score_offsets = plan.page_score_offsets.data(),
+                    .recent_score_offsets = plan.recent_score_offsets.data()};
   for (int t = 0; t < tiers_; ++t) {
     plan.attention.batch.tables[t] = {
         .indptr = plan.indptr[t].data(), .ids = plan.ids[t].data(), .slots = plan.slots[t].data()};
