@@ -77,6 +77,12 @@ uint16_t FloatToFp16(float f) {
 
 float Bf16ToFloat(uint16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
 
+uint16_t FloatToBf16(float f) {
+  const uint32_t bits = FloatToBits(f);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
 void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
   switch (type) {
     case GgmlType::kF32:

@@ -49,6 +49,7 @@ static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(Block
 float Fp16ToFloat(uint16_t h);
 uint16_t FloatToFp16(float f);  // round to nearest even
 float Bf16ToFloat(uint16_t h);
+uint16_t FloatToBf16(float f);  // round to nearest even; NaN stays NaN
 
 // Dequantizes `n` elements (a multiple of the type's block size) starting at `src`, a row in
 // the type's storage layout, into `dst` [n]. The type must be one FindGgmlType knows.

@@ -35,6 +35,19 @@ TEST(GgmlQuant, Fp16RoundTripsEveryFiniteValue) {
 TEST(GgmlQuant, Bf16) {
   EXPECT_EQ(Bf16ToFloat(0x3f80), 1.0f);
   EXPECT_EQ(Bf16ToFloat(0xc040), -3.0f);
+  // Every bf16 value comes back from its float exactly (NaN as a NaN).
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = Bf16ToFloat(static_cast<uint16_t>(h));
+    if (std::isnan(f)) {
+      ASSERT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(f))));
+    } else {
+      ASSERT_EQ(FloatToBf16(f), h) << std::hex << h;
+    }
+  }
+  EXPECT_EQ(FloatToBf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);      // tie rounds to even
+  EXPECT_EQ(FloatToBf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);  // tie rounds to even
+  EXPECT_EQ(FloatToBf16(1.0f + std::ldexp(1.0f, -7) * 0.75f), 0x3f81);
+  EXPECT_EQ(FloatToBf16(3.4e38f), 0x7f80);  // past bf16's largest: inf
 }
 
 TEST(GgmlQuant, DequantizeBlocks) {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "kernels/ggml_quant.h"
 
 namespace sluice::model {
 namespace {
@@ -68,7 +69,8 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromGguf(const GgufFile& g) {
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& g,
-                                                             kernels::Backend& backend) {
+                                                             kernels::Backend& backend,
+                                                             const LlamaLoadOptions& options) {
   for (kernels::Op op : {kernels::Op::kRmsNorm, kernels::Op::kMatmul, kernels::Op::kGetRows,
                          kernels::Op::kRope, kernels::Op::kSwiGlu, kernels::Op::kAttention}) {
     if (!backend.Supports(op)) {
@@ -92,7 +94,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& g,
   };
   auto weight = [&](const std::string& name, std::vector<int64_t> dims) -> absl::StatusOr<Weight> {
     SLUICE_ASSIGN_OR_RETURN(const GgufTensor* t, tensor(name, dims));
-    return Weight{t->data, t->type, t->bytes};
+    return Weight{t->data, t->type, t->bytes, dims[1], dims[0]};
   };
   auto norm = [&](const std::string& name) -> absl::StatusOr<const float*> {
     SLUICE_ASSIGN_OR_RETURN(const GgufTensor* t, tensor(name, {c.hidden}));
@@ -125,12 +127,12 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& g,
     model->layers_.push_back(l);
   }
   if (backend.memory_space() == kernels::MemorySpace::kDevice) {
-    SLUICE_RETURN_IF_ERROR(model->UploadWeights());
+    SLUICE_RETURN_IF_ERROR(model->UploadWeights(options.bf16_on_device));
   }
   return model;
 }
 
-absl::Status LlamaModel::UploadWeights() {
+absl::Status LlamaModel::UploadWeights(bool bf16) {
   const size_t norm_bytes = config_.hidden * sizeof(float);
   constexpr size_t kAlign = 256;
   const auto aligned = [](size_t n) { return (n + kAlign - 1) / kAlign * kAlign; };
@@ -143,8 +145,12 @@ absl::Status LlamaModel::UploadWeights() {
     norms.push_back(&l.ffn_norm);
     for (Weight* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) weights.push_back(w);
   }
+  // A matrix as it goes to the device: its GGUF bytes, or bf16.
+  const auto device_bytes = [bf16](const Weight& w) {
+    return bf16 ? static_cast<size_t>(w.rows * w.cols) * sizeof(uint16_t) : w.bytes;
+  };
   size_t total = norms.size() * aligned(norm_bytes);
-  for (const Weight* w : weights) total += aligned(w->bytes);
+  for (const Weight* w : weights) total += aligned(device_bytes(*w));
   SLUICE_ASSIGN_OR_RETURN(device_weights_, kernels::DeviceBuffer::Create(backend_, total));
   uint8_t* base = device_weights_.as<uint8_t>();
   size_t at = 0;
@@ -154,10 +160,33 @@ absl::Status LlamaModel::UploadWeights() {
     at += aligned(bytes);
     return dst;
   };
+  std::vector<float> row;
+  std::vector<uint16_t> converted;
   for (Weight* w : weights) {
-    SLUICE_ASSIGN_OR_RETURN(uint8_t * dst, place(w->data, w->bytes));
+    const void* src = w->data;
+    if (bf16 && w->type != kernels::GgmlType::kBF16) {
+      // Row by row through fp32, rounded to nearest even.
+      const kernels::GgmlTypeTraits* t = kernels::FindGgmlType(static_cast<uint32_t>(w->type));
+      const int64_t row_bytes = w->cols / t->block_size * t->type_size;
+      row.resize(w->cols);
+      converted.resize(w->rows * w->cols);
+      for (int64_t r = 0; r < w->rows; ++r) {
+        kernels::DequantizeRow(w->type, static_cast<const uint8_t*>(w->data) + r * row_bytes,
+                               row.data(), w->cols);
+        for (int64_t c = 0; c < w->cols; ++c) {
+          converted[r * w->cols + c] = kernels::FloatToBf16(row[c]);
+        }
+      }
+      src = converted.data();
+    }
+    SLUICE_ASSIGN_OR_RETURN(uint8_t * dst, place(src, device_bytes(*w)));
     w->data = dst;
+    if (bf16) {
+      w->type = kernels::GgmlType::kBF16;
+      w->bytes = device_bytes(*w);
+    }
   }
+  if (bf16) precision_ = kernels::MatmulPrecision::kBf16;
   if (config_.tied_output) output_ = token_embd_;
   for (const float** n : norms) {
     SLUICE_ASSIGN_OR_RETURN(uint8_t * dst, place(*n, norm_bytes));
@@ -212,6 +241,7 @@ absl::Status LlamaModel::Matmul(const float* x, const Weight& w, float* y, int64
                           .m = m,
                           .n = n,
                           .k = k,
+                          .precision = precision_,
                           .accumulate = accumulate});
 }
 

@@ -48,12 +48,22 @@ struct ForwardEntry {
   absl::Span<const int32_t> tokens;  // its new tokens, at least one
 };
 
+struct LlamaLoadOptions {
+  // On a device backend: the weight matrices go to device memory as bf16 (expanded from their
+  // GGUF types once, here) and every matmul runs on the matrix units with bf16 operands and
+  // fp32 accumulation (MatmulPrecision::kBf16), as vLLM and SGLang serve. Off: they keep their
+  // GGUF types and each matmul expands them to fp32 (exact, slower). Host backends keep the
+  // GGUF types and fp32 arithmetic either way.
+  bool bf16_on_device = true;
+};
+
 class LlamaModel {
  public:
   // `gguf` must outlive the model on host backends (weights point into its mapping); on a
   // device backend the weights are copied to device memory here.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const GgufFile& gguf,
-                                                          kernels::Backend& backend);
+                                                          kernels::Backend& backend,
+                                                          const LlamaLoadOptions& options = {});
 
   const LlamaConfig& config() const { return config_; }
 
@@ -67,6 +77,7 @@ class LlamaModel {
     const void* data = nullptr;
     kernels::GgmlType type = kernels::GgmlType::kF32;
     size_t bytes = 0;
+    int64_t rows = 0, cols = 0;  // [rows, cols], a row per output
   };
   struct Layer {
     const float* attn_norm = nullptr;  // [hidden]
@@ -85,8 +96,9 @@ class LlamaModel {
   LlamaModel(LlamaConfig config, kernels::Backend& backend)
       : config_(std::move(config)), backend_(backend) {}
 
-  // Copies every weight into one device buffer and points the model at it there.
-  absl::Status UploadWeights();
+  // Copies every weight into one device buffer (matrices as bf16 with `bf16`) and points the
+  // model at it there.
+  absl::Status UploadWeights(bool bf16);
   absl::Status EnsureScratch(int64_t rows, int64_t batch);
   absl::Status Matmul(const float* x, const Weight& w, float* y, int64_t m, int64_t n, int64_t k,
                       bool accumulate = false);
@@ -104,6 +116,7 @@ class LlamaModel {
   std::vector<std::vector<float>> owned_norms_;
   // On a device backend: every weight, uploaded at load.
   kernels::DeviceBuffer device_weights_;
+  kernels::MatmulPrecision precision_ = kernels::MatmulPrecision::kFp32;
   Scratch scratch_;
 };
 

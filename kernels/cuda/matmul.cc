@@ -24,7 +24,8 @@ int64_t ChunkRows(const MatmulParams& p) {
 }
 
 // The bf16 path: x and each chunk of w rounded to bf16 in the workspace ([m, k] then
-// [chunk, k]), multiplied on the tensor cores with fp32 accumulation (cublasGemmEx).
+// [chunk, k]), multiplied on the tensor cores with fp32 accumulation (cublasGemmEx). Weights
+// stored in bf16 are read in place: one GEMM, only x converted.
 absl::Status MatmulBf16(const MatmulParams& p, cublasHandle_t cublas, void* workspace,
                         cudaStream_t stream) {
   const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
@@ -39,7 +40,13 @@ absl::Status MatmulBf16(const MatmulParams& p, cublasHandle_t cublas, void* work
   // prescribes, so the default mode (tensor cores) is set around the call and restored.
   SLUICE_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH));
   absl::Status status;
-  for (int64_t n0 = 0; n0 < p.n && status.ok(); n0 += chunk) {
+  if (p.w_type == GgmlType::kBF16) {
+    status = CublasStatus(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, p.w,
+                                       CUDA_R_16BF, k, x16, CUDA_R_16BF, k, &beta, p.y, CUDA_R_32F,
+                                       n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                          "cublasGemmEx", __FILE__, __LINE__);
+  }
+  for (int64_t n0 = 0; p.w_type != GgmlType::kBF16 && n0 < p.n && status.ok(); n0 += chunk) {
     const int nc = static_cast<int>(std::min(chunk, p.n - n0));
     if (cudaError_t e = LaunchDequantizeRowsBf16(
             p.w_type, static_cast<const uint8_t*>(p.w) + n0 * row_bytes, nc, p.k, w16, stream);
@@ -59,7 +66,9 @@ absl::Status MatmulBf16(const MatmulParams& p, cublasHandle_t cublas, void* work
 }  // namespace
 
 size_t MatmulWorkspaceBytes(const MatmulParams& p) {
-  if (Bf16(p)) return static_cast<size_t>((p.m + ChunkRows(p)) * p.k) * 2;
+  if (Bf16(p)) {
+    return static_cast<size_t>((p.m + (p.w_type == GgmlType::kBF16 ? 0 : ChunkRows(p))) * p.k) * 2;
+  }
   if (p.w_type == GgmlType::kF32) return 0;
   return static_cast<size_t>(ChunkRows(p) * p.k) * sizeof(float);
 }
