@@ -7,25 +7,17 @@
 
 #include "kernels/kv_format.h"
 #include "kernels/test_util/op_test.h"
+#include "kernels/test_util/slot_move_formats.h"
 
 namespace sluice::kernels {
 namespace {
 
 class KvMoveSlotsTest : public testing::OpTest<Op::kKvMoveSlots> {};
 
-KvQuantSpec Int(int bits, int group) {
-  return {.codec = KvCodec::kInt, .bits = bits, .grouping = KvGrouping::kPerToken, .group = group};
-}
-
 TEST_P(KvMoveSlotsTest, MatchesKvMoveSlot) {
   const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
-  const KvTierFormat formats[] = {
-      {.head_dim = 64, .page_bytes = 4096},                                    // f16
-      {.k = Int(8, 0), .v = Int(8, 0), .head_dim = 64, .page_bytes = 4096},    // int8
-      {.k = Int(4, 32), .v = Int(2, 32), .head_dim = 64, .page_bytes = 4096},  // tiled K
-      {.k = Int(8, 0), .v = Int(4, 32), .head_dim = 64, .page_bytes = 4096, .token_meta = true},
-  };
+  const std::vector<KvTierFormat> formats = testing::SlotMoveFormats();
   for (const KvTierFormat& f : formats) {
     SCOPED_TRACE(::testing::Message() << KvTierFormatName(f) << " seed=" << seed);
     auto layout = ComputePageLayout(f);

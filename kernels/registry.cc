@@ -26,9 +26,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(BackendKind kind) {
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateDefaultBackend() {
-  auto gpu = CreateBackend(BackendKind::kCuda);
-  if (gpu.ok()) return gpu;
-  return CreateBackend(BackendKind::kCpu);
+  return CreateNamedBackend("auto");
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateNamedBackend(std::string_view name, int threads) {

@@ -218,8 +218,7 @@ absl::Status LlamaModel::EnsureScratch(int64_t rows, int64_t batch) {
                             {&s.up, c.ffn}}) {
       SLUICE_RETURN_IF_ERROR(grow(*b, rows * width, sizeof(float)));
     }
-    SLUICE_RETURN_IF_ERROR(grow(s.ids, rows, sizeof(int32_t)));
-    SLUICE_RETURN_IF_ERROR(grow(s.positions, rows, sizeof(int32_t)));
+    SLUICE_RETURN_IF_ERROR(grow(s.tokens, 2 * rows, sizeof(int32_t)));
     s.rows = rows;
   }
   if (batch > s.batch) {
@@ -301,11 +300,14 @@ absl::Status LlamaModel::RunStep(absl::Span<const ForwardEntry> batch,
   float* attn = s.attn.as<float>();
   float* gate = s.gate.as<float>();
   float* up = s.up.as<float>();
-  SLUICE_RETURN_IF_ERROR(s.ids.Upload(ids.data(), m * sizeof(int32_t)));
-  SLUICE_RETURN_IF_ERROR(s.positions.Upload(positions.data(), m * sizeof(int32_t)));
+  // Ids and positions in one copy: [ids, positions], packed at the step's row count.
+  ids.insert(ids.end(), positions.begin(), positions.end());
+  SLUICE_RETURN_IF_ERROR(s.tokens.Upload(ids.data(), ids.size() * sizeof(int32_t)));
+  const int32_t* device_ids = s.tokens.as<int32_t>();
+  const int32_t* device_positions = device_ids + m;
   SLUICE_RETURN_IF_ERROR(backend_.GetRows({.table = token_embd_.data,
                                            .table_type = token_embd_.type,
-                                           .ids = s.ids.as<int32_t>(),
+                                           .ids = device_ids,
                                            .out = x,
                                            .count = m,
                                            .rows = c.vocab,
@@ -320,7 +322,7 @@ absl::Status LlamaModel::RunStep(absl::Span<const ForwardEntry> batch,
     SLUICE_RETURN_IF_ERROR(Matmul(h, l.v, v, m, kv_dim, c.hidden));
     for (auto [buf, heads] : {std::pair{q, c.heads}, std::pair{k, c.kv_heads}}) {
       SLUICE_RETURN_IF_ERROR(backend_.Rope({.x = buf,
-                                            .positions = s.positions.as<int32_t>(),
+                                            .positions = device_positions,
                                             .tokens = m,
                                             .heads = heads,
                                             .head_dim = c.head_dim,

@@ -89,8 +89,8 @@ class LlamaModel {
   struct Scratch {
     int64_t rows = 0, batch = 0;                          // what the buffers hold
     kernels::DeviceBuffer x, h, q, k, v, attn, gate, up;  // [rows, ...]
-    kernels::DeviceBuffer ids, positions;                 // [rows]
-    kernels::DeviceBuffer last, logits;                   // [batch, hidden], [batch, vocab]
+    kernels::DeviceBuffer tokens;        // [2, rows]: the token ids, then their positions
+    kernels::DeviceBuffer last, logits;  // [batch, hidden], [batch, vocab]
   };
 
   LlamaModel(LlamaConfig config, kernels::Backend& backend)

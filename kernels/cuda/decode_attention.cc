@@ -476,7 +476,7 @@ absl::Status DecodeAttentionPlan::Run(const float* q, float* out, cudaStream_t s
         "decode attention: key scores need both page_scores and recent_scores");
   }
   if (scores && !state_->scores) {
-    return absl::UnimplementedError(
+    return absl::InvalidArgumentError(
         "decode attention: key scores asked of a plan made without score offsets");
   }
   if (!scores) p.logits = nullptr;

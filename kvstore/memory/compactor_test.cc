@@ -14,6 +14,7 @@
 #include "kernels/device_buffer.h"
 #include "kernels/kv_format.h"
 #include "kernels/test_util/op_test.h"
+#include "kernels/test_util/slot_move_formats.h"
 #include "kvstore/memory/slot_bitmap.h"
 
 namespace sluice::kvstore {
@@ -28,9 +29,7 @@ using kernels::Op;
 
 class CompactorTest : public kernels::testing::OpTest<Op::kKvMoveSlots> {};
 
-KvQuantSpec Int(int bits, int group) {
-  return {.codec = KvCodec::kInt, .bits = bits, .grouping = KvGrouping::kPerToken, .group = group};
-}
+constexpr auto Int = kernels::testing::IntPerToken;
 
 uint64_t* BitsOf(std::vector<uint8_t>& pool, int64_t page_bytes, const KvPageLayout& layout,
                  PageId id) {
@@ -40,12 +39,7 @@ uint64_t* BitsOf(std::vector<uint8_t>& pool, int64_t page_bytes, const KvPageLay
 TEST_P(CompactorTest, PlansAndMovesAsTheHostReference) {
   const uint64_t seed = kernels::testing::TestSeed();
   std::mt19937_64 rng(seed);
-  const KvTierFormat formats[] = {
-      {.head_dim = 64, .page_bytes = 4096},                                    // f16
-      {.k = Int(8, 0), .v = Int(8, 0), .head_dim = 64, .page_bytes = 4096},    // int8
-      {.k = Int(4, 32), .v = Int(2, 32), .head_dim = 64, .page_bytes = 4096},  // tiled K
-      {.k = Int(8, 0), .v = Int(4, 32), .head_dim = 64, .page_bytes = 4096, .token_meta = true},
-  };
+  const std::vector<KvTierFormat> formats = kernels::testing::SlotMoveFormats();
   for (const KvTierFormat& f : formats) {
     SCOPED_TRACE(::testing::Message() << KvTierFormatName(f) << " seed=" << seed);
     auto layout = ComputePageLayout(f);
