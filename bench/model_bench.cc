@@ -112,6 +112,7 @@ absl::Status Run() {
   for (int p : prompts) {
     for (int b : batches) {
       double prefill = 0, dec = 0;
+      std::vector<double> step_ms;  // each decode step of the fastest run, in milliseconds
       for (int rep = 0; rep < repeats; ++rep) {
         SLUICE_ASSIGN_OR_RETURN(auto cache_owner, make_cache(b, p + decode + 1));
         kvstore::PagedKvCache& cache = *cache_owner;
@@ -127,17 +128,33 @@ absl::Status Run() {
         SLUICE_RETURN_IF_ERROR(llama->Forward(batch, cache, logits.data()));
         const auto t1 = Clock::now();
         std::vector<int32_t> next(b);
+        std::vector<double> steps;
         for (int step = 0; step < decode; ++step) {
+          const auto s0 = Clock::now();
           for (int s = 0; s < b; ++s) {
             const float* row = logits.data() + s * c.vocab;
             next[s] = static_cast<int32_t>(std::max_element(row, row + c.vocab) - row);
             batch[s].tokens = absl::MakeConstSpan(&next[s], 1);
           }
           SLUICE_RETURN_IF_ERROR(llama->Forward(batch, cache, logits.data()));
+          steps.push_back(std::chrono::duration<double, std::milli>(Clock::now() - s0).count());
         }
         const auto t2 = Clock::now();
         prefill = std::max(prefill, double(b) * p / std::chrono::duration<double>(t1 - t0).count());
-        dec = std::max(dec, double(b) * decode / std::chrono::duration<double>(t2 - t1).count());
+        const double rate = double(b) * decode / std::chrono::duration<double>(t2 - t1).count();
+        if (rate > dec) step_ms = std::move(steps);
+        dec = std::max(dec, rate);
+      }
+      // Inter-token latency: the median and slowest steps (a step that moves the window's
+      // tokens to pages costs more than one that only attends).
+      nlohmann::json steps = nlohmann::json::object();
+      if (!step_ms.empty()) {
+        std::vector<double> sorted = step_ms;
+        std::sort(sorted.begin(), sorted.end());
+        steps = {{"p50", sorted[sorted.size() / 2]},
+                 {"p90", sorted[sorted.size() * 9 / 10]},
+                 {"max", sorted.back()},
+                 {"max_at", std::max_element(step_ms.begin(), step_ms.end()) - step_ms.begin()}};
       }
       std::fprintf(stderr, "%6d %7d %14.1f %14.1f\n", b, p, prefill, dec);
       cases.push_back({{"batch", b},
@@ -145,7 +162,8 @@ absl::Status Run() {
                        {"decode_steps", decode},
                        {"repeats", repeats},
                        {"prefill_tokens_per_s", prefill},
-                       {"decode_tokens_per_s", dec}});
+                       {"decode_tokens_per_s", dec},
+                       {"decode_step_ms", steps}});
     }
   }
   nlohmann::json out = {

@@ -1,7 +1,9 @@
 // Backend::CopyOnDevice on every backend: copies land where they are asked to, in order with the
 // backend's ops, and nothing outside them changes.
+#include <array>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernels/test_util/backend_cases.h"
@@ -17,7 +19,28 @@ class CopyOnDeviceTest : public ::testing::TestWithParam<testing::BackendCase> {
     if (!backend.ok()) GTEST_SKIP() << GetParam().name << " skipped: " << backend.status();
     backend_ = std::move(*backend);
   }
+  // Two buffers of n random bytes on the backend, a's and b's host copies beside them; TearDown
+  // frees them.
+  void MakeBuffers(size_t n, std::mt19937_64& rng, std::vector<uint8_t>* a, std::vector<uint8_t>* b,
+                   uint8_t** pa, uint8_t** pb) {
+    a->resize(n);
+    b->resize(n);
+    for (auto& x : *a) x = static_cast<uint8_t>(rng());
+    for (auto& x : *b) x = static_cast<uint8_t>(rng());
+    for (auto [host, device] : {std::pair{a, pa}, std::pair{b, pb}}) {
+      auto d = backend_->Allocate(n);
+      ASSERT_TRUE(d.ok()) << d.status();
+      *device = static_cast<uint8_t*>(*d);
+      owned_.push_back(*device);
+      ASSERT_TRUE(backend_->CopyToDevice(*device, host->data(), n).ok());
+    }
+  }
+  void TearDown() override {
+    for (void* p : owned_) backend_->Free(p);
+  }
+
   std::unique_ptr<Backend> backend_;
+  std::vector<void*> owned_;
 };
 
 TEST_P(CopyOnDeviceTest, CopiesRangesAndLeavesTheRest) {
@@ -25,16 +48,9 @@ TEST_P(CopyOnDeviceTest, CopiesRangesAndLeavesTheRest) {
   SCOPED_TRACE(::testing::Message() << "seed=" << seed);
   std::mt19937_64 rng(seed);
   const size_t n = 4096;
-  std::vector<uint8_t> a(n), b(n);
-  for (auto& x : a) x = static_cast<uint8_t>(rng());
-  for (auto& x : b) x = static_cast<uint8_t>(rng());
-  auto da = backend_->Allocate(n);
-  auto db = backend_->Allocate(n);
-  ASSERT_TRUE(da.ok() && db.ok());
-  uint8_t* pa = static_cast<uint8_t*>(*da);
-  uint8_t* pb = static_cast<uint8_t*>(*db);
-  ASSERT_TRUE(backend_->CopyToDevice(pa, a.data(), n).ok());
-  ASSERT_TRUE(backend_->CopyToDevice(pb, b.data(), n).ok());
+  std::vector<uint8_t> a, b;
+  uint8_t *pa = nullptr, *pb = nullptr;
+  ASSERT_NO_FATAL_FAILURE(MakeBuffers(n, rng, &a, &b, &pa, &pb));
   // Random disjoint ranges of a go to random disjoint ranges of b, and one within a.
   std::vector<Backend::Copy> copies;
   std::vector<uint8_t> want = b, want_a = a;
@@ -52,8 +68,40 @@ TEST_P(CopyOnDeviceTest, CopiesRangesAndLeavesTheRest) {
   ASSERT_TRUE(backend_->CopyToHost(got_a.data(), pa, n).ok());
   EXPECT_EQ(got, want);
   EXPECT_EQ(got_a, want_a);
-  backend_->Free(pa);
-  backend_->Free(pb);
+}
+
+// More copies than one device launch takes (the CUDA backend batches them 128 at a time), of
+// every alignment (16-byte, 4-byte and odd ends and lengths) and sizes from one byte to ranges
+// that several blocks share.
+TEST_P(CopyOnDeviceTest, ManyCopiesOfEveryAlignmentAndSize) {
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::mt19937_64 rng(seed);
+  const size_t n = size_t{4} << 20;
+  std::vector<uint8_t> a, b;
+  uint8_t *pa = nullptr, *pb = nullptr;
+  ASSERT_NO_FATAL_FAILURE(MakeBuffers(n, rng, &a, &b, &pa, &pb));
+  std::vector<Backend::Copy> copies;
+  std::vector<uint8_t> want = b;
+  size_t at = 0;
+  for (int i = 0; i < 300; ++i) {
+    const size_t align = std::array<size_t, 3>{16, 4, 1}[i % 3];
+    size_t bytes = i % 50 == 7 ? 40000 + rng() % 90000 : 1 + rng() % 3000;
+    if (i % 6 < 3) bytes = (bytes + align - 1) / align * align;  // lengths of whole elements too
+    at = (at + align - 1) / align * align;
+    if (at + bytes > n) break;
+    const size_t from = (rng() % (n - bytes)) / align * align;
+    copies.push_back({.dst = pb + at, .src = pa + from, .bytes = bytes});
+    std::memcpy(&want[at], &a[from], bytes);
+    at += bytes + rng() % 64;
+  }
+  ASSERT_GT(copies.size(), 256u);
+  ASSERT_TRUE(backend_->CopyOnDevice(copies).ok());
+  std::vector<uint8_t> got(n);
+  ASSERT_TRUE(backend_->CopyToHost(got.data(), pb, n).ok());
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(got[i], want[i]) << "byte " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, CopyOnDeviceTest,

@@ -141,8 +141,10 @@ TEST_P(KvQuantizeTest, PagesMatchReferenceBytes) {
   }
 }
 
-// Every format at once, each item into a page of its own at a random token group: the bytes of
-// each page are what a call of its own gives on the reference backend.
+// Every format at once, three items of each (a device backend runs them as one launch), each
+// into a page of its own at a random token group, some rows wider than head_dim, scores and
+// positions where the format keeps them: the bytes of each page are what a call of its own
+// gives on the reference backend.
 TEST_P(KvQuantizeTest, BatchWritesWhatEachCallWould) {
   const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
@@ -158,36 +160,61 @@ TEST_P(KvQuantizeTest, BatchWritesWhatEachCallWould) {
     ASSERT_TRUE(layout.ok()) << layout.status();
     layouts.push_back(*layout);
   }
-  for (size_t i = 0; i < formats.size(); ++i) {
-    const KvTierFormat& f = formats[i];
-    const KvPageLayout& l = layouts[i];
-    const int64_t g = l.token_group, groups = l.tokens / g;
-    const int64_t slot = g * static_cast<int64_t>(rng() % groups);
-    const int64_t tokens = g * (1 + static_cast<int64_t>(rng() % (groups - slot / g)));
-    const std::vector<float> k = KvRows(rng, tokens, f.head_dim, true);
-    const std::vector<float> v = KvRows(rng, tokens, f.head_dim, false);
-    KvQuantizeParams p{.k = HostView(k),
-                       .v = HostView(v),
-                       .stride = f.head_dim,
-                       .tokens = tokens,
-                       .format = f,
-                       .layout = l,
-                       .slot = slot};
-    want.emplace_back(f.page_bytes, 0);
-    p.page = HostView(want.back());
-    ref::KvQuantize(p);
-    for (const std::vector<float>* src : {&k, &v}) {
-      auto b = GuardedBuffer::Create(*backend_, src->size());
-      ASSERT_TRUE(b.ok() && b->Upload(*src).ok());
-      buffers.push_back(std::move(*b));
+  std::vector<size_t> format_of;
+  std::vector<GuardedBuffer> meta_buffers;  // scores, positions of the items that have them
+  for (int copy = 0; copy < 3; ++copy) {
+    for (size_t i = 0; i < formats.size(); ++i) {
+      const KvTierFormat& f = formats[i];
+      const KvPageLayout& l = layouts[i];
+      const int64_t g = l.token_group, groups = l.tokens / g;
+      const int64_t slot = g * static_cast<int64_t>(rng() % groups);
+      const int64_t tokens = g * (1 + static_cast<int64_t>(rng() % (groups - slot / g)));
+      const int64_t stride = f.head_dim + (copy == 1 ? 8 : 0);
+      const std::vector<float> k = KvRows(rng, tokens, stride, true);
+      const std::vector<float> v = KvRows(rng, tokens, stride, false);
+      const std::vector<float> scores = testing::RandomFloats(rng, tokens, 0.f, 4.f);
+      std::vector<int32_t> positions(tokens);
+      for (int64_t t = 0; t < tokens; ++t) positions[t] = static_cast<int32_t>(rng() % 100000);
+      const bool meta = f.token_meta && copy != 2;  // the third: none given, 0 and -1 stored
+      KvQuantizeParams p{.k = HostView(k),
+                         .v = HostView(v),
+                         .stride = stride,
+                         .tokens = tokens,
+                         .format = f,
+                         .layout = l,
+                         .slot = slot};
+      if (meta) {
+        p.scores = HostView(scores);
+        p.positions = HostView(positions);
+      }
+      want.emplace_back(f.page_bytes, 0);
+      p.page = HostView(want.back());
+      ref::KvQuantize(p);
+      for (const std::vector<float>* src : {&k, &v}) {
+        auto b = GuardedBuffer::Create(*backend_, src->size());
+        ASSERT_TRUE(b.ok() && b->Upload(*src).ok());
+        buffers.push_back(std::move(*b));
+      }
+      auto page = GuardedBuffer::Create(*backend_, f.page_bytes / 4);
+      ASSERT_TRUE(page.ok() && page->Upload(std::vector<float>(f.page_bytes / 4, 0.f)).ok());
+      buffers.push_back(std::move(*page));
+      p.k = buffers[buffers.size() - 3].view();
+      p.v = buffers[buffers.size() - 2].view();
+      p.page = buffers.back().view<uint8_t>();
+      if (meta) {
+        auto s = GuardedBuffer::Create(*backend_, tokens);
+        auto pos = GuardedBuffer::Create(*backend_, tokens);
+        std::vector<float> pos_bits(tokens);
+        std::memcpy(pos_bits.data(), positions.data(), tokens * sizeof(int32_t));
+        ASSERT_TRUE(s.ok() && s->Upload(scores).ok() && pos.ok() && pos->Upload(pos_bits).ok());
+        p.scores = s->view();
+        p.positions = pos->view<int32_t>();
+        meta_buffers.push_back(std::move(*s));
+        meta_buffers.push_back(std::move(*pos));
+      }
+      items.push_back(p);
+      format_of.push_back(i);
     }
-    auto page = GuardedBuffer::Create(*backend_, f.page_bytes / 4);
-    ASSERT_TRUE(page.ok() && page->Upload(std::vector<float>(f.page_bytes / 4, 0.f)).ok());
-    buffers.push_back(std::move(*page));
-    p.k = buffers[buffers.size() - 3].view();
-    p.v = buffers[buffers.size() - 2].view();
-    p.page = buffers.back().view<uint8_t>();
-    items.push_back(p);
   }
   const absl::Status st = backend_->KvQuantizeBatch(items);
   ASSERT_TRUE(st.ok()) << st;
@@ -195,7 +222,7 @@ TEST_P(KvQuantizeTest, BatchWritesWhatEachCallWould) {
     auto got = buffers[3 * i + 2].DownloadChecked();
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(std::memcmp(got->data(), want[i].data(), want[i].size()), 0)
-        << KvTierFormatName(formats[i]) << " (item " << i << ")";
+        << KvTierFormatName(formats[format_of[i]]) << " (item " << i << ")";
   }
   items[1].slot = 1;  // off its token group or past the page: refused, named
   items[1].tokens = layouts[1].tokens;

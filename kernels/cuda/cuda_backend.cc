@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/batched_copy.h"
 #include "kernels/cuda/cublas_status.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.h"
@@ -130,10 +131,29 @@ absl::Status CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
 }
 
 absl::Status CudaBackend::CopyOnDevice(absl::Span<const Copy> copies) {
+  // One copy goes to the copy engine; more go to one kernel launch per kMaxCopiesPerLaunch.
+  kernels::cuda::BatchedCopyParams batch;
+  const Copy* single = nullptr;
+  int ranges = 0;
+  for (const Copy& c : copies) ranges += c.bytes > 0 ? 1 : 0;
   for (const Copy& c : copies) {
     if (c.bytes == 0) continue;
-    SLUICE_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, impl_->stream));
+    if (ranges == 1) {
+      single = &c;
+      break;
+    }
+    batch.ranges[batch.count++] = {.dst = c.dst, .src = c.src, .bytes = c.bytes};
+    if (batch.count == kernels::cuda::kMaxCopiesPerLaunch) {
+      SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchBatchedCopy(batch, impl_->stream));
+      batch.count = 0;
+    }
+  }
+  if (single != nullptr) {
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(single->dst, single->src, single->bytes,
+                                                cudaMemcpyDeviceToDevice, impl_->stream));
+  }
+  if (batch.count > 0) {
+    SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchBatchedCopy(batch, impl_->stream));
   }
   return absl::OkStatus();
 }
@@ -146,6 +166,29 @@ absl::Status CudaBackend::Synchronize() {
 absl::Status CudaBackend::DoKvQuantize(const KvQuantizeParams& p) {
   if (p.format.huffman_bits > 0) return kernels::cuda::KvQuantizeHuffman(p, impl_->stream);
   SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchKvQuantize(p, impl_->stream));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DoKvQuantizeBatch(absl::Span<const KvQuantizeParams> items) {
+  // Huffman-coded writes size their units on the host, one by one; the fixed-width ones go to
+  // the device as one launch.
+  std::vector<KvQuantizeParams> fixed;
+  fixed.reserve(items.size());
+  for (const KvQuantizeParams& p : items) {
+    if (p.tokens == 0) {
+      if (p.tokens_written != nullptr) *p.tokens_written = 0;
+    } else if (p.format.huffman_bits > 0) {
+      SLUICE_RETURN_IF_ERROR(kernels::cuda::KvQuantizeHuffman(p, impl_->stream));
+    } else {
+      fixed.push_back(p);
+    }
+  }
+  if (fixed.empty()) return absl::OkStatus();
+  const kernels::cuda::KvQuantizeBatchImage image =
+      kernels::cuda::PlanKvQuantizeBatch(fixed.data(), static_cast<int64_t>(fixed.size()));
+  SLUICE_ASSIGN_OR_RETURN(void* device_image, impl_->Workspace(image.bytes.size()));
+  SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchKvQuantizeBatch(
+      image, static_cast<uint8_t*>(device_image), impl_->stream));
   return absl::OkStatus();
 }
 

@@ -40,6 +40,7 @@ class CudaBackend final : public Backend {
   absl::Status DoSoftmax(const SoftmaxParams& p) override;
   absl::Status DoAttention(const AttentionParams& p) override;
   absl::Status DoKvQuantize(const KvQuantizeParams& p) override;
+  absl::Status DoKvQuantizeBatch(absl::Span<const KvQuantizeParams> items) override;
   absl::Status DoKvDequantize(const KvDequantizeParams& p) override;
   absl::Status DoKvMoveSlots(const KvMoveSlotsParams& p) override;
   absl::Status DoPagedAttention(const PagedAttentionParams& p) override;

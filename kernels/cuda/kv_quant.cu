@@ -2,6 +2,8 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "kernels/cuda/kv_quant.h"
 #include "kernels/cuda/launch.cuh"
@@ -79,16 +81,23 @@ __device__ __forceinline__ int UnpackCode(const KvQuantSpec& spec, int d, int ti
   return (segment[byte] >> shift) & ((1 << spec.bits) - 1);
 }
 
-// One thread per (token, channel group) for per-token specs; one per (token group, channel
-// block) for specs grouped along tokens.
-__global__ void QuantizeKernel(KvQuantSpec spec, int d, int tile,
-                               const float* __restrict__ x,  // [n, stride]
-                               int64_t stride, int64_t n, uint8_t* page, int32_t codes_off,
-                               int32_t meta_off, int64_t slot, int32_t page_tokens) {
+// Units of work of one segment: one per (token, channel) for fp16, per (token, channel group)
+// for per-token specs, per (token group, channel block) for specs grouped along tokens.
+__host__ __device__ __forceinline__ int64_t QuantizeWork(const KvQuantSpec& spec, int d,
+                                                         int64_t n) {
+  const int gs = spec.group == 0 ? d : spec.group;
+  if (spec.codec == KvCodec::kF16) return n * d;
+  if (spec.grouping == KvGrouping::kPerToken) return n * (d / gs);
+  return n / gs * (spec.grouping == KvGrouping::kBlock ? d / spec.block_channels : d);
+}
+
+// Unit i of a segment (QuantizeWork): x [n, stride] into the page's codes and metadata.
+__device__ void QuantizeUnit(const KvQuantSpec& spec, int d, int tile, const float* __restrict__ x,
+                             int64_t stride, int64_t n, uint8_t* page, int32_t codes_off,
+                             int32_t meta_off, int64_t slot, int32_t page_tokens, int64_t i) {
   const int row_bytes = d * spec.bits / 8;
   const int gs = spec.group == 0 ? d : spec.group;
   uint16_t* meta = reinterpret_cast<uint16_t*>(page + meta_off);
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (spec.codec == KvCodec::kF16) {
     if (i >= n * d) return;
     const int64_t t = i / d, c = i % d;
@@ -152,19 +161,73 @@ __global__ void QuantizeKernel(KvQuantSpec spec, int d, int tile,
   }
 }
 
-// One thread per token: scores, positions and the valid bits (atomic OR per 64-bit word).
+// grid: [Blocks(QuantizeWork)], block: [kThreads]; one thread per unit of the segment.
+__global__ void QuantizeKernel(KvQuantSpec spec, int d, int tile,
+                               const float* __restrict__ x,  // [n, stride]
+                               int64_t stride, int64_t n, uint8_t* page, int32_t codes_off,
+                               int32_t meta_off, int64_t slot, int32_t page_tokens) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= QuantizeWork(spec, d, n)) return;
+  QuantizeUnit(spec, d, tile, x, stride, n, page, codes_off, meta_off, slot, page_tokens, i);
+}
+
+// Token t of a write: its score, position and valid bit (atomic OR per 64-bit word).
+__device__ void TokenMetaUnit(bool token_meta, const KvPageLayout& layout, uint8_t* page,
+                              const float* scores, const int32_t* positions, int64_t slot,
+                              int64_t t) {
+  const int64_t s = slot + t;
+  if (token_meta) {
+    reinterpret_cast<float*>(page + layout.scores)[s] = scores ? scores[t] : 0.f;
+    reinterpret_cast<int32_t*>(page + layout.positions)[s] = positions ? positions[t] : -1;
+  }
+  atomicOr(reinterpret_cast<unsigned long long*>(page + layout.valid) + s / 64, 1ull << (s % 64));
+}
+
+// grid: [Blocks(tokens)], block: [kThreads]; one thread per token.
 __global__ void TokenMetaKernel(KvQuantizeParams p) {
   const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (t >= p.tokens) return;
-  const int64_t s = p.slot + t;
-  if (p.format.token_meta) {
-    const float* scores = p.scores.data;
-    const int32_t* positions = p.positions.data;
-    reinterpret_cast<float*>(p.page.data + p.layout.scores)[s] = scores ? scores[t] : 0.f;
-    reinterpret_cast<int32_t*>(p.page.data + p.layout.positions)[s] = positions ? positions[t] : -1;
+  TokenMetaUnit(p.format.token_meta, p.layout, p.page.data, p.scores.data, p.positions.data, p.slot,
+                t);
+}
+
+// A batch (KvQuantizeBatchImage): each block finds its job by binary search of the jobs' first
+// blocks, then does one unit of the job's K segment, V segment or token metadata, in that order
+// of unit index. Jobs write distinct pages, so no two blocks of different jobs touch one byte.
+// grid: [total blocks], block: [kThreads].
+__global__ void QuantizeBatchKernel(const KvQuantizeFormat* __restrict__ formats,
+                                    const KvQuantizeJob* __restrict__ jobs,   // [count]
+                                    const int64_t* __restrict__ first_block,  // [count + 1]
+                                    int64_t count) {
+  const int64_t block = blockIdx.x;
+  int64_t lo = 0, hi = count;  // the last job whose first block is <= block
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (first_block[mid] <= block) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
   }
-  atomicOr(reinterpret_cast<unsigned long long*>(p.page.data + p.layout.valid) + s / 64,
-           1ull << (s % 64));
+  const KvQuantizeJob& j = jobs[lo];
+  const KvTierFormat& f = formats[j.format].format;
+  const KvPageLayout& l = formats[j.format].layout;
+  int64_t i = (block - first_block[lo]) * blockDim.x + threadIdx.x;
+  const int64_t k_work = QuantizeWork(f.k, f.head_dim, j.tokens);
+  if (i < k_work) {
+    QuantizeUnit(f.k, f.head_dim, l.k_tile, j.k, j.stride, j.tokens, j.page, l.k_codes, l.k_meta,
+                 j.slot, l.tokens, i);
+    return;
+  }
+  i -= k_work;
+  const int64_t v_work = QuantizeWork(f.v, f.head_dim, j.tokens);
+  if (i < v_work) {
+    QuantizeUnit(f.v, f.head_dim, 1, j.v, j.stride, j.tokens, j.page, l.v_codes, l.v_meta, j.slot,
+                 l.tokens, i);
+    return;
+  }
+  i -= v_work;
+  if (i < j.tokens) TokenMetaUnit(f.token_meta, l, j.page, j.scores, j.positions, j.slot, i);
 }
 
 // One thread per (token, channel) of K and V.
@@ -206,16 +269,7 @@ int Blocks(int64_t work) { return static_cast<int>((work + kThreads - 1) / kThre
 cudaError_t QuantizeSegment(const KvQuantSpec& spec, int d, int tile, const float* x,
                             int64_t stride, int64_t n, uint8_t* page, int32_t codes, int32_t meta,
                             int64_t slot, int32_t page_tokens, cudaStream_t stream) {
-  const int gs = spec.group == 0 ? d : spec.group;
-  int64_t work;
-  if (spec.codec == KvCodec::kF16) {
-    work = n * d;
-  } else if (spec.grouping == KvGrouping::kPerToken) {
-    work = n * (d / gs);
-  } else {
-    work = n / gs * (spec.grouping == KvGrouping::kBlock ? d / spec.block_channels : d);
-  }
-  SLUICE_LAUNCH(Blocks(work), kThreads, 0, stream, QuantizeKernel)
+  SLUICE_LAUNCH(Blocks(QuantizeWork(spec, d, n)), kThreads, 0, stream, QuantizeKernel)
   (spec, d, tile, x, stride, n, page, codes, meta, slot, page_tokens);
   return cudaGetLastError();
 }
@@ -236,6 +290,63 @@ cudaError_t LaunchKvQuantize(const KvQuantizeParams& p, cudaStream_t stream) {
     return e;
   }
   SLUICE_LAUNCH(Blocks(p.tokens), kThreads, 0, stream, TokenMetaKernel)(p);
+  return cudaGetLastError();
+}
+
+KvQuantizeBatchImage PlanKvQuantizeBatch(const KvQuantizeParams* items, int64_t count) {
+  std::vector<KvQuantizeFormat> formats;
+  std::vector<KvQuantizeJob> jobs;
+  std::vector<int64_t> first_block = {0};
+  jobs.reserve(count);
+  first_block.reserve(count + 1);
+  for (int64_t n = 0; n < count; ++n) {
+    const KvQuantizeParams& p = items[n];
+    if (p.tokens == 0) continue;
+    int32_t format = 0;
+    while (format < static_cast<int32_t>(formats.size()) && !(formats[format].format == p.format)) {
+      ++format;
+    }
+    if (format == static_cast<int32_t>(formats.size())) formats.push_back({p.format, p.layout});
+    jobs.push_back({.k = p.k.data,
+                    .v = p.v.data,
+                    .scores = p.scores.data,
+                    .positions = p.positions.data,
+                    .page = p.page.data,
+                    .stride = p.stride,
+                    .tokens = p.tokens,
+                    .slot = p.slot,
+                    .format = format});
+    const int64_t units = QuantizeWork(p.format.k, p.format.head_dim, p.tokens) +
+                          QuantizeWork(p.format.v, p.format.head_dim, p.tokens) + p.tokens;
+    first_block.push_back(first_block.back() + (units + kThreads - 1) / kThreads);
+  }
+  KvQuantizeBatchImage image;
+  image.count = static_cast<int64_t>(jobs.size());
+  image.blocks = first_block.back();
+  const auto append = [&image](const void* data, size_t bytes) {
+    const size_t at = (image.bytes.size() + 15) / 16 * 16;
+    image.bytes.resize(at + bytes);
+    std::memcpy(image.bytes.data() + at, data, bytes);
+    return at;
+  };
+  image.formats_at = append(formats.data(), formats.size() * sizeof(formats[0]));
+  image.jobs_at = append(jobs.data(), jobs.size() * sizeof(jobs[0]));
+  image.first_block_at = append(first_block.data(), first_block.size() * sizeof(int64_t));
+  return image;
+}
+
+cudaError_t LaunchKvQuantizeBatch(const KvQuantizeBatchImage& image, uint8_t* device_image,
+                                  cudaStream_t stream) {
+  if (image.count == 0) return cudaSuccess;
+  if (cudaError_t e = cudaMemcpyAsync(device_image, image.bytes.data(), image.bytes.size(),
+                                      cudaMemcpyHostToDevice, stream);
+      e != cudaSuccess) {
+    return e;
+  }
+  SLUICE_LAUNCH(static_cast<unsigned>(image.blocks), kThreads, 0, stream, QuantizeBatchKernel)
+  (reinterpret_cast<const KvQuantizeFormat*>(device_image + image.formats_at),
+   reinterpret_cast<const KvQuantizeJob*>(device_image + image.jobs_at),
+   reinterpret_cast<const int64_t*>(device_image + image.first_block_at), image.count);
   return cudaGetLastError();
 }
 

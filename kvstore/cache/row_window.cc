@@ -19,6 +19,17 @@ absl::Status RowWindow::Resize(kernels::Backend& backend, int64_t rows) {
     // decode's) moves them about once per kHeadroom drops, and a prompt's holds little more
     // than the prompt.
     const int64_t capacity = rows + std::max(kHeadroom, rows / 4);
+    if (rows <= capacity_ && rows_ <= start_ && capacity_ <= 2 * capacity) {
+      // The buffer holds them from its front, where the live rows are not: they move there,
+      // and nothing is allocated (on a device, allocating and freeing each wait for the GPU).
+      if (rows_ > 0) {
+        SLUICE_RETURN_IF_ERROR(backend.CopyOnDevice(
+            {{.dst = Row(0), .src = Row(start_), .bytes = rows_ * row_ * sizeof(float)}}));
+      }
+      start_ = 0;
+      rows_ = rows;
+      return absl::OkStatus();
+    }
     SLUICE_ASSIGN_OR_RETURN(
         kernels::DeviceBuffer grown,
         kernels::DeviceBuffer::Create(backend, capacity * row_ * sizeof(float)));

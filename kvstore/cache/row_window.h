@@ -1,8 +1,9 @@
 // A sequence's full-precision window of one layer, in the backend's memory: rows of `row`
 // floats (kv_heads x head_dim), the live ones [start, start + rows) of a buffer with a quarter
 // more rows (at least 64 more), so that a flush dropping the oldest rows moves nothing and new
-// rows move the others about once per 64 dropped. On a device backend the rows are device memory:
-// only backend ops read and write them.
+// rows move the others about once per 64 dropped, to the front of the same buffer when they fit
+// there (a new buffer only when the window outgrows it, or holds less than half of it). On a
+// device backend the rows are device memory: only backend ops read and write them.
 #ifndef SLUICE_KVSTORE_CACHE_ROW_WINDOW_H_
 #define SLUICE_KVSTORE_CACHE_ROW_WINDOW_H_
 

@@ -2,9 +2,11 @@
 // rows (a decode's flushes) holds little more than it needs.
 #include "kvstore/cache/row_window.h"
 
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/host_backend.h"
 #include "kernels/ref/ref_backend.h"
 
 namespace sluice::kvstore {
@@ -46,8 +48,22 @@ TEST(RowWindow, KeepsRowsThroughGrowthDropsAndClones) {
   EXPECT_EQ(FirstColumn(backend, w), (std::vector<float>{-1, 3}));
 }
 
+// Host memory that counts its allocations.
+class CountingBackend final : public kernels::HostBackend {
+ public:
+  kernels::BackendKind kind() const override { return kernels::BackendKind::kRef; }
+  std::string name() const override { return "counting"; }
+  bool Supports(kernels::Op) const override { return false; }
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    ++allocations;
+    return HostBackend::Allocate(bytes);
+  }
+  int allocations = 0;
+};
+
 TEST(RowWindow, ADecodeHoldsLittleMoreThanItsRows) {
-  kernels::RefBackend backend;
+  CountingBackend backend;
+  int allocations_at_1000 = 0;
   RowWindow w(kRow);
   ASSERT_TRUE(w.Resize(backend, 512).ok());  // a prompt
   w.DropFront(480);
@@ -59,7 +75,10 @@ TEST(RowWindow, ADecodeHoldsLittleMoreThanItsRows) {
     if (step > 1000) {
       ASSERT_LE(w.capacity(), 64 + 64) << "step " << step;  // its rows and 64 of headroom
     }
+    if (step == 1000) allocations_at_1000 = backend.allocations;
   }
+  // Once its buffer fits, a decode's rows move to its front: no step allocates.
+  EXPECT_EQ(backend.allocations, allocations_at_1000);
   const std::vector<float> first = FirstColumn(backend, w);
   for (size_t r = 0; r < first.size(); ++r) EXPECT_EQ(first[r], next - first.size() + r);
 }
