@@ -279,11 +279,107 @@ absl::Status PagedKvCache::CopyPage(PageId dst, PageId src, int t) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint32_t> PagedKvCache::PageCrc(PageId id) const {
-  if (!on_device_) return Crc32c(pool_->data(id), pool_->page_bytes());
-  std::vector<uint8_t> page(pool_->page_bytes());
-  SLUICE_RETURN_IF_ERROR(backend_.CopyToHost(page.data(), pool_->data(id), page.size()));
-  return Crc32c(page.data(), page.size());
+namespace {
+
+// Pages a device gathers or scatters per host copy (1 MiB of 16 KiB pages).
+constexpr int64_t kStagedPages = 64;
+
+}  // namespace
+
+absl::Status PagedKvCache::CheckPageIds(absl::Span<const PageId> ids) const {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= pool_->num_pages()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "page id %d (#%d) is outside the pool of %d pages", ids[i], i, pool_->num_pages()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::ReadPages(absl::Span<const PageId> ids,
+                                     absl::FunctionRef<void(size_t, const uint8_t*)> fn) const {
+  SLUICE_RETURN_IF_ERROR(CheckPageIds(ids));
+  if (!on_device_) {
+    for (size_t i = 0; i < ids.size(); ++i) fn(i, pool_->data(ids[i]));
+    return absl::OkStatus();
+  }
+  SLUICE_RETURN_IF_ERROR(SyncValid());  // the pages' bytes include their valid bits
+  const size_t page_bytes = static_cast<size_t>(pool_->page_bytes());
+  const size_t batch = std::min<size_t>(ids.size(), kStagedPages);
+  if (page_staging_.size() < batch * page_bytes) {
+    page_staging_.Reset();
+    SLUICE_ASSIGN_OR_RETURN(page_staging_,
+                            kernels::DeviceBuffer::Create(backend_, kStagedPages * page_bytes));
+  }
+  host_staging_.resize(batch * page_bytes);
+  std::vector<kernels::Backend::Copy> gather;
+  for (size_t first = 0; first < ids.size(); first += batch) {
+    const size_t n = std::min(batch, ids.size() - first);
+    gather.clear();
+    for (size_t i = 0; i < n; ++i) {
+      gather.push_back({.dst = page_staging_.as<uint8_t>() + i * page_bytes,
+                        .src = pool_->data(ids[first + i]),
+                        .bytes = page_bytes});
+    }
+    SLUICE_RETURN_IF_ERROR(backend_.CopyOnDevice(gather));
+    SLUICE_RETURN_IF_ERROR(page_staging_.Download(host_staging_.data(), n * page_bytes));
+    for (size_t i = 0; i < n; ++i) fn(first + i, host_staging_.data() + i * page_bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint32_t>> PagedKvCache::PageCrcs(absl::Span<const PageId> ids) const {
+  std::vector<uint32_t> crcs(ids.size());
+  const size_t page_bytes = static_cast<size_t>(pool_->page_bytes());
+  SLUICE_RETURN_IF_ERROR(
+      ReadPages(ids, [&](size_t i, const uint8_t* bytes) { crcs[i] = Crc32c(bytes, page_bytes); }));
+  return crcs;
+}
+
+absl::Status PagedKvCache::CopyPagesToHost(absl::Span<const PageId> ids, uint8_t* host) const {
+  const size_t page_bytes = static_cast<size_t>(pool_->page_bytes());
+  return ReadPages(ids, [&](size_t i, const uint8_t* bytes) {
+    uint8_t* dst = host + static_cast<size_t>(ids[i]) * page_bytes;
+    if (dst != bytes) std::memcpy(dst, bytes, page_bytes);
+  });
+}
+
+absl::Status PagedKvCache::CopyPagesFromHost(absl::Span<const PageId> ids, const uint8_t* host) {
+  SLUICE_RETURN_IF_ERROR(CheckPageIds(ids));
+  const size_t page_bytes = static_cast<size_t>(pool_->page_bytes());
+  if (!on_device_) {
+    for (PageId id : ids) {
+      const uint8_t* src = host + static_cast<size_t>(id) * page_bytes;
+      if (src != pool_->data(id)) std::memcpy(pool_->data(id), src, page_bytes);
+    }
+    return absl::OkStatus();
+  }
+  // Valid bits the mirror still owes the device would land on the new bytes later: send them
+  // first (the pages' own bits come with their bytes; ImportSequence loads them).
+  SLUICE_RETURN_IF_ERROR(SyncValid());
+  const size_t batch = std::min<size_t>(ids.size(), kStagedPages);
+  if (page_staging_.size() < batch * page_bytes) {
+    page_staging_.Reset();
+    SLUICE_ASSIGN_OR_RETURN(page_staging_,
+                            kernels::DeviceBuffer::Create(backend_, kStagedPages * page_bytes));
+  }
+  host_staging_.resize(batch * page_bytes);
+  std::vector<kernels::Backend::Copy> scatter;
+  for (size_t first = 0; first < ids.size(); first += batch) {
+    const size_t n = std::min(batch, ids.size() - first);
+    scatter.clear();
+    for (size_t i = 0; i < n; ++i) {
+      std::memcpy(host_staging_.data() + i * page_bytes,
+                  host + static_cast<size_t>(ids[first + i]) * page_bytes, page_bytes);
+      scatter.push_back({.dst = pool_->data(ids[first + i]),
+                         .src = page_staging_.as<uint8_t>() + i * page_bytes,
+                         .bytes = page_bytes});
+    }
+    // The upload waits for the device, so the staging buffer is free of the last scatter.
+    SLUICE_RETURN_IF_ERROR(page_staging_.Upload(host_staging_.data(), n * page_bytes));
+    SLUICE_RETURN_IF_ERROR(backend_.CopyOnDevice(scatter));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status PagedKvCache::PrepareScores(int64_t page_size, int64_t recent_size, float** page,

@@ -182,6 +182,16 @@ class PagedKvCache final : public model::KvCache {
   absl::StatusOr<int64_t> ImportSequence(int64_t seq, int64_t max_tokens, std::string_view state,
                                          absl::Span<const PageId> pages);
 
+  // The pages' bytes to and from host memory laid out as the pool is (page id i at
+  // i * page_bytes from `host`): for a transport that reaches host memory only, a device
+  // pool's pages go to a host copy before a put (a prefill worker's) and come from it after a
+  // peer's puts, before ImportSequence (a decode worker's). On a device, batches of pages move
+  // with one gather or scatter on the device and one host copy each. Nothing moves for a page
+  // whose host place is its pool place (a host backend's pool exposed as it is).
+  // InvalidArgument for an id outside the pool.
+  absl::Status CopyPagesToHost(absl::Span<const PageId> ids, uint8_t* host) const;
+  absl::Status CopyPagesFromHost(absl::Span<const PageId> ids, const uint8_t* host);
+
   // Streaming a prompt's KV layer by layer (a prefill worker's last chunk): during the next
   // forward pass of `seq`, each layer's tokens go into pages as soon as the layer is done
   // (LayerDone) instead of at the commit, and `listener` gets that layer's pages, in the order
@@ -349,8 +359,14 @@ class PagedKvCache final : public model::KvCache {
   absl::Status LoadValid(absl::Span<const std::pair<PageId, int>> pages);
   // Page `src`'s bytes (valid bits included) to page `dst`, on the backend.
   absl::Status CopyPage(PageId dst, PageId src, int t);
-  // CRC32C of page `id`'s bytes (copied to the host first on a device backend).
-  absl::StatusOr<uint32_t> PageCrc(PageId id) const;
+  // Calls fn(i, bytes) with the page_bytes bytes of page ids[i] in host memory, in order: the
+  // pool's own on a host backend; on a device, kStagedPages at a time gathered on the device
+  // and downloaded in one copy. InvalidArgument for an id outside the pool.
+  absl::Status ReadPages(absl::Span<const PageId> ids,
+                         absl::FunctionRef<void(size_t, const uint8_t*)> fn) const;
+  // CRC32C of each page's bytes.
+  absl::StatusOr<std::vector<uint32_t>> PageCrcs(absl::Span<const PageId> ids) const;
+  absl::Status CheckPageIds(absl::Span<const PageId> ids) const;
   // A layer's score arrays as the backend writes them: page_scores_ and recent_scores_ on a
   // host backend, zeroed device memory on a device backend (DownloadScores brings them back).
   absl::Status PrepareScores(int64_t page_size, int64_t recent_size, float** page, float** recent);
@@ -394,6 +410,9 @@ class PagedKvCache final : public model::KvCache {
   int64_t valid_words_ = 0;
   mutable std::vector<std::pair<PageId, int>> dirty_valid_;
   mutable kernels::DeviceBuffer valid_staging_;
+  // Device backend: whole pages on their way to or from the host (ReadPages, CopyPagesFromHost).
+  mutable kernels::DeviceBuffer page_staging_;
+  mutable std::vector<uint8_t> host_staging_;
   std::vector<std::unique_ptr<KvCodebookPair>> codebooks_;  // [layers]; null until built
   // Tiers whose tokens move slot by slot: the compactor of the backend's device; else null.
   std::array<std::unique_ptr<Compactor>, 2> compactors_;

@@ -5,6 +5,7 @@
 // emulation's ASan twin any host code touching them is reported.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -214,6 +215,87 @@ TEST_P(PagedKvCacheBackendsTest, MatchesTheReferenceBackendsCache) {
     ASSERT_TRUE((*moved)->RemoveSequence(3).ok());
     EXPECT_EQ((*got)->pool().used_pages(), 0);
     EXPECT_EQ((*moved)->pool().used_pages(), 0);
+  }
+}
+
+// A sequence moving as it does between workers whose transport reaches host memory only: the
+// sender's pages go to a host copy laid out as its pool (CopyPagesToHost), the "transport"
+// copies them to the receiver's host copy at the pages it reserved, the receiver brings them
+// into its pool (CopyPagesFromHost) and imports the state. The receiver's pages had another
+// sequence in them just before, whose valid bits the device may still owe; the sequence goes on
+// there as the reference backend's cache does, and every page returns.
+TEST_P(PagedKvCacheBackendsTest, MovesThroughHostCopiesOfThePools) {
+  const uint64_t seed = kernels::testing::TestSeed();
+  for (const std::string preset : {"fp16", "sluice", "kivi2"}) {
+    SCOPED_TRACE(testing::Message() << preset << " seed=" << seed);
+    std::mt19937_64 rng(seed);
+    auto sender = MakeCache(*backend_, preset);
+    auto receiver = MakeCache(*backend_, preset);
+    auto want = MakeCache(ref_, preset);
+    ASSERT_TRUE(sender.ok() && receiver.ok() && want.ok());
+    const double tol = preset == "fp16" ? 1e-3 : 0.08;
+    auto both = [&](PagedKvCache& g, const std::vector<model::StepEntry>& batch) {
+      int64_t rows = 0;
+      for (const model::StepEntry& e : batch) rows += e.tokens;
+      const std::vector<float> k = Random(rng, kLayers * rows * kRow);
+      const std::vector<float> v = Random(rng, kLayers * rows * kRow);
+      const std::vector<float> q = Random(rng, kLayers * rows * kQRow);
+      absl::StatusOr<std::vector<float>> a = Step(*backend_, g, batch, k, v, q);
+      absl::StatusOr<std::vector<float>> b = Step(ref_, **want, batch, k, v, q);
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(b.ok()) << b.status();
+      EXPECT_LE(MaxDiff(*a, *b), tol);
+    };
+    ASSERT_TRUE((*sender)->AddSequence(5, 1024).ok());
+    ASSERT_TRUE((*want)->AddSequence(5, 1024).ok());
+    both(**sender, {{.seq = 5, .tokens = 200}});
+    for (int i = 0; i < 3; ++i) both(**sender, {{.seq = 5, .tokens = 1}});
+    // The receiver's pool: a sequence wrote pages and left before its valid bits were synced.
+    ASSERT_TRUE((*receiver)->AddSequence(9, 1024).ok());
+    const std::vector<float> k9 = Random(rng, kLayers * 270 * kRow);
+    const std::vector<float> q9 = Random(rng, kLayers * 270 * kQRow);
+    ASSERT_TRUE(Step(*backend_, **receiver, {{.seq = 9, .tokens = 270}}, k9, k9, q9).ok());
+    // Every other page is taken first, so the reservation below gets the pages it left.
+    std::vector<int64_t> filler_offsets;
+    std::vector<PageId> filler;
+    ASSERT_TRUE((*receiver)
+                    ->mutable_pool()
+                    .Allocate({static_cast<int32_t>((*receiver)->pool().free_pages())},
+                              &filler_offsets, &filler)
+                    .ok());
+    ASSERT_TRUE((*receiver)->RemoveSequence(9).ok());
+
+    auto exported = (*sender)->ExportSequence(5);
+    ASSERT_TRUE(exported.ok()) << exported.status();
+    ASSERT_GT(exported->pages.size(), 0u);
+    const size_t page_bytes = static_cast<size_t>((*sender)->pool().page_bytes());
+    std::vector<uint8_t> sent((*sender)->pool().num_pages() * page_bytes, 0xee);
+    std::vector<uint8_t> received((*receiver)->pool().num_pages() * page_bytes, 0xee);
+    ASSERT_TRUE((*sender)->CopyPagesToHost(exported->pages, sent.data()).ok());
+    std::vector<int64_t> offsets;
+    std::vector<PageId> ids;
+    ASSERT_TRUE((*receiver)
+                    ->mutable_pool()
+                    .Allocate({static_cast<int32_t>(exported->pages.size())}, &offsets, &ids)
+                    .ok());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::memcpy(&received[ids[i] * page_bytes], &sent[exported->pages[i] * page_bytes],
+                  page_bytes);
+    }
+    ASSERT_TRUE((*receiver)->CopyPagesFromHost(ids, received.data()).ok());
+    auto imported = (*receiver)->ImportSequence(5, 1024, exported->state, ids);
+    ASSERT_TRUE(imported.ok()) << imported.status();
+    ASSERT_TRUE((*sender)->RemoveSequence(5).ok());
+    for (int i = 0; i < 40; ++i) both(**receiver, {{.seq = 5, .tokens = 1}});
+    // Ids outside the pool are refused, naming the id.
+    const PageId outside = static_cast<PageId>((*receiver)->pool().num_pages());
+    const absl::Status bad = (*receiver)->CopyPagesFromHost({outside}, received.data());
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(bad.message().find(std::to_string(outside)), std::string::npos) << bad;
+    ASSERT_TRUE((*receiver)->RemoveSequence(5).ok());
+    ASSERT_TRUE((*receiver)->mutable_pool().Free(filler).ok());
+    EXPECT_EQ((*sender)->pool().used_pages(), 0);
+    EXPECT_EQ((*receiver)->pool().used_pages(), 0);
   }
 }
 

@@ -94,17 +94,14 @@ absl::StatusOr<PagedKvCache::SequenceExport> PagedKvCache::ExportSequence(int64_
       tier->mutable_slots()->Add(hp.tier[t].slots.begin(), hp.tier[t].slots.end());
       tier->mutable_positions()->Add(hp.tier[t].positions.begin(), hp.tier[t].positions.end());
       tier->set_last_closed(hp.tier[t].last_closed);
-      for (int32_t i = 0; i < hp.count(t); ++i) {
-        const PageId id = hp.page(t, i);
-        out.pages.push_back(id);
-        SLUICE_ASSIGN_OR_RETURN(const uint32_t crc, PageCrc(id));
-        st.add_page_crc32c(crc);
-      }
+      for (int32_t i = 0; i < hp.count(t); ++i) out.pages.push_back(hp.page(t, i));
     }
     list->mutable_pending()->Add(hp.pending.begin(), hp.pending.end());
     list->mutable_score()->Add(hp.policy.score.begin(), hp.policy.score.end());
     list->set_gone(std::string(hp.policy.gone.begin(), hp.policy.gone.end()));
   }
+  SLUICE_ASSIGN_OR_RETURN(const std::vector<uint32_t> crcs, PageCrcs(out.pages));
+  st.mutable_page_crc32c()->Add(crcs.begin(), crcs.end());
   if (options_.preset.high.huffman_bits > 0) {
     for (int l = 0; l < options_.layers; ++l) {
       KvLayerCodebooks* books = st.add_codebooks();
@@ -218,11 +215,13 @@ absl::StatusOr<int64_t> PagedKvCache::ImportSequence(int64_t seq, int64_t max_to
       return Bad(absl::StrFormat("page %d (id %d) is not one of this pool's allocated pages", i,
                                  pages[i]));
     }
-    SLUICE_ASSIGN_OR_RETURN(const uint32_t crc, PageCrc(pages[i]));
-    if (crc != st.page_crc32c(i)) {
+  }
+  SLUICE_ASSIGN_OR_RETURN(const std::vector<uint32_t> crcs, PageCrcs(pages.subspan(0, listed)));
+  for (int64_t i = 0; i < listed; ++i) {
+    if (crcs[i] != st.page_crc32c(i)) {
       return absl::DataLossError(absl::StrFormat(
           "KV sequence state: page %d (id %d) has CRC32C %08x, the sender's was %08x", i, pages[i],
-          crc, st.page_crc32c(i)));
+          crcs[i], st.page_crc32c(i)));
     }
   }
   // Huffman codebooks: adopted by a layer that has none, or equal to the layer's.
