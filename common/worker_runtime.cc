@@ -7,7 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "kernels/registry.h"
 #include "kvstore/kv_preset.h"
 #include "model/tokenizer.h"
 
@@ -20,7 +20,8 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
   }
   std::unique_ptr<WorkerRuntime> rt(new WorkerRuntime(options, transport));
   SLUICE_ASSIGN_OR_RETURN(rt->gguf_, model::GgufFile::Open(options.model_path));
-  SLUICE_ASSIGN_OR_RETURN(rt->backend_, kernels::CpuBackend::Create({.threads = options.threads}));
+  SLUICE_ASSIGN_OR_RETURN(rt->backend_,
+                          kernels::CreateNamedBackend(options.backend, options.threads));
   SLUICE_ASSIGN_OR_RETURN(rt->model_, model::LlamaModel::Load(*rt->gguf_, *rt->backend_));
   SLUICE_ASSIGN_OR_RETURN(model::VocabSpec vocab, model::VocabFromGguf(*rt->gguf_));
   SLUICE_ASSIGN_OR_RETURN(auto tokenizer, model::Tokenizer::Create(std::move(vocab)));
@@ -55,15 +56,26 @@ absl::StatusOr<WorkerRuntime::Cache*> WorkerRuntime::CacheFor(const std::string&
                                        .preset = preset,
                                        .pages = options_.kv_pages};
   const size_t bytes = static_cast<size_t>(options_.kv_pages * preset.high.page_bytes);
+  cache.staged = options_.stage_pools || backend_->memory_space() != kernels::MemorySpace::kHost;
   if (transport_ != nullptr && options_.expose_pools) {
     SLUICE_ASSIGN_OR_RETURN(cache.region, transport_->AllocateAndExpose(bytes));
-    options.arena = static_cast<uint8_t*>(cache.region->base());
-    options.arena_bytes = cache.region->size();
+    cache.transport_pages = static_cast<uint8_t*>(cache.region->base());
+    if (!cache.staged) {  // peers write into the pool itself
+      options.arena = cache.transport_pages;
+      options.arena_bytes = cache.region->size();
+    }
   }
   SLUICE_ASSIGN_OR_RETURN(cache.cache, kvstore::PagedKvCache::Create(options, *backend_));
+  if (cache.transport_pages == nullptr) {
+    if (cache.staged) {
+      cache.owned_copy.reset(new uint8_t[bytes]);  // not zeroed: pages are copied in whole
+      cache.transport_pages = cache.owned_copy.get();
+    } else {
+      cache.transport_pages = cache.cache->mutable_pool().data(0);
+    }
+  }
   if (transport_ != nullptr && !options_.expose_pools) {
-    kvstore::PagePool& pool = cache.cache->mutable_pool();
-    SLUICE_RETURN_IF_ERROR(transport_->RegisterSource(pool.data(0), bytes));
+    SLUICE_RETURN_IF_ERROR(transport_->RegisterSource(cache.transport_pages, bytes));
   }
   return &caches_.emplace(name, std::move(cache)).first->second;
 }

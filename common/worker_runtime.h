@@ -1,6 +1,8 @@
-// What a prefill or decode worker process holds: the model on the CPU backend, its tokenizer's
-// stop tokens, and one compressed KV cache per preset it has been asked for, each with its own
-// page pool exposed to the transport.
+// What a prefill or decode worker process holds: the model on its backend (the CPU, or a GPU
+// with --backend=cuda|auto), its tokenizer's stop tokens, and one compressed KV cache per preset
+// it has been asked for, each with its own page pool exposed to the transport. A pool in device
+// memory reaches the transport through a host copy of the same layout (the transport has no
+// CUDA memory type yet): pages go to it before a put and come from it after a peer's puts.
 //
 // Not thread-safe: the worker's scheduler thread owns it (model, caches and pools alike).
 #ifndef SLUICE_COMMON_WORKER_RUNTIME_H_
@@ -24,14 +26,18 @@
 namespace sluice {
 
 struct WorkerRuntimeOptions {
-  std::string model_path;      // GGUF
-  int threads = 0;             // CPU threads; 0 = one per core
-  int64_t kv_pages = 0;        // pages of each preset's pool
-  std::string default_preset;  // for requests that name none
-  int max_presets = 4;         // caches alive at once
+  std::string model_path;       // GGUF
+  std::string backend = "cpu";  // kernels::CreateNamedBackend: auto, cpu, cuda or ref
+  int threads = 0;              // CPU threads; 0 = one per core
+  int64_t kv_pages = 0;         // pages of each preset's pool
+  std::string default_preset;   // for requests that name none
+  int max_presets = 4;          // caches alive at once
   // Decode workers: each pool's memory comes from the transport, exposed, so that prefill
   // workers write pages straight into it. Otherwise the pools are registered as put sources.
   bool expose_pools = false;
+  // A host copy between each pool and the transport even when the pool is host memory: the
+  // path a device pool takes, checkable without a GPU (tests).
+  bool stage_pools = false;
 };
 
 class WorkerRuntime {
@@ -41,14 +47,34 @@ class WorkerRuntime {
                                                                transport::Transport* transport);
 
   model::LlamaModel& model() { return *model_; }
+  // The backend's name as it reports it ("cpu (avx512, 8 threads)", "cuda (NVIDIA H100 ...)").
+  std::string backend_name() const { return backend_->name(); }
   const model::LlamaConfig& config() const { return model_->config(); }
   const std::string& model_name() const { return model_name_; }
   const std::vector<int32_t>& stop_tokens() const { return stop_tokens_; }
 
   struct Cache {
-    // The pool's memory, exposed for peers to write into (expose_pools); outlives the cache.
+    // The memory peers write pages into (expose_pools); outlives the cache.
     std::unique_ptr<transport::ExposedRegion> region;
     std::unique_ptr<kvstore::PagedKvCache> cache;
+    // Where the transport reads (prefill) and writes (decode) the pool's pages, page id i at
+    // i * page_bytes: the pool itself, or a host copy of it (`staged`: the pool is device
+    // memory, or stage_pools) that is the region or `owned_copy`.
+    uint8_t* transport_pages = nullptr;
+    std::unique_ptr<uint8_t[]> owned_copy;
+    bool staged = false;
+
+    const uint8_t* TransportPage(kvstore::PageId id) const {
+      return transport_pages + static_cast<size_t>(id) * cache->pool().page_bytes();
+    }
+    // Pages to the transport's copy before they are put (nothing when unstaged).
+    absl::Status ToTransport(absl::Span<const kvstore::PageId> ids) const {
+      return staged ? cache->CopyPagesToHost(ids, transport_pages) : absl::OkStatus();
+    }
+    // Pages a peer put into the transport's copy, into the pool (nothing when unstaged).
+    absl::Status FromTransport(absl::Span<const kvstore::PageId> ids) {
+      return staged ? cache->CopyPagesFromHost(ids, transport_pages) : absl::OkStatus();
+    }
   };
   // The cache of `spec` (the default preset when empty), made on first use: NotFound /
   // InvalidArgument for a bad spec, ResourceExhausted beyond max_presets caches.

@@ -129,6 +129,7 @@ DecodeWorker::DecodeWorker(WorkerRuntime& runtime, prometheus::Registry& registr
                       .Add({}, kBatchBuckets)) {
   stats_.set_name(options_.name);
   stats_.set_role("decode");
+  stats_.set_backend(rt_.backend_name());
   stats_.set_state("serving");
   UpdateGauges();
   thread_ = std::thread([this] { Loop(); });
@@ -327,7 +328,7 @@ absl::StatusOr<std::string> DecodeWorker::TakeState(WorkerRuntime::Cache& cache,
   } else {
     state.resize(bytes);
     for (int64_t off = 0; off < bytes; off += page_bytes) {
-      std::memcpy(state.data() + off, pool.data(r.state_pages[off / page_bytes]),
+      std::memcpy(state.data() + off, cache.TransportPage(r.state_pages[off / page_bytes]),
                   std::min(page_bytes, bytes - off));
     }
     const uint32_t crc = kvstore::Crc32c(state.data(), state.size());
@@ -381,8 +382,12 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
         const int64_t prompt = request.prompt_size();
         const int64_t room = prompt + params.max_tokens;
         const uint64_t seq = next_id_++;
-        auto imported =
-            cache->cache->ImportSequence(static_cast<int64_t>(seq), room, *state, it->second.pages);
+        // Pages the prefill worker put into the transport's copy of a device pool go into it.
+        const absl::Status staged = cache->FromTransport(it->second.pages);
+        absl::StatusOr<int64_t> imported =
+            staged.ok() ? cache->cache->ImportSequence(static_cast<int64_t>(seq), room, *state,
+                                                       it->second.pages)
+                        : absl::StatusOr<int64_t>(staged);
         if (!imported.ok()) {
           import_failures_.Increment();
           FreeReservation(it);

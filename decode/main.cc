@@ -23,6 +23,8 @@ ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port; 0 = none.");
 ABSL_FLAG(std::string, preset, "sluice", "KV compression preset for requests that name none.");
 ABSL_FLAG(int64_t, kv_pages, 32768, "Pages of each preset's KV pool (16 KiB each).");
 ABSL_FLAG(int, max_batch, 64, "Sequences in one decode step.");
+ABSL_FLAG(std::string, backend, "auto",
+          "What computes: auto (CUDA where a GPU is usable, else the CPU), cpu or cuda.");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
 ABSL_FLAG(int, max_presets, 4, "KV presets (each with its own page pool) kept at once.");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (UCX_TLS), e.g. \"shm,tcp\"; empty: UCX's.");
@@ -38,6 +40,7 @@ absl::Status Run() {
   auto transport = transport::CreateUcxTransport({.transports = absl::GetFlag(FLAGS_ucx_tls)});
   if (!transport.ok()) return transport.status();
   auto runtime = WorkerRuntime::Create({.model_path = path,
+                                        .backend = absl::GetFlag(FLAGS_backend),
                                         .threads = absl::GetFlag(FLAGS_threads),
                                         .kv_pages = absl::GetFlag(FLAGS_kv_pages),
                                         .default_preset = absl::GetFlag(FLAGS_preset),
@@ -57,8 +60,9 @@ absl::Status Run() {
       [&] { worker.Drain(); });
 
   return ServeWorker({.name = absl::GetFlag(FLAGS_name),
-                      .banner = absl::StrFormat("decode worker serving %s (UCX %s)",
-                                                ServedModelName(path), (*transport)->name()),
+                      .banner = absl::StrFormat("decode worker serving %s with backend %s (UCX %s)",
+                                                ServedModelName(path), (*runtime)->backend_name(),
+                                                (*transport)->name()),
                       .host = absl::GetFlag(FLAGS_host),
                       .port = absl::GetFlag(FLAGS_port),
                       .metrics_port = absl::GetFlag(FLAGS_metrics_port)},

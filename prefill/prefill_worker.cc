@@ -82,6 +82,7 @@ PrefillWorker::PrefillWorker(WorkerRuntime& runtime, transport::Transport& trans
                          .Add({})) {
   stats_.set_name(options_.name);
   stats_.set_role("prefill");
+  stats_.set_backend(rt_.backend_name());
   stats_.set_state("serving");
   thread_ = std::thread([this] { Loop(); });
   sender_ = std::thread([this] { SendLoop(); });
@@ -186,6 +187,11 @@ void PrefillWorker::Fail(JobPtr job, absl::Status error) {
 }
 
 void PrefillWorker::Enqueue(Send send) {
+  // The sender thread reads pages from the transport's copy of the pool: a device pool's pages
+  // go there now, on the scheduler thread, which owns the cache.
+  if (!send.pages.empty() && send.job != nullptr && send.error.ok()) {
+    send.error = send.job->cache->ToTransport(send.pages);
+  }
   if (send.last) ++sending_;
   {
     std::lock_guard<std::mutex> lock(send_mu_);
@@ -376,8 +382,7 @@ absl::Status PrefillWorker::SendPages(Send& send) {
     it = senders_.emplace(region, *std::move(sender)).first;
   }
   transport::Sender& sender = *it->second;
-  const kvstore::PagePool& pool = job.cache->cache->pool();
-  const size_t page_bytes = static_cast<size_t>(pool.page_bytes());
+  const size_t page_bytes = static_cast<size_t>(job.cache->cache->pool().page_bytes());
   if (job.send_start == absl::InfinitePast()) job.send_start = absl::Now();
   absl::Status st;
   for (size_t i = 0; i < send.pages.size() && st.ok(); ++i) {
@@ -387,7 +392,7 @@ absl::Status PrefillWorker::SendPages(Send& send) {
           absl::StrFormat("page %d has no reserved page id to go to", index));
       break;
     }
-    st = sender.Put(pool.data(send.pages[i]), page_bytes,
+    st = sender.Put(job.cache->TransportPage(send.pages[i]), page_bytes,
                     static_cast<uint64_t>(req.page_ids(static_cast<int>(index))) * page_bytes);
     job.sent_bytes += static_cast<int64_t>(page_bytes);
   }

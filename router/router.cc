@@ -543,6 +543,7 @@ void Router::HandleWorkers(const httplib::Request& req, httplib::Response& res) 
     workers.push_back({{"name", v.stats.name().empty() ? v.address : v.stats.name()},
                        {"address", v.address},
                        {"role", v.role},
+                       {"backend", v.stats.backend()},
                        {"state", v.up ? v.stats.state() : std::string("down")},
                        {"running", v.stats.running()},
                        {"waiting", v.stats.waiting()},

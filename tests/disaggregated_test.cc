@@ -126,18 +126,22 @@ class Disaggregated : public testing::Test {
     if (!std::filesystem::exists(path_)) GTEST_SKIP() << "no model at " << path_;
     transport_ = transport::CreateLoopbackTransport();
     auto p = WorkerRuntime::Create({.model_path = path_,
-                                    .threads = 1,
-                                    .kv_pages = 4096,
-                                    .default_preset = "sluice",
-                                    .max_presets = 8},
-                                   transport_.get());
-    ASSERT_TRUE(p.ok()) << p.status();
-    auto d = WorkerRuntime::Create({.model_path = path_,
+                                    .backend = "cpu",
                                     .threads = 1,
                                     .kv_pages = 4096,
                                     .default_preset = "sluice",
                                     .max_presets = 8,
-                                    .expose_pools = true},
+                                    .stage_pools = stage_pools_},
+                                   transport_.get());
+    ASSERT_TRUE(p.ok()) << p.status();
+    auto d = WorkerRuntime::Create({.model_path = path_,
+                                    .backend = "cpu",
+                                    .threads = 1,
+                                    .kv_pages = 4096,
+                                    .default_preset = "sluice",
+                                    .max_presets = 8,
+                                    .expose_pools = true,
+                                    .stage_pools = stage_pools_},
                                    transport_.get());
     ASSERT_TRUE(d.ok()) << d.status();
     prefill_rt_ = *std::move(p);
@@ -253,6 +257,7 @@ class Disaggregated : public testing::Test {
     }
   }
 
+  bool stage_pools_ = false;  // set before SetUp: pages pass through host copies of the pools
   std::string path_;
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<WorkerRuntime> prefill_rt_, decode_rt_;
@@ -360,6 +365,51 @@ TEST_F(Disaggregated, ADamagedStateIsRefusedAndFreed) {
   });
   EXPECT_EQ(run.status().code(), absl::StatusCode::kDataLoss) << run.status();
   EXPECT_NE(std::string(run.status().message()).find("state"), std::string::npos) << run.status();
+  ExpectNothingHeld();
+}
+
+// The path of a pool in device memory, on the CPU: each worker's pool is apart from the memory
+// the transport reads and writes, so a page the prefill worker did not copy out, or the decode
+// worker did not copy in, would change the tokens.
+class DisaggregatedThroughHostCopies : public Disaggregated {
+ protected:
+  void SetUp() override {
+    stage_pools_ = true;
+    Disaggregated::SetUp();
+  }
+};
+
+TEST_F(DisaggregatedThroughHostCopies, SplitGenerationGivesTheSameTokensAsOneProcess) {
+  for (const auto& [name, cache] : decode_rt_->caches()) {
+    ASSERT_TRUE(cache.staged) << name;
+    EXPECT_NE(cache.transport_pages, cache.cache->pool().data(0)) << name;
+  }
+  // Pages streamed by layer (fp16, sluice) and sent after the commit (h2o).
+  for (const char* preset : {"fp16", "sluice", "h2o"}) {
+    SCOPED_TRACE(preset);
+    auto run = Start(preset, Greedy(12));
+    ASSERT_TRUE(run.ok()) << run.status();
+    std::string reason;
+    std::vector<int32_t> got = {(*run)->prefilled.first().token()};
+    for (int32_t t : Drain(*(*run)->stream, &reason)) got.push_back(t);
+    EXPECT_TRUE((*run)->stream->Finish().ok());
+    EXPECT_EQ(got, Local(preset, 12));
+    run->reset();
+    ExpectNothingHeld();
+  }
+}
+
+TEST_F(DisaggregatedThroughHostCopies, PagesDamagedInTheHostCopyAreRefused) {
+  // The bit flips where the prefill worker put the page, before the decode worker copies it
+  // into its pool.
+  auto run = Start("int8", Greedy(8), [&] {
+    WorkerRuntime::Cache& cache = decode_rt_->caches().at("int8");
+    const rpc::ReserveResponse& r = workers_->last_reserved();
+    ASSERT_GT(r.page_ids_size(), 0);
+    cache.transport_pages[static_cast<size_t>(r.page_ids(0)) * cache.cache->pool().page_bytes() +
+                          77] ^= 0x40;
+  });
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kDataLoss) << run.status();
   ExpectNothingHeld();
 }
 

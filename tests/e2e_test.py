@@ -328,6 +328,18 @@ class EndToEnd(unittest.TestCase):
         self.assertEqual(status, 200, body)
         self.assertIn("Paris", json.loads(body)["choices"][0]["message"]["content"])
 
+    def test_workers_name_their_backend(self):
+        # Started with the default --backend=auto: the CUDA backend where a GPU is usable, else
+        # the CPU; /v1/workers and the worker's banner say which.
+        _, body = get(self.c.url + "/v1/workers")
+        workers = json.loads(body)["workers"]
+        self.assertEqual(len(workers), 2)
+        for w in workers:
+            self.assertRegex(w["backend"], r"^(cpu|cuda) \(", w)
+            banner = [line for line in self.c.log(w["name"]).splitlines() if "serving" in line]
+            self.assertTrue(banner and ("with backend %s " % w["backend"]) in banner[0],
+                            (w, banner))
+
     def test_metrics_are_prometheus_text(self):
         self.chat(LONG_PROMPT, max_tokens=4)
         status, text = get(self.c.url + "/metrics")

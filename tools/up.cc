@@ -3,7 +3,7 @@
 // is healthy; Ctrl-C (SIGINT) or SIGTERM stops every process, and if any process dies the rest
 // are stopped too.
 //
-//   ./sluice up [--prefill 1] [--decode 1] [--preset sluice] [--port 8000]
+//   ./sluice up [--prefill 1] [--decode 1] [--preset sluice] [--port 8000] [--backend auto]
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -35,6 +35,9 @@ ABSL_FLAG(int, metrics_port, 9100,
           "Metrics of prefill worker i on this port + 1 + i, of decode worker j on + 101 + j.");
 ABSL_FLAG(int64_t, kv_pages, 32768, "Pages (16 KiB) of each decode worker's KV pool per preset.");
 ABSL_FLAG(int, threads, 0, "CPU threads of each worker; 0 = one per core.");
+ABSL_FLAG(std::string, backend, "auto",
+          "What the workers compute on: auto (CUDA where a GPU is usable, else the CPU), cpu or "
+          "cuda.");
 ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else the cache).");
 ABSL_FLAG(std::string, bin_dir, "", "Where the prefill/, decode/ and router/ binaries are.");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports for the page streams; empty: UCX's choice.");
@@ -123,8 +126,11 @@ int Run(const char* argv0) {
   if ((n_prefill + n_decode) * per_worker > cores && getenv("OMP_WAIT_POLICY") == nullptr) {
     setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
   }
-  const std::string common_flags[] = {"--model=" + model, "--host=" + host,
-                                      "--preset=" + absl::GetFlag(FLAGS_preset), threads,
+  const std::string common_flags[] = {"--model=" + model,
+                                      "--host=" + host,
+                                      "--preset=" + absl::GetFlag(FLAGS_preset),
+                                      threads,
+                                      "--backend=" + absl::GetFlag(FLAGS_backend),
                                       "--ucx_tls=" + absl::GetFlag(FLAGS_ucx_tls)};
   std::vector<Child> children;
   std::vector<std::string> prefill_addrs, decode_addrs, metrics;
