@@ -120,7 +120,7 @@ class LocalWorkers final : public router::WorkerSet {
 };
 
 class Disaggregated : public testing::Test {
- protected:
+ public:
   void SetUp() override {
     path_ = model::DefaultModelPath();
     if (!std::filesystem::exists(path_)) GTEST_SKIP() << "no model at " << path_;
@@ -270,27 +270,32 @@ class Disaggregated : public testing::Test {
   int32_t eos_ = 0;
 };
 
+// Split across the two workers, `preset` gives the greedy tokens one process gives, and every
+// page comes back.
+void ExpectSameTokensAsOneProcess(Disaggregated& t, const std::string& preset) {
+  SCOPED_TRACE(preset);
+  auto run = t.Start(preset, t.Greedy(12));
+  ASSERT_TRUE(run.ok()) << run.status();
+  std::string reason;
+  std::vector<int32_t> got = {(*run)->prefilled.first().token()};
+  for (int32_t token : Disaggregated::Drain(*(*run)->stream, &reason)) got.push_back(token);
+  EXPECT_TRUE((*run)->stream->Finish().ok());
+  EXPECT_EQ(got, t.Local(preset, 12));
+  // The state went into the decode worker's memory with the pages; the answer names it.
+  EXPECT_GT((*run)->prefilled.state_bytes(), 0);
+  EXPECT_GE((*run)->prefilled.transfer_bytes(), (*run)->prefilled.state_bytes());
+  run->reset();
+  // Presets without eviction send each layer's pages while the next layers compute.
+  if (preset == "fp16" || preset == "sluice") {
+    EXPECT_GT(t.Counter("sluice_kv_transfer_streamed_pages_total"), 0);
+  }
+  EXPECT_TRUE(reason == "length" || reason == "stop") << reason;
+  t.ExpectNothingHeld();
+}
+
 TEST_F(Disaggregated, SplitGenerationGivesTheSameTokensAsOneProcess) {
   for (const char* preset : {"fp16", "sluice", "kvcomp", "leankv-k8v4", "h2o", "snapkv"}) {
-    SCOPED_TRACE(preset);
-    auto run = Start(preset, Greedy(12));
-    ASSERT_TRUE(run.ok()) << run.status();
-    std::string reason;
-    std::vector<int32_t> got = {(*run)->prefilled.first().token()};
-    for (int32_t t : Drain(*(*run)->stream, &reason)) got.push_back(t);
-    EXPECT_TRUE((*run)->stream->Finish().ok());
-    EXPECT_EQ(got, Local(preset, 12));
-    // The state went into the decode worker's memory with the pages; the answer names it.
-    EXPECT_GT((*run)->prefilled.state_bytes(), 0);
-    EXPECT_GE((*run)->prefilled.transfer_bytes(), (*run)->prefilled.state_bytes());
-    run->reset();
-    // Presets without eviction send each layer's pages while the next layers compute.
-    const std::string p = preset;
-    if (p == "fp16" || p == "sluice") {
-      EXPECT_GT(Counter("sluice_kv_transfer_streamed_pages_total"), 0);
-    }
-    EXPECT_TRUE(reason == "length" || reason == "stop") << reason;
-    ExpectNothingHeld();
+    ExpectSameTokensAsOneProcess(*this, preset);
   }
 }
 
@@ -385,18 +390,7 @@ TEST_F(DisaggregatedThroughHostCopies, SplitGenerationGivesTheSameTokensAsOnePro
     EXPECT_NE(cache.transport_pages, cache.cache->pool().data(0)) << name;
   }
   // Pages streamed by layer (fp16, sluice) and sent after the commit (h2o).
-  for (const char* preset : {"fp16", "sluice", "h2o"}) {
-    SCOPED_TRACE(preset);
-    auto run = Start(preset, Greedy(12));
-    ASSERT_TRUE(run.ok()) << run.status();
-    std::string reason;
-    std::vector<int32_t> got = {(*run)->prefilled.first().token()};
-    for (int32_t t : Drain(*(*run)->stream, &reason)) got.push_back(t);
-    EXPECT_TRUE((*run)->stream->Finish().ok());
-    EXPECT_EQ(got, Local(preset, 12));
-    run->reset();
-    ExpectNothingHeld();
-  }
+  for (const char* preset : {"fp16", "sluice", "h2o"}) ExpectSameTokensAsOneProcess(*this, preset);
 }
 
 TEST_F(DisaggregatedThroughHostCopies, PagesDamagedInTheHostCopyAreRefused) {
