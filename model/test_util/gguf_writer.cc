@@ -5,6 +5,8 @@
 #include <cstring>
 #include <fstream>
 
+#include "common/status_macros.h"
+
 namespace sluice::model::testing {
 namespace {
 
@@ -85,6 +87,87 @@ void GgufWriter::AddFloat32Array(const std::string& key, const std::vector<float
   Put<uint64_t>(kv, values.size());
   for (float v : values) Put(kv, v);
   kvs_.push_back(kv);
+}
+
+namespace {
+
+// One element of `type`: integers from `i`, floats from `f`, strings from `str`.
+absl::Status PutElement(std::string& out, GgufType type, int64_t i, double f,
+                        const std::string& str) {
+  switch (type) {
+    case GgufType::kUint8:
+      Put<uint8_t>(out, static_cast<uint8_t>(i));
+      break;
+    case GgufType::kInt8:
+      Put<int8_t>(out, static_cast<int8_t>(i));
+      break;
+    case GgufType::kUint16:
+      Put<uint16_t>(out, static_cast<uint16_t>(i));
+      break;
+    case GgufType::kInt16:
+      Put<int16_t>(out, static_cast<int16_t>(i));
+      break;
+    case GgufType::kUint32:
+      Put<uint32_t>(out, static_cast<uint32_t>(i));
+      break;
+    case GgufType::kInt32:
+      Put<int32_t>(out, static_cast<int32_t>(i));
+      break;
+    case GgufType::kUint64:
+      Put<uint64_t>(out, static_cast<uint64_t>(i));
+      break;
+    case GgufType::kInt64:
+      Put<int64_t>(out, i);
+      break;
+    case GgufType::kBool:
+      Put<uint8_t>(out, i != 0 ? 1 : 0);
+      break;
+    case GgufType::kFloat32:
+      Put<float>(out, static_cast<float>(f));
+      break;
+    case GgufType::kFloat64:
+      Put<double>(out, f);
+      break;
+    case GgufType::kString:
+      PutString(out, str);
+      break;
+    case GgufType::kArray:
+      return absl::InvalidArgumentError("arrays of arrays are not copied");
+  }
+  return absl::OkStatus();
+}
+
+bool IsFloat(GgufType t) { return t == GgufType::kFloat32 || t == GgufType::kFloat64; }
+
+}  // namespace
+
+absl::Status GgufWriter::AddValue(const std::string& key, const GgufValue& value) {
+  std::string payload;
+  if (value.type != GgufType::kArray) {
+    if (absl::Status st = PutElement(payload, value.type, value.i, value.f, value.s); !st.ok()) {
+      return absl::Status(st.code(), key + ": " + std::string(st.message()));
+    }
+    AddRaw(key, value.type, payload);
+    return absl::OkStatus();
+  }
+  const GgufType t = value.array_type;
+  if (t == GgufType::kArray) {
+    return absl::InvalidArgumentError(key + ": arrays of arrays are not copied");
+  }
+  const size_t n = t == GgufType::kString ? value.strings.size()
+                   : IsFloat(t)           ? value.floats.size()
+                                          : value.ints.size();
+  Put<uint32_t>(payload, static_cast<uint32_t>(t));
+  Put<uint64_t>(payload, n);
+  static const std::string kEmpty;
+  for (size_t e = 0; e < n; ++e) {
+    const int64_t i = t == GgufType::kString || IsFloat(t) ? 0 : value.ints[e];
+    const double f = IsFloat(t) ? value.floats[e] : 0;
+    SLUICE_RETURN_IF_ERROR(
+        PutElement(payload, t, i, f, t == GgufType::kString ? value.strings[e] : kEmpty));
+  }
+  AddRaw(key, GgufType::kArray, payload);
+  return absl::OkStatus();
 }
 
 void GgufWriter::AddRaw(const std::string& key, GgufType type, const std::string& payload) {

@@ -24,6 +24,9 @@ class GgufWriter {
   void AddStringArray(const std::string& key, const std::vector<std::string>& values);
   void AddInt32Array(const std::string& key, const std::vector<int32_t>& values);
   void AddFloat32Array(const std::string& key, const std::vector<float>& values);
+  // A value as GgufFile reads it, in its own type (copying one file's metadata to another).
+  // InvalidArgument for an array of arrays, which the reader keeps empty.
+  absl::Status AddValue(const std::string& key, const GgufValue& value);
   // A key whose value is given as raw encoded bytes after the type tag.
   void AddRaw(const std::string& key, GgufType type, const std::string& payload);
 
