@@ -288,7 +288,13 @@ def cpu_name():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--up", required=True, help="the tools/up binary")
-    ap.add_argument("--llama-python", required=True, help="python with llama-cpp-python[server]")
+    ap.add_argument("--llama-python", default="",
+                    help="python with llama-cpp-python[server] (for the llama.cpp system)")
+    ap.add_argument("--bin_dir", default="",
+                    help="where up finds prefill/, decode/ and router/ (default: beside it)")
+    ap.add_argument("--backend", default="cpu",
+                    help="what sluice's workers compute on: cpu (the llama.cpp peer's), cuda or "
+                         "auto")
     ap.add_argument("--model", required=True)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--preset", default="sluice")
@@ -304,7 +310,11 @@ def main():
     ap.add_argument("--systems", default="sluice,llama.cpp")
     ap.add_argument("--loads", default="streams,poisson")
     ap.add_argument("--out", default="")
+    ap.add_argument("--fail-on-errors", action="store_true",
+                    help="exit with status 1 when any request failed (acceptance runs)")
     args = ap.parse_args()
+    if "llama.cpp" in args.systems.split(",") and not args.llama_python:
+        ap.error("--llama-python is required for the llama.cpp system")
 
     rng = random.Random(args.seed)
     t, poisson = 0.0, []
@@ -323,7 +333,8 @@ def main():
         "settings": {k: getattr(args, k) for k in ("preset", "rate", "requests", "prompt_min",
                                                    "prompt_max", "max_tokens", "streams",
                                                    "stream_requests", "stream_prompt", "seed")},
-        "llama_cpp_build": llama_cpp_build(args.llama_python),
+        "llama_cpp_build": llama_cpp_build(args.llama_python) if args.llama_python else None,
+        "sluice_backend": args.backend,
         "results": {},
         "crashes": [],
     }
@@ -333,7 +344,10 @@ def main():
         if system == "sluice":
             cmd = [args.up, "--model=" + args.model, "--port=%d" % port,
                    "--threads=%d" % args.threads, "--preset=" + args.preset,
-                   "--prefill_port=18200", "--decode_port=18300", "--metrics_port=18400"]
+                   "--prefill_port=18200", "--decode_port=18300", "--metrics_port=18400",
+                   "--backend=" + args.backend]
+            if args.bin_dir:
+                cmd.append("--bin_dir=" + args.bin_dir)
             metrics = {"decode": ["http://127.0.0.1:18501/metrics"],
                        "prefill": ["http://127.0.0.1:18401/metrics"]}
         else:
@@ -353,6 +367,16 @@ def main():
                                                    "v1/models"), proc)
             model = json.loads(urllib.request.urlopen(
                 "http://127.0.0.1:%d/v1/models" % port).read())["data"][0]["id"]
+            if system == "sluice":
+                # What the workers compute on, as they say (the machine's device if any).
+                workers = json.loads(urllib.request.urlopen(
+                    "http://127.0.0.1:%d/v1/workers" % port).read())["workers"]
+                report["sluice_workers"] = {w["name"]: w.get("backend", "") for w in workers}
+                gpus = sorted({b for b in report["sluice_workers"].values()
+                               if b.startswith("cuda")})
+                if gpus:
+                    report["machine"]["device"] = ", ".join(gpus)
+                    report["benchmark"] = "serve-gpu"
             out = {}
             for load in loads:
                 print("bench serve: %s, %s load" % (system, load), file=sys.stderr)
@@ -427,6 +451,12 @@ def main():
     if report["crashes"]:
         print("\nA SERVER CRASHED; its figures are missing for:\n  " +
               "\n  ".join(report["crashes"]), file=sys.stderr)
+        sys.exit(1)
+    failed = ["%s, %s load: %d of %d" % (system, load, s.get("errors", 0), s.get("requests", 0))
+              for system, loads_out in report["results"].items() for load, s in loads_out.items()
+              if isinstance(s, dict) and s.get("errors")]
+    if args.fail_on_errors and failed:
+        print("\nREQUESTS FAILED:\n  " + "\n  ".join(failed), file=sys.stderr)
         sys.exit(1)
 
 

@@ -4,7 +4,7 @@
 # inside the 64 MiB the device tool carries). bench/gpu/accept.sh unpacks and runs them there:
 #
 #   tools/gpu_bundle.sh            # then, with the device tool:
-#   run(command="bench/gpu/accept.sh correctness", carry=[".gpu"]), then ... speed
+#   run(command="bench/gpu/accept.sh correctness", carry=[".gpu"]), then ... speed, ... serve
 #
 # cuBLAS is not bundled (its libraries are hundreds of MiB): accept.sh finds the GPU machine's own.
 set -euo pipefail
@@ -22,5 +22,13 @@ tools/gpu_stage.sh "$stage" "${paths[@]}"
 cat "$stage/MANIFEST"
 tar -C $stage -cf - bin lib MANIFEST | xz -T"${SLUICE_JOBS:-2}" -6 >.gpu/bundle.tar.xz
 rm -rf $stage
+# The bundled model's metadata, tokenizer and tensor list (no weights): accept.sh serve makes a
+# model of its shapes with random weights from it there.
+model="${SLUICE_MODEL:-$HOME/.cache/sluice/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+if [[ -f "$model" ]]; then
+  .bazel/bin/tools/random_gguf --like="$model" --describe --out=.gpu/model-desc.gguf
+else
+  echo "no model at $model: accept.sh serve will not run" >&2
+fi
 ls -l .gpu/bundle.tar.xz
-echo "bundle ready: carry .gpu and run bench/gpu/accept.sh correctness, then speed, on the GPU machine"
+echo "bundle ready: carry .gpu and run bench/gpu/accept.sh correctness, speed, then serve, on the GPU machine"

@@ -4,6 +4,7 @@
 #
 #   bench/gpu/accept.sh correctness [--sync]   # run 1
 #   bench/gpu/accept.sh speed [--sync]         # run 2
+#   bench/gpu/accept.sh serve                  # run 3
 #
 # correctness: every CUDA test (the op tests' cuda cases, decode attention, the page allocator,
 #   compaction, the paged KV cache and the model on the CUDA backend); then compute-sanitizer memcheck on all
@@ -14,6 +15,12 @@
 #   and decode on the GPU and on the CPU (model_bench, model-cuda.json, model-cpu.json); allocation and
 #   compaction with the sluice preset; ncu on the sluice and fp16 chunk kernels at batch 32 x 16k;
 #   the resource table of every kernel as built (cuobjdump -res-usage).
+# serve: the whole cluster (tools/up: router, a prefill and a decode worker) with --backend=cuda,
+#   serving a model of SmolLM2-135M's shapes and tokenizer with random weights (tools/random_gguf
+#   from .gpu/model-desc.gguf: the real file is more than a call carries) under 16 streamed
+#   requests (bench/serve_bench.py, serve-cuda.json); then the same cluster on the machine's CPU
+#   (serve-cpu.json). SLUICE_SERVE_BACKENDS picks the backends ("cuda cpu"; "cpu" checks the
+#   mode on a machine without a GPU).
 # --sync sets CUDA_LAUNCH_BLOCKING=1: every launch waits for its kernel, so a fault is reported
 #   by the launch that caused it (each Launch* function returns cudaGetLastError()), naming it.
 #
@@ -194,8 +201,24 @@ if codec:
     json.dump(codec, open(os.path.join(out, "gpu-codec-memory.json"), "w"), indent=1)
 PY
     ;;
+  serve)
+    model=/tmp/sluice-random.gguf
+    step random-model 60 "$bundle/bin/random_gguf" --like=.gpu/model-desc.gguf --out=$model ||
+      status=1
+    # up finds the servers as prefill/prefill, decode/decode and router/router.
+    cluster=/tmp/sluice-cluster
+    for b in prefill decode router; do
+      mkdir -p $cluster/$b && ln -sf "$bundle/bin/$b" $cluster/$b/$b
+    done
+    for b in ${SLUICE_SERVE_BACKENDS:-cuda cpu}; do
+      step "serve-$b" 240 env PYTHONUNBUFFERED=1 python3 bench/serve_bench.py \
+        --up "$bundle/bin/up" --bin_dir $cluster --model $model --systems=sluice --backend="$b" \
+        --threads="$(nproc)" --loads=streams --streams=16 --stream-prompt=512 --max-tokens=32 \
+        --fail-on-errors --out "$out/serve-$b.json" || status=1
+    done
+    ;;
   *)
-    echo "usage: bench/gpu/accept.sh correctness|speed [--sync]" >&2
+    echo "usage: bench/gpu/accept.sh correctness|speed|serve [--sync]" >&2
     exit 2
     ;;
 esac
