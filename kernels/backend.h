@@ -62,7 +62,7 @@ class Backend {
   virtual absl::Status Synchronize() = 0;
   // Copies between buffers of this backend, in order with its ops (asynchronous on a device: the
   // sources must hold until the next Synchronize or host copy). A call's copies must not
-  // overlap one another.
+  // overlap one another (none may read what another writes): a device runs them in any order.
   struct Copy {
     void* dst = nullptr;
     const void* src = nullptr;
