@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
         w.value("running", int64_t{0}), w.value("waiting", int64_t{0}),
         w.value("kv_pages_used", int64_t{0}), w.value("kv_pages_free", int64_t{0}),
         w.value("kv_compression_ratio", 0.0));
+    if (!w.value("backend", "").empty()) std::cout << "    on " << w.value("backend", "") << "\n";
     if (!w.value("error", "").empty()) std::cout << "    last error: " << w["error"] << "\n";
   }
   return 0;
