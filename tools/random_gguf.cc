@@ -7,7 +7,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "model/gguf.h"
 #include "model/test_util/gguf_writer.h"
@@ -28,19 +27,13 @@ absl::Status Run() {
     return absl::InvalidArgumentError("--like and --out are required");
   }
   SLUICE_ASSIGN_OR_RETURN(auto like, model::GgufFile::Open(like_path));
-  std::string bytes;
-  if (absl::GetFlag(FLAGS_describe)) {
-    SLUICE_ASSIGN_OR_RETURN(bytes, tools::DescribeGguf(*like));
-  } else {
-    SLUICE_ASSIGN_OR_RETURN(bytes, tools::RandomGguf(*like, absl::GetFlag(FLAGS_seed)));
-  }
-  FILE* f = std::fopen(out.c_str(), "wb");
-  if (f == nullptr) return absl::NotFoundError(absl::StrFormat("cannot write %s", out));
-  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  if (std::fclose(f) != 0 || !ok) {
-    return absl::DataLossError(absl::StrFormat("writing %s failed", out));
-  }
-  std::fprintf(stderr, "wrote %s (%zu bytes)\n", out.c_str(), bytes.size());
+  absl::StatusOr<model::testing::GgufWriter> made =
+      absl::GetFlag(FLAGS_describe) ? tools::DescribeGguf(*like)
+                                    : tools::RandomGguf(*like, absl::GetFlag(FLAGS_seed));
+  if (!made.ok()) return made.status();
+  SLUICE_RETURN_IF_ERROR(
+      made->WriteFile(out, like->version(), static_cast<uint32_t>(like->alignment())));
+  std::fprintf(stderr, "wrote %s\n", out.c_str());
   return absl::OkStatus();
 }
 

@@ -53,7 +53,7 @@ absl::StatusOr<TensorSpec> ParseSpec(absl::string_view text) {
 
 }  // namespace
 
-absl::StatusOr<std::string> DescribeGguf(const model::GgufFile& like) {
+absl::StatusOr<model::testing::GgufWriter> DescribeGguf(const model::GgufFile& like) {
   model::testing::GgufWriter w;
   SLUICE_RETURN_IF_ERROR(CopyMetadata(like, w));
   std::vector<std::string> specs;
@@ -62,10 +62,10 @@ absl::StatusOr<std::string> DescribeGguf(const model::GgufFile& like) {
                                     absl::StrJoin(t.dims, ",")));
   }
   w.AddStringArray(kDescribedTensorsKey, specs);
-  return w.Build(like.version(), static_cast<uint32_t>(like.alignment()));
+  return w;
 }
 
-absl::StatusOr<std::string> RandomGguf(const model::GgufFile& like, uint64_t seed) {
+absl::StatusOr<model::testing::GgufWriter> RandomGguf(const model::GgufFile& like, uint64_t seed) {
   std::vector<TensorSpec> specs;
   for (const model::GgufTensor& t : like.tensors()) specs.push_back({t.name, t.type, t.dims});
   if (specs.empty()) {
@@ -106,7 +106,7 @@ absl::StatusOr<std::string> RandomGguf(const model::GgufFile& like, uint64_t see
     for (float& v : values) v = dist(rng) + (norm ? 1.f : 0.f);
     w.AddTensorFromFloats(t.name, t.dims, t.type, values);
   }
-  return w.Build(like.version(), static_cast<uint32_t>(like.alignment()));
+  return w;
 }
 
 }  // namespace sluice::tools

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/gguf.h"
+#include "model/test_util/gguf_writer.h"
 
 namespace sluice::tools {
 
@@ -19,12 +20,13 @@ inline constexpr char kDescribedTensorsKey[] = "sluice.described_tensors";
 
 // `like`'s metadata and the list of its tensors, no tensor data. InvalidArgument naming the key
 // for metadata that cannot be copied (arrays of arrays).
-absl::StatusOr<std::string> DescribeGguf(const model::GgufFile& like);
+// Write it with like's version and alignment (GgufWriter::WriteFile or Build).
+absl::StatusOr<model::testing::GgufWriter> DescribeGguf(const model::GgufFile& like);
 
 // `like`'s metadata (less the list) and a tensor of random values for each tensor it has, or,
 // for a description, each it lists. InvalidArgument for a file with neither, or a listed tensor
 // that does not parse or whose type cannot be written.
-absl::StatusOr<std::string> RandomGguf(const model::GgufFile& like, uint64_t seed);
+absl::StatusOr<model::testing::GgufWriter> RandomGguf(const model::GgufFile& like, uint64_t seed);
 
 }  // namespace sluice::tools
 

@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <climits>
 #include <vector>
 
@@ -131,28 +132,21 @@ absl::Status CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
 }
 
 absl::Status CudaBackend::CopyOnDevice(absl::Span<const Copy> copies) {
-  // One copy goes to the copy engine; more go to one kernel launch per kMaxCopiesPerLaunch.
-  kernels::cuda::BatchedCopyParams batch;
-  const Copy* single = nullptr;
-  int ranges = 0;
-  for (const Copy& c : copies) ranges += c.bytes > 0 ? 1 : 0;
+  std::vector<kernels::cuda::CopyRange> ranges;
   for (const Copy& c : copies) {
-    if (c.bytes == 0) continue;
-    if (ranges == 1) {
-      single = &c;
-      break;
-    }
-    batch.ranges[batch.count++] = {.dst = c.dst, .src = c.src, .bytes = c.bytes};
-    if (batch.count == kernels::cuda::kMaxCopiesPerLaunch) {
-      SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchBatchedCopy(batch, impl_->stream));
-      batch.count = 0;
-    }
+    if (c.bytes > 0) ranges.push_back({.dst = c.dst, .src = c.src, .bytes = c.bytes});
   }
-  if (single != nullptr) {
-    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(single->dst, single->src, single->bytes,
+  // One copy goes to the copy engine; more go to one kernel launch per kMaxCopiesPerLaunch.
+  if (ranges.size() == 1) {
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ranges[0].dst, ranges[0].src, ranges[0].bytes,
                                                 cudaMemcpyDeviceToDevice, impl_->stream));
+    return absl::OkStatus();
   }
-  if (batch.count > 0) {
+  kernels::cuda::BatchedCopyParams batch;
+  for (size_t first = 0; first < ranges.size(); first += kernels::cuda::kMaxCopiesPerLaunch) {
+    batch.count = static_cast<int32_t>(
+        std::min<size_t>(ranges.size() - first, kernels::cuda::kMaxCopiesPerLaunch));
+    std::copy_n(ranges.begin() + first, batch.count, batch.ranges);
     SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchBatchedCopy(batch, impl_->stream));
   }
   return absl::OkStatus();
@@ -171,21 +165,17 @@ absl::Status CudaBackend::DoKvQuantize(const KvQuantizeParams& p) {
 
 absl::Status CudaBackend::DoKvQuantizeBatch(absl::Span<const KvQuantizeParams> items) {
   // Huffman-coded writes size their units on the host, one by one; the fixed-width ones go to
-  // the device as one launch.
-  std::vector<KvQuantizeParams> fixed;
-  fixed.reserve(items.size());
+  // the device as one launch (the plan skips the others).
   for (const KvQuantizeParams& p : items) {
     if (p.tokens == 0) {
       if (p.tokens_written != nullptr) *p.tokens_written = 0;
     } else if (p.format.huffman_bits > 0) {
       SLUICE_RETURN_IF_ERROR(kernels::cuda::KvQuantizeHuffman(p, impl_->stream));
-    } else {
-      fixed.push_back(p);
     }
   }
-  if (fixed.empty()) return absl::OkStatus();
   const kernels::cuda::KvQuantizeBatchImage image =
-      kernels::cuda::PlanKvQuantizeBatch(fixed.data(), static_cast<int64_t>(fixed.size()));
+      kernels::cuda::PlanKvQuantizeBatch(items.data(), static_cast<int64_t>(items.size()));
+  if (image.count == 0) return absl::OkStatus();
   SLUICE_ASSIGN_OR_RETURN(void* device_image, impl_->Workspace(image.bytes.size()));
   SLUICE_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchKvQuantizeBatch(
       image, static_cast<uint8_t*>(device_image), impl_->stream));

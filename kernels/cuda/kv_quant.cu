@@ -301,7 +301,7 @@ KvQuantizeBatchImage PlanKvQuantizeBatch(const KvQuantizeParams* items, int64_t 
   first_block.reserve(count + 1);
   for (int64_t n = 0; n < count; ++n) {
     const KvQuantizeParams& p = items[n];
-    if (p.tokens == 0) continue;
+    if (p.tokens == 0 || p.format.huffman_bits > 0) continue;
     int32_t format = 0;
     while (format < static_cast<int32_t>(formats.size()) && !(formats[format].format == p.format)) {
       ++format;
@@ -321,6 +321,7 @@ KvQuantizeBatchImage PlanKvQuantizeBatch(const KvQuantizeParams* items, int64_t 
     first_block.push_back(first_block.back() + (units + kThreads - 1) / kThreads);
   }
   KvQuantizeBatchImage image;
+  if (jobs.empty()) return image;
   image.count = static_cast<int64_t>(jobs.size());
   image.blocks = first_block.back();
   const auto append = [&image](const void* data, size_t bytes) {

@@ -43,8 +43,8 @@ struct KvQuantizeBatchImage {
   int64_t blocks = 0;  // the launch's grid
 };
 
-// Items must be fixed-width writes to distinct pages (Huffman-coded tiers go through
-// KvQuantizeHuffman), validated; those of no tokens are skipped.
+// Items must be validated writes to distinct pages; those of no tokens and those of
+// Huffman-coded tiers (KvQuantizeHuffman's) are skipped.
 KvQuantizeBatchImage PlanKvQuantizeBatch(const KvQuantizeParams* items, int64_t count);
 // device_image: image.bytes.size() bytes of device memory, free until the kernel has run (stream
 // order). Nothing is launched for an empty batch.

@@ -296,6 +296,17 @@ absl::Status PagedKvCache::CheckPageIds(absl::Span<const PageId> ids) const {
   return absl::OkStatus();
 }
 
+absl::Status PagedKvCache::GrowPageStaging(size_t pages) const {
+  const size_t page_bytes = static_cast<size_t>(pool_->page_bytes());
+  if (page_staging_.size() < pages * page_bytes) {
+    page_staging_.Reset();
+    SLUICE_ASSIGN_OR_RETURN(page_staging_,
+                            kernels::DeviceBuffer::Create(backend_, kStagedPages * page_bytes));
+  }
+  host_staging_.resize(pages * page_bytes);
+  return absl::OkStatus();
+}
+
 absl::Status PagedKvCache::ReadPages(absl::Span<const PageId> ids,
                                      absl::FunctionRef<void(size_t, const uint8_t*)> fn) const {
   SLUICE_RETURN_IF_ERROR(CheckPageIds(ids));
@@ -306,12 +317,7 @@ absl::Status PagedKvCache::ReadPages(absl::Span<const PageId> ids,
   SLUICE_RETURN_IF_ERROR(SyncValid());  // the pages' bytes include their valid bits
   const size_t page_bytes = static_cast<size_t>(pool_->page_bytes());
   const size_t batch = std::min<size_t>(ids.size(), kStagedPages);
-  if (page_staging_.size() < batch * page_bytes) {
-    page_staging_.Reset();
-    SLUICE_ASSIGN_OR_RETURN(page_staging_,
-                            kernels::DeviceBuffer::Create(backend_, kStagedPages * page_bytes));
-  }
-  host_staging_.resize(batch * page_bytes);
+  SLUICE_RETURN_IF_ERROR(GrowPageStaging(batch));
   std::vector<kernels::Backend::Copy> gather;
   for (size_t first = 0; first < ids.size(); first += batch) {
     const size_t n = std::min(batch, ids.size() - first);
@@ -358,12 +364,7 @@ absl::Status PagedKvCache::CopyPagesFromHost(absl::Span<const PageId> ids, const
   // first (the pages' own bits come with their bytes; ImportSequence loads them).
   SLUICE_RETURN_IF_ERROR(SyncValid());
   const size_t batch = std::min<size_t>(ids.size(), kStagedPages);
-  if (page_staging_.size() < batch * page_bytes) {
-    page_staging_.Reset();
-    SLUICE_ASSIGN_OR_RETURN(page_staging_,
-                            kernels::DeviceBuffer::Create(backend_, kStagedPages * page_bytes));
-  }
-  host_staging_.resize(batch * page_bytes);
+  SLUICE_RETURN_IF_ERROR(GrowPageStaging(batch));
   std::vector<kernels::Backend::Copy> scatter;
   for (size_t first = 0; first < ids.size(); first += batch) {
     const size_t n = std::min(batch, ids.size() - first);

@@ -364,6 +364,8 @@ class PagedKvCache final : public model::KvCache {
   // and downloaded in one copy. InvalidArgument for an id outside the pool.
   absl::Status ReadPages(absl::Span<const PageId> ids,
                          absl::FunctionRef<void(size_t, const uint8_t*)> fn) const;
+  // Device backend: page_staging_ and host_staging_ hold `pages` (<= kStagedPages) pages.
+  absl::Status GrowPageStaging(size_t pages) const;
   // CRC32C of each page's bytes.
   absl::StatusOr<std::vector<uint32_t>> PageCrcs(absl::Span<const PageId> ids) const;
   absl::Status CheckPageIds(absl::Span<const PageId> ids) const;

@@ -97,6 +97,25 @@ double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
+// One step of `batch` with the same random rows on `got` (on `backend`) and `want` (on `ref`):
+// the outputs agree within `tol`.
+void StepBoth(std::mt19937_64& rng, kernels::Backend& backend, PagedKvCache& got,
+              kernels::Backend& ref, PagedKvCache& want, const std::vector<model::StepEntry>& batch,
+              double tol) {
+  int64_t rows = 0;
+  for (const model::StepEntry& e : batch) rows += e.tokens;
+  const std::vector<float> k = Random(rng, kLayers * rows * kRow);
+  const std::vector<float> v = Random(rng, kLayers * rows * kRow);
+  const std::vector<float> q = Random(rng, kLayers * rows * kQRow);
+  absl::StatusOr<std::vector<float>> a = Step(backend, got, batch, k, v, q);
+  absl::StatusOr<std::vector<float>> b = Step(ref, want, batch, k, v, q);
+  EXPECT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(b.ok()) << b.status();
+  if (a.ok() && b.ok()) {
+    EXPECT_LE(MaxDiff(*a, *b), tol);
+  }
+}
+
 // A transport's part in a move: allocates `pages.size()` pages in `to`'s pool and copies the
 // bytes of `from`'s `pages` into them (`from` on `backend`; `to` on it too, or on a host backend
 // when `to_host`). Returns the new ids, in order.
@@ -148,18 +167,7 @@ TEST_P(PagedKvCacheBackendsTest, MatchesTheReferenceBackendsCache) {
     // bit moves them by O(1).
     const double tol = preset == "fp16" ? 1e-3 : 0.08;
     auto both = [&](PagedKvCache& g, PagedKvCache& w, const std::vector<model::StepEntry>& batch) {
-      int64_t rows = 0;
-      for (const model::StepEntry& e : batch) rows += e.tokens;
-      const std::vector<float> k = Random(rng, kLayers * rows * kRow);
-      const std::vector<float> v = Random(rng, kLayers * rows * kRow);
-      const std::vector<float> q = Random(rng, kLayers * rows * kQRow);
-      absl::StatusOr<std::vector<float>> a = Step(*backend_, g, batch, k, v, q);
-      absl::StatusOr<std::vector<float>> b = Step(ref_, w, batch, k, v, q);
-      EXPECT_TRUE(a.ok()) << a.status();
-      EXPECT_TRUE(b.ok()) << b.status();
-      if (a.ok() && b.ok()) {
-        EXPECT_LE(MaxDiff(*a, *b), tol);
-      }
+      StepBoth(rng, *backend_, g, ref_, w, batch, tol);
     };
     for (PagedKvCache* c : {got->get(), want->get()}) {
       for (int64_t seq : {1, 2, 3}) ASSERT_TRUE(c->AddSequence(seq, 1024).ok());
@@ -235,16 +243,7 @@ TEST_P(PagedKvCacheBackendsTest, MovesThroughHostCopiesOfThePools) {
     ASSERT_TRUE(sender.ok() && receiver.ok() && want.ok());
     const double tol = preset == "fp16" ? 1e-3 : 0.08;
     auto both = [&](PagedKvCache& g, const std::vector<model::StepEntry>& batch) {
-      int64_t rows = 0;
-      for (const model::StepEntry& e : batch) rows += e.tokens;
-      const std::vector<float> k = Random(rng, kLayers * rows * kRow);
-      const std::vector<float> v = Random(rng, kLayers * rows * kRow);
-      const std::vector<float> q = Random(rng, kLayers * rows * kQRow);
-      absl::StatusOr<std::vector<float>> a = Step(*backend_, g, batch, k, v, q);
-      absl::StatusOr<std::vector<float>> b = Step(ref_, **want, batch, k, v, q);
-      ASSERT_TRUE(a.ok()) << a.status();
-      ASSERT_TRUE(b.ok()) << b.status();
-      EXPECT_LE(MaxDiff(*a, *b), tol);
+      StepBoth(rng, *backend_, g, ref_, **want, batch, tol);
     };
     ASSERT_TRUE((*sender)->AddSequence(5, 1024).ok());
     ASSERT_TRUE((*want)->AddSequence(5, 1024).ok());

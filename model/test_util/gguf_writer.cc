@@ -211,9 +211,10 @@ std::string GgufWriter::Build(uint32_t version, uint32_t alignment) const {
   return out;
 }
 
-absl::Status GgufWriter::WriteFile(const std::string& path) const {
+absl::Status GgufWriter::WriteFile(const std::string& path, uint32_t version,
+                                   uint32_t alignment) const {
   std::ofstream f(path, std::ios::binary);
-  const std::string bytes = Build();
+  const std::string bytes = Build(version, alignment);
   f.write(bytes.data(), bytes.size());
   if (!f) return absl::InternalError("cannot write " + path);
   return absl::OkStatus();

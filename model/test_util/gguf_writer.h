@@ -39,7 +39,8 @@ class GgufWriter {
                            kernels::GgmlType type, const std::vector<float>& values);
 
   std::string Build(uint32_t version = 3, uint32_t alignment = 32) const;
-  absl::Status WriteFile(const std::string& path) const;
+  absl::Status WriteFile(const std::string& path, uint32_t version = 3,
+                         uint32_t alignment = 32) const;
 
  private:
   struct Tensor {
