@@ -162,6 +162,25 @@ TEST_P(MatmulTest, Bf16PrecisionStaysWithinBf16Rounding) {
   }
 }
 
+// Decode-step shapes against bf16 weights: CUDA's skinny kernel (1-16 rows of x, k a multiple of
+// 8; 8 rows a pass, 4 output features a warp, so n and m off those multiples too) and cuBLAS
+// past it (17 rows) or off its alignment (k = 36: rows of x 144 bytes apart).
+TEST_P(MatmulTest, FewRowsAgainstBf16Weights) {
+  std::mt19937_64 rng(testing::TestSeed());
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 8},
+                         {1, 192, 576},
+                         {2, 37, 576},
+                         {5, 7, 264},
+                         {8, 576, 1536},
+                         {9, 13, 64},
+                         {16, 1536, 576},
+                         {17, 50, 576},
+                         {3, 21, 36}}) {
+    Check(GgmlType::kBF16, m, n, k, rng(), MatmulPrecision::kBf16);
+    Check(GgmlType::kBF16, m, n, k, rng(), MatmulPrecision::kBf16, /*accumulate=*/true);
+  }
+}
+
 // y += x w^T on every path: quantized dot (m <= 4), tiles, BLAS panels (m >= 16), bf16.
 TEST_P(MatmulTest, AccumulatesIntoY) {
   std::mt19937_64 rng(testing::TestSeed());

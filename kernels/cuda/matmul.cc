@@ -8,6 +8,7 @@
 #include "kernels/cuda/cublas_status.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/dequantize.h"
+#include "kernels/cuda/skinny_matmul.h"
 
 namespace sluice::kernels::cuda {
 namespace {
@@ -25,9 +26,23 @@ int64_t ChunkRows(const MatmulParams& p) {
 
 // The bf16 path: x and each chunk of w rounded to bf16 in the workspace ([m, k] then
 // [chunk, k]), multiplied on the tensor cores with fp32 accumulation (cublasGemmEx). Weights
-// stored in bf16 are read in place: one GEMM, only x converted.
+// stored in bf16 are read in place: one GEMM, only x converted; against a few rows of x
+// (SkinnyMatmulApplies) they take the skinny kernel instead, x unrounded.
 absl::Status MatmulBf16(const MatmulParams& p, cublasHandle_t cublas, void* workspace,
                         cudaStream_t stream) {
+  if (p.w_type == GgmlType::kBF16) {
+    const SkinnyMatmulParams skinny{.x = p.x,
+                                    .w = static_cast<const uint16_t*>(p.w),
+                                    .y = p.y,
+                                    .m = p.m,
+                                    .n = p.n,
+                                    .k = p.k,
+                                    .accumulate = p.accumulate};
+    if (SkinnyMatmulApplies(skinny)) {
+      SLUICE_CUDA_RETURN_IF_ERROR(LaunchSkinnyMatmul(skinny, stream));
+      return absl::OkStatus();
+    }
+  }
   const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
   const float one = 1.f, beta = p.accumulate ? 1.f : 0.f;
   uint16_t* x16 = static_cast<uint16_t*>(workspace);

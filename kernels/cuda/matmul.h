@@ -6,7 +6,8 @@
 // workspace the caller owns, then multiplied by cublasSgemm. The handle runs in pedantic math
 // mode so that neither TF32 tensor cores nor bf16x9 emulation replace the fp32 arithmetic.
 // MatmulPrecision::kBf16 rounds x and the expanded weights to bf16 and multiplies them on the
-// tensor cores (cublasGemmEx, fp32 accumulation): the serving path.
+// tensor cores (cublasGemmEx, fp32 accumulation): the serving path. There, bf16 weights against
+// at most kSkinnyMaxRows rows of x (a decode step) take one launch of skinny_matmul.h instead.
 #ifndef SLUICE_KERNELS_CUDA_MATMUL_H_
 #define SLUICE_KERNELS_CUDA_MATMUL_H_
 
