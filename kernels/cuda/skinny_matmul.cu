@@ -10,26 +10,27 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 4;
 constexpr int kThreads = kWarp * kWarpsPerBlock;
-constexpr int kFeatures = 4;  // output features (weight rows) per warp
+constexpr int kFeatures = 4;  // output features (weight rows) per block
 constexpr int kRows = 8;      // rows of x per pass
 constexpr int kSlice = 8;     // elements of k per lane and step: one 16-byte load of bf16
 
 __device__ __forceinline__ float Bf16Lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float Bf16Hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 
-// grid: [ceil(n / (kWarpsPerBlock * kFeatures))], block: [kThreads]. Warp w of block b owns
-// features [f0, f0 + kFeatures), f0 = (b * kWarpsPerBlock + w) * kFeatures; lane l takes the k
-// slices l, l + 32, ... For each pass of up to kRows rows of x: acc[r][f] += x[r, slice] .
-// w[f, slice] over the lane's slices, then a butterfly sum over the warp, and lane (r, f) writes
-// y[r, f] (32 lanes, 32 results).
+// grid: [ceil(n / kFeatures)], block: [kThreads]. Block b owns features [f0, f0 + kFeatures),
+// f0 = b * kFeatures; thread t takes the k slices t, t + kThreads, ... (split four ways over the
+// warps, so a row of k = 576 is one step of loads). For each pass of up to kRows rows of x:
+// acc[r][f] += x[r, slice] . w[f, slice] over the thread's slices, a butterfly sum over the warp
+// (lane r * kFeatures + f keeps (r, f)), the four warps' sums added through shared memory, and
+// lane (r, f) of warp 0 writes y[r, f].
 __global__ void __launch_bounds__(kThreads)
     SkinnyMatmulKernel(const float* __restrict__ x,     // [m, k]
                        const uint16_t* __restrict__ w,  // [n, k] bf16
                        float* __restrict__ y,           // [m, n]
                        int64_t m, int64_t n, int64_t k, bool accumulate) {
-  const int lane = threadIdx.x % kWarp;
-  const int64_t f0 = (int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / kWarp) * kFeatures;
-  if (f0 >= n) return;
+  SLUICE_SHARED(partial, float[kWarpsPerBlock][kWarp]);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t f0 = int64_t{blockIdx.x} * kFeatures;
   const int64_t slices = k / kSlice;
   // Rows of w past n read row n - 1 again (in bounds); their sums are never written.
   const uint4* wrow[kFeatures];
@@ -40,7 +41,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int64_t r0 = 0; r0 < m; r0 += kRows) {
     float acc[kRows][kFeatures] = {};
-    for (int64_t s = lane; s < slices; s += kWarp) {
+    for (int64_t s = threadIdx.x; s < slices; s += kThreads) {
       float wf[kFeatures][kSlice];
 #pragma unroll
       for (int f = 0; f < kFeatures; ++f) {
@@ -63,7 +64,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    // Every lane ends with every sum; lane r * kFeatures + f keeps (r, f).
+    // Every lane ends with every sum of its warp; lane r * kFeatures + f keeps (r, f).
     float mine = 0.f;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -77,11 +78,18 @@ __global__ void __launch_bounds__(kThreads)
         if (lane == r * kFeatures + f) mine = v;
       }
     }
-    const int64_t row = r0 + lane / kFeatures, feature = f0 + lane % kFeatures;
-    if (row < m && feature < n) {
-      float* out = y + row * n + feature;
-      *out = accumulate ? *out + mine : mine;
+    partial[warp][lane] = mine;
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+      for (int other = 1; other < kWarpsPerBlock; ++other) mine += partial[other][lane];
+      const int64_t row = r0 + lane / kFeatures, feature = f0 + lane % kFeatures;
+      if (row < m && feature < n) {
+        float* out = y + row * n + feature;
+        *out = accumulate ? *out + mine : mine;
+      }
     }
+    __syncthreads();  // the next pass rewrites partial
   }
 }
 
@@ -96,8 +104,7 @@ bool SkinnyMatmulApplies(const SkinnyMatmulParams& p) {
 cudaError_t LaunchSkinnyMatmul(const SkinnyMatmulParams& p, cudaStream_t stream) {
   static_assert(kRows * kFeatures == kWarp, "a pass's sums are one per lane");
   if (!SkinnyMatmulApplies(p)) return cudaErrorInvalidValue;
-  constexpr int64_t kPerBlock = int64_t{kWarpsPerBlock} * kFeatures;
-  const unsigned blocks = static_cast<unsigned>((p.n + kPerBlock - 1) / kPerBlock);
+  const unsigned blocks = static_cast<unsigned>((p.n + kFeatures - 1) / kFeatures);
   SLUICE_LAUNCH(blocks, kThreads, 0, stream, SkinnyMatmulKernel)
   (p.x, p.w, p.y, p.m, p.n, p.k, p.accumulate);
   return cudaGetLastError();
