@@ -100,13 +100,19 @@ absl::Status Run() {
                "prompt", "prefill tok/s", "decode tok/s");
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
   {
-    // Warm-up: page the weights in and start the thread team, as the peer's warm-up does.
-    SLUICE_ASSIGN_OR_RETURN(auto cache_owner, make_cache(1, 8));
+    // Warm-up: page the weights in and start the thread team, as the peer's warm-up does; on a
+    // GPU, load the kernels of both matmul paths (a prompt longer than the skinny kernel's 16
+    // rows goes to cuBLAS, whose first call loads its modules; a decode step's single row does
+    // not), so that neither lands in the first case's timings.
+    constexpr int kWarmupTokens = 32;
+    SLUICE_ASSIGN_OR_RETURN(auto cache_owner, make_cache(1, kWarmupTokens + 1));
     kvstore::PagedKvCache& cache = *cache_owner;
-    SLUICE_RETURN_IF_ERROR(cache.AddSequence(0, 8));
+    SLUICE_RETURN_IF_ERROR(cache.AddSequence(0, kWarmupTokens + 1));
     std::vector<int32_t> tokens;
-    for (int i = 0; i < 8; ++i) tokens.push_back(PromptToken(0, i, c.vocab));
+    for (int i = 0; i < kWarmupTokens; ++i) tokens.push_back(PromptToken(0, i, c.vocab));
     std::vector<float> logits(c.vocab);
+    SLUICE_RETURN_IF_ERROR(llama->Forward({{0, tokens}}, cache, logits.data()));
+    tokens.resize(1);
     SLUICE_RETURN_IF_ERROR(llama->Forward({{0, tokens}}, cache, logits.data()));
   }
   for (int p : prompts) {
