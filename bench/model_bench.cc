@@ -38,6 +38,9 @@ ABSL_FLAG(std::string, prompt_lengths, "128,1024", "Prompt lengths in tokens.");
 ABSL_FLAG(int, decode_tokens, 32, "Decode steps per case.");
 ABSL_FLAG(std::string, preset, "fp16", "KV cache preset (llama.cpp keeps fp16 KV).");
 ABSL_FLAG(int, repeats, 2, "Runs per case; the fastest is reported (this machine is noisy).");
+ABSL_FLAG(bool, record_steps, true,
+          "Record a step's dense ops once per row count and replay them (CUDA graphs; "
+          "LlamaLoadOptions::record_steps); off, every op is launched one by one.");
 
 namespace sluice {
 namespace {
@@ -75,7 +78,9 @@ absl::Status Run() {
   }
   SLUICE_ASSIGN_OR_RETURN(auto backend, kernels::CreateNamedBackend(absl::GetFlag(FLAGS_backend),
                                                                     absl::GetFlag(FLAGS_threads)));
-  SLUICE_ASSIGN_OR_RETURN(auto llama, model::LlamaModel::Load(*gguf, *backend));
+  SLUICE_ASSIGN_OR_RETURN(
+      auto llama, model::LlamaModel::Load(*gguf, *backend,
+                                          {.record_steps = absl::GetFlag(FLAGS_record_steps)}));
   const model::LlamaConfig& c = llama->config();
 
   SLUICE_ASSIGN_OR_RETURN(
@@ -177,6 +182,7 @@ absl::Status Run() {
       {"backend", backend->name()},
       {"threads", cpu != nullptr ? cpu->threads() : 0},
       {"model", random_model.empty() ? absl::GetFlag(FLAGS_model) : "random " + random_model},
+      {"recorded_steps", backend->CanRecord() && absl::GetFlag(FLAGS_record_steps)},
       {"cases", cases}};
   std::cout << out.dump() << "\n";
   return absl::OkStatus();

@@ -690,6 +690,27 @@ absl::Status Backend::DoPagedAttention(const PagedAttentionParams&) {
   return Unsupported(Op::kPagedAttention);
 }
 
+absl::StatusOr<std::unique_ptr<Backend::Recording>> Backend::Record(
+    absl::FunctionRef<absl::Status()> ops) {
+  if (!CanRecord()) {
+    return absl::UnimplementedError(absl::StrFormat("%s records no ops", name()));
+  }
+  return DoRecord(ops);
+}
+
+absl::Status Backend::Replay(const Recording& recording) { return DoReplay(recording); }
+
+absl::StatusOr<std::unique_ptr<Backend::Recording>> Backend::DoRecord(
+    absl::FunctionRef<absl::Status()> ops) {
+  (void)ops;
+  return absl::UnimplementedError(absl::StrFormat("%s records no ops", name()));
+}
+
+absl::Status Backend::DoReplay(const Recording& recording) {
+  (void)recording;
+  return absl::UnimplementedError(absl::StrFormat("%s has no recordings to replay", name()));
+}
+
 absl::Status Backend::Unsupported(Op op) const {
   return absl::UnimplementedError(
       absl::StrFormat("op %s is not supported by backend %s", OpName(op), name()));

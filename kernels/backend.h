@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -97,6 +98,25 @@ class Backend {
   absl::StatusOr<std::unique_ptr<BatchAttentionPlan>> PlanBatchPagedAttention(
       const BatchPagedAttentionStep& step);
 
+  // ---- recorded ops (CUDA graphs) ----
+  // Ops recorded once and issued again with one launch, for sequences of small ops whose launches
+  // cost more than their work (a decode step's dense layers at small batches). A recording keeps
+  // its ops' parameters as they were when recorded: the buffers they name must keep their
+  // addresses and outlive it; what the buffers hold is read when it runs.
+  class Recording {
+   public:
+    virtual ~Recording() = default;
+  };
+  // Whether Record works on this backend (CUDA: stream capture into a graph). Host backends run
+  // each op as it comes and have nothing to record.
+  virtual bool CanRecord() const { return false; }
+  // Records the ops that `ops` issues, without running them. FailedPreconditionError, nothing
+  // run, when one cannot be recorded: it allocates, uses a backend workspace (which may move),
+  // copies through host memory or waits for the device. UnimplementedError where !CanRecord().
+  absl::StatusOr<std::unique_ptr<Recording>> Record(absl::FunctionRef<absl::Status()> ops);
+  // Issues a recording's ops, in order with this backend's other ops.
+  absl::Status Replay(const Recording& recording);
+
  protected:
   virtual absl::Status DoRmsNorm(const RmsNormParams& p);
   virtual absl::Status DoMatmul(const MatmulParams& p);
@@ -124,6 +144,11 @@ class Backend {
   virtual absl::StatusOr<std::unique_ptr<BatchAttentionPlan>> DoPlanBatchPagedAttention(
       const BatchPagedAttentionStep& step,
       absl::Span<const std::vector<PagedAttentionParams>> layers);
+
+  // The defaults return UnimplementedError.
+  virtual absl::StatusOr<std::unique_ptr<Recording>> DoRecord(
+      absl::FunctionRef<absl::Status()> ops);
+  virtual absl::Status DoReplay(const Recording& recording);
 
   absl::Status Unsupported(Op op) const;
 };

@@ -129,6 +129,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& g,
   if (backend.memory_space() == kernels::MemorySpace::kDevice) {
     SLUICE_RETURN_IF_ERROR(model->UploadWeights(options.bf16_on_device));
   }
+  model->record_steps_ = options.record_steps && backend.CanRecord();
   return model;
 }
 
@@ -220,6 +221,7 @@ absl::Status LlamaModel::EnsureScratch(int64_t rows, int64_t batch) {
     }
     SLUICE_RETURN_IF_ERROR(grow(s.tokens, 2 * rows, sizeof(int32_t)));
     s.rows = rows;
+    recordings_.clear();  // they name the old buffers
   }
   if (batch > s.batch) {
     SLUICE_RETURN_IF_ERROR(grow(s.last, batch * c.hidden, sizeof(float)));
@@ -242,6 +244,34 @@ absl::Status LlamaModel::Matmul(const float* x, const Weight& w, float* y, int64
                           .k = k,
                           .precision = precision_,
                           .accumulate = accumulate});
+}
+
+int64_t LlamaModel::recorded_segments() const {
+  int64_t n = 0;
+  for (const auto& [rows, segments] : recordings_) {
+    for (const auto& r : segments) n += r != nullptr;
+  }
+  return n;
+}
+
+absl::Status LlamaModel::Segment(int64_t rows, int index, absl::FunctionRef<absl::Status()> ops) {
+  if (!record_steps_ || rows > kMaxRecordedRows || unrecordable_rows_.contains(rows)) {
+    return ops();
+  }
+  std::vector<std::unique_ptr<kernels::Backend::Recording>>& segments = recordings_[rows];
+  segments.resize(config_.layers + 1);
+  if (segments[index] == nullptr) {
+    absl::StatusOr<std::unique_ptr<kernels::Backend::Recording>> recorded = backend_.Record(ops);
+    if (absl::IsFailedPrecondition(recorded.status())) {
+      // An op of this row count cannot be recorded (nothing of it ran): issue them one by one.
+      unrecordable_rows_.insert(rows);
+      recordings_.erase(rows);
+      return ops();
+    }
+    SLUICE_RETURN_IF_ERROR(recorded.status());
+    segments[index] = std::move(*recorded);
+  }
+  return backend_.Replay(*segments[index]);
 }
 
 absl::Status LlamaModel::Forward(absl::Span<const ForwardEntry> batch, KvCache& cache,
@@ -305,15 +335,9 @@ absl::Status LlamaModel::RunStep(absl::Span<const ForwardEntry> batch,
   SLUICE_RETURN_IF_ERROR(s.tokens.Upload(ids.data(), ids.size() * sizeof(int32_t)));
   const int32_t* device_ids = s.tokens.as<int32_t>();
   const int32_t* device_positions = device_ids + m;
-  SLUICE_RETURN_IF_ERROR(backend_.GetRows({.table = token_embd_.data,
-                                           .table_type = token_embd_.type,
-                                           .ids = device_ids,
-                                           .out = x,
-                                           .count = m,
-                                           .rows = c.vocab,
-                                           .dim = c.hidden}));
-
-  for (int li = 0; li < c.layers; ++li) {
+  // The dense ops between the cache's calls, in segments (see Segment): the embedding and layer
+  // 0's attention input, then each layer's feed-forward with the next layer's attention input.
+  const auto attention_input = [&](int li) -> absl::Status {
     const Layer& l = layers_[li];
     SLUICE_RETURN_IF_ERROR(backend_.RmsNorm(
         {.x = x, .weight = l.attn_norm, .y = h, .rows = m, .dim = c.hidden, .eps = c.rms_eps}));
@@ -330,9 +354,10 @@ absl::Status LlamaModel::RunStep(absl::Span<const ForwardEntry> batch,
                                             .theta_base = c.rope_theta,
                                             .neox = false}));
     }
-    SLUICE_RETURN_IF_ERROR(cache.Write(li, k, v));
-    SLUICE_RETURN_IF_ERROR(cache.Attend(li, q, attn));
-    SLUICE_RETURN_IF_ERROR(cache.LayerDone(li));
+    return absl::OkStatus();
+  };
+  const auto feed_forward = [&](int li) -> absl::Status {
+    const Layer& l = layers_[li];
     // The residual stream takes the projections in place: x += attn o^T, later x += ... down^T.
     SLUICE_RETURN_IF_ERROR(Matmul(attn, l.o, x, m, c.hidden, q_dim, /*accumulate=*/true));
     SLUICE_RETURN_IF_ERROR(backend_.RmsNorm(
@@ -340,7 +365,26 @@ absl::Status LlamaModel::RunStep(absl::Span<const ForwardEntry> batch,
     SLUICE_RETURN_IF_ERROR(Matmul(h, l.gate, gate, m, c.ffn, c.hidden));
     SLUICE_RETURN_IF_ERROR(Matmul(h, l.up, up, m, c.ffn, c.hidden));
     SLUICE_RETURN_IF_ERROR(backend_.SwiGlu({.gate = gate, .up = up, .out = gate, .n = m * c.ffn}));
-    SLUICE_RETURN_IF_ERROR(Matmul(gate, l.down, x, m, c.hidden, c.ffn, /*accumulate=*/true));
+    return Matmul(gate, l.down, x, m, c.hidden, c.ffn, /*accumulate=*/true);
+  };
+  SLUICE_RETURN_IF_ERROR(Segment(m, 0, [&]() -> absl::Status {
+    SLUICE_RETURN_IF_ERROR(backend_.GetRows({.table = token_embd_.data,
+                                             .table_type = token_embd_.type,
+                                             .ids = device_ids,
+                                             .out = x,
+                                             .count = m,
+                                             .rows = c.vocab,
+                                             .dim = c.hidden}));
+    return attention_input(0);
+  }));
+  for (int li = 0; li < c.layers; ++li) {
+    SLUICE_RETURN_IF_ERROR(cache.Write(li, k, v));
+    SLUICE_RETURN_IF_ERROR(cache.Attend(li, q, attn));
+    SLUICE_RETURN_IF_ERROR(cache.LayerDone(li));
+    SLUICE_RETURN_IF_ERROR(Segment(m, li + 1, [&]() -> absl::Status {
+      SLUICE_RETURN_IF_ERROR(feed_forward(li));
+      return li + 1 < c.layers ? attention_input(li + 1) : absl::OkStatus();
+    }));
   }
   SLUICE_RETURN_IF_ERROR(cache.Commit());
 

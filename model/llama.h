@@ -14,6 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
@@ -55,10 +58,20 @@ struct LlamaLoadOptions {
   // GGUF types and each matmul expands them to fp32 (exact, slower). Host backends keep the
   // GGUF types and fp32 arithmetic either way.
   bool bf16_on_device = true;
+  // On a backend that records ops (CUDA graphs): the dense ops between a step's KV cache calls
+  // (embedding, norms, projections, RoPE, the feed-forward) are recorded once per layer and row
+  // count, for steps of at most kMaxRecordedRows rows, and replayed as one launch each; the
+  // cache's writes and attention stay as they are. As vLLM captures its decode graphs per batch
+  // size. Off: every op is launched one by one.
+  bool record_steps = true;
 };
 
 class LlamaModel {
  public:
+  // The most rows (new tokens over the batch) a step may have for its ops to be recorded: decode
+  // steps of small batches, where launches cost more than the work.
+  static constexpr int64_t kMaxRecordedRows = 16;
+
   // `gguf` must outlive the model on host backends (weights point into its mapping); on a
   // device backend the weights are copied to device memory here.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const GgufFile& gguf,
@@ -66,6 +79,8 @@ class LlamaModel {
                                                           const LlamaLoadOptions& options = {});
 
   const LlamaConfig& config() const { return config_; }
+  // How many step segments are recorded now (LlamaLoadOptions::record_steps), over all row counts.
+  int64_t recorded_segments() const;
 
   // Runs the new tokens of every entry, appends their K/V to `cache` (a cache on the same
   // backend), and writes the logits of each entry's last token to logits [batch.size(), vocab],
@@ -102,6 +117,10 @@ class LlamaModel {
   absl::Status EnsureScratch(int64_t rows, int64_t batch);
   absl::Status Matmul(const float* x, const Weight& w, float* y, int64_t m, int64_t n, int64_t k,
                       bool accumulate = false);
+  // Runs segment `index` of a step of `rows` rows (0: up to layer 0's attention; l + 1: layer
+  // l's feed-forward and layer l + 1's attention input): replays its recording, recording it
+  // first, where the step's ops are recorded (record_steps_), and issues the ops otherwise.
+  absl::Status Segment(int64_t rows, int index, absl::FunctionRef<absl::Status()> ops);
   // Forward's pass once the cache's step is open; `lengths` are the entries' committed tokens.
   absl::Status RunStep(absl::Span<const ForwardEntry> batch, absl::Span<const int64_t> lengths,
                        KvCache& cache, float* logits);
@@ -118,6 +137,13 @@ class LlamaModel {
   kernels::DeviceBuffer device_weights_;
   kernels::MatmulPrecision precision_ = kernels::MatmulPrecision::kFp32;
   Scratch scratch_;
+  // Recorded segments by step row count, layers + 1 each (null: not yet recorded). They name the
+  // scratch buffers, so growing those drops them. Row counts whose ops cannot be recorded (a
+  // matmul through cuBLAS's workspace) run unrecorded.
+  bool record_steps_ = false;
+  absl::flat_hash_map<int64_t, std::vector<std::unique_ptr<kernels::Backend::Recording>>>
+      recordings_;
+  absl::flat_hash_set<int64_t> unrecordable_rows_;
 };
 
 }  // namespace sluice::model

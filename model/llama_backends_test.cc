@@ -154,6 +154,70 @@ void CheckAgainstCpu(kernels::Backend& backend, kernels::Backend& cpu, bool bf16
   }
 }
 
+// Recorded steps (CUDA graphs) against the same model's ops issued one by one, on the same
+// backend: the same logits to rounding at every step, through row counts that are recorded (1-16),
+// one that is not (a 40-token prompt) and the scratch growth it causes, after which the small row
+// counts are recorded again on the new buffers.
+TEST_P(LlamaBackendsTest, RecordedStepsMatchOpsIssuedOneByOne) {
+  if (!backend_->CanRecord()) GTEST_SKIP() << backend_->name() << " records no ops";
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << backend_->name() << " seed " << seed);
+  testing::TinyLlamaSpec spec;
+  auto gguf = GgufFile::FromBytes(testing::BuildTinyLlamaGguf(spec, seed));
+  ASSERT_TRUE(gguf.ok()) << gguf.status();
+  auto recorded = LlamaModel::Load(**gguf, *backend_, {.record_steps = true});
+  auto direct = LlamaModel::Load(**gguf, *backend_, {.record_steps = false});
+  ASSERT_TRUE(recorded.ok() && direct.ok());
+  const int64_t vocab = (*recorded)->config().vocab;
+  auto recorded_cache = MakeCache(spec, *backend_, "kivi4", 8);
+  auto direct_cache = MakeCache(spec, *backend_, "kivi4", 8);
+  ASSERT_TRUE(recorded_cache && direct_cache);
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<int32_t>> tokens(3);
+  // (sequence, new tokens) per step; a sequence's first entry is its prompt.
+  const std::vector<std::vector<std::pair<int, int>>> steps = {{{0, 3}},
+                                                               {{0, 1}},
+                                                               {{0, 1}},
+                                                               {{1, 40}},
+                                                               {{0, 1}, {1, 1}},
+                                                               {{0, 1}, {1, 1}},
+                                                               {{2, 5}},
+                                                               {{0, 1}, {1, 1}, {2, 1}},
+                                                               {{0, 1}, {1, 1}, {2, 1}},
+                                                               {{0, 1}}};
+  int64_t most_recorded = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    std::vector<ForwardEntry> batch;
+    for (auto [s, n] : steps[i]) {
+      if (tokens[s].empty()) {
+        ASSERT_TRUE(recorded_cache->AddSequence(s, 64).ok());
+        ASSERT_TRUE(direct_cache->AddSequence(s, 64).ok());
+      }
+      tokens[s].clear();
+      for (int t = 0; t < n; ++t) tokens[s].push_back(static_cast<int32_t>(rng() % vocab));
+      batch.push_back({s, tokens[s]});
+    }
+    std::vector<float> want(batch.size() * vocab), got(batch.size() * vocab);
+    ASSERT_TRUE((*direct)->Forward(batch, *direct_cache, want.data()).ok());
+    const absl::Status st = (*recorded)->Forward(batch, *recorded_cache, got.data());
+    ASSERT_TRUE(st.ok()) << st;
+    // Attention sums its split parts with shared-memory atomics, so two runs of the same step
+    // agree to rounding, not bit for bit; a replay on stale buffers or parameters is far off.
+    float worst = 0, scale = 0;
+    for (size_t j = 0; j < got.size(); ++j) {
+      worst = std::max(worst, std::fabs(got[j] - want[j]));
+      scale = std::max(scale, std::fabs(want[j]));
+    }
+    ASSERT_LE(worst, 1e-5f * scale) << "step " << i;
+    EXPECT_EQ((*direct)->recorded_segments(), 0);
+    most_recorded = std::max(most_recorded, (*recorded)->recorded_segments());
+    if (i == 2) EXPECT_EQ((*recorded)->recorded_segments(), 2 * (spec.layers + 1));  // 3 and 1 rows
+    if (i == 3) EXPECT_EQ((*recorded)->recorded_segments(), 0);  // the scratch grew
+  }
+  EXPECT_EQ((*recorded)->recorded_segments(), 4 * (spec.layers + 1));  // 1, 2, 3 and 5 rows
+  EXPECT_GE(most_recorded, 4 * (spec.layers + 1));
+}
+
 INSTANTIATE_TEST_SUITE_P(AllBackends, LlamaBackendsTest,
                          ::testing::ValuesIn(kernels::testing::BackendsUnderTest()),
                          [](const auto& info) { return info.param.name; });

@@ -12,7 +12,8 @@
 #   kernel fails, warnings too; cuBLAS's own are counted, not failed).
 # speed: the PyTorch SDPA peer, then gpu_bench one preset per process (a sticky fault in one
 #   preset cannot poison the others' rows), merged into gpu-attention.json; the model's prefill
-#   and decode on the GPU and on the CPU (model_bench, model-cuda.json, model-cpu.json); allocation and
+#   and decode on the GPU and on the CPU (model_bench, model-cuda.json, model-cpu.json; on the GPU
+#   once more with CUDA graphs off, model-cuda-unrecorded.json); allocation and
 #   compaction with the sluice preset; ncu on the sluice and fp16 chunk kernels at batch 32 x 16k;
 #   the resource table of every kernel as built (cuobjdump -res-usage).
 # serve: the whole cluster (tools/up: router, a prefill and a decode worker) with --backend=cuda,
@@ -155,6 +156,11 @@ case "$mode" in
         --batches=1,16,64 --prompt_lengths=512 --decode_tokens=32 --repeats=1 --preset=sluice \
         >$out/model-$b.json" || status=1
     done
+    # Decode with each op launched one by one (no recorded segments: CUDA graphs off), at the
+    # batches whose steps are recorded (up to 16 rows), for the same run's comparison.
+    step "model-cuda-unrecorded" 90 sh -c "$bundle/bin/model_bench --backend=cuda \
+      --random_model=smollm2 --batches=1,16 --prompt_lengths=512 --decode_tokens=32 --repeats=1 \
+      --preset=sluice --record_steps=false >$out/model-cuda-unrecorded.json" || status=1
     if [[ -n "$ncu" ]]; then
       for p in sluice fp16; do
         step "ncu-$p" 120 "$ncu" --clock-control none --kernel-name regex:ChunkKernel \

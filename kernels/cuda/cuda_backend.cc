@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -25,6 +26,28 @@
 #include "kernels/cuda/rope.h"
 
 namespace sluice::kernels {
+namespace {
+
+absl::Status NotWhileRecording(std::string_view what) {
+  return absl::FailedPreconditionError(
+      absl::StrFormat("recording CUDA ops: %s cannot be recorded (it allocates, uses the "
+                      "backend's workspace, copies through host memory or waits for the GPU)",
+                      what));
+}
+
+// A recording: the captured ops as an executable graph.
+class CudaRecording final : public Backend::Recording {
+ public:
+  explicit CudaRecording(cudaGraphExec_t exec) : exec_(exec) {}
+  // An executable graph still running is freed when it completes.
+  ~CudaRecording() override { cudaGraphExecDestroy(exec_); }
+  cudaGraphExec_t exec() const { return exec_; }
+
+ private:
+  cudaGraphExec_t exec_;
+};
+
+}  // namespace
 
 struct CudaBackend::Impl {
   int device = 0;
@@ -39,6 +62,9 @@ struct CudaBackend::Impl {
   // Step plans (PlanBatchPagedAttention) have their own, so calls between a step's layers that
   // plan for themselves do not overwrite the step's plan.
   kernels::cuda::DecodeAttentionWorkspace step_workspace;
+  // Inside Record: `stream` is capturing, so nothing may wait for it, allocate or use the
+  // workspace (a later growth would free what the recording names).
+  bool recording = false;
 
   // Releases in reverse order of creation, after the stream's work has finished.
   ~Impl() {
@@ -53,6 +79,7 @@ struct CudaBackend::Impl {
   // At least `bytes` of workspace. Growing waits for the stream (the old buffer may still be in
   // use) and rounds up to 1 MiB; the workspace never shrinks.
   absl::StatusOr<void*> Workspace(size_t bytes) {
+    if (recording) return NotWhileRecording("an op that uses the backend's workspace");
     if (bytes <= workspace_bytes) return workspace;
     constexpr size_t kGranule = size_t{1} << 20;
     const size_t rounded = (bytes + kGranule - 1) / kGranule * kGranule;
@@ -105,6 +132,7 @@ bool CudaBackend::Supports(Op op) const {
 }
 
 absl::StatusOr<void*> CudaBackend::Allocate(size_t bytes) {
+  if (impl_->recording) return NotWhileRecording("Allocate");
   SLUICE_CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
   void* p = nullptr;
   SLUICE_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes == 0 ? 1 : bytes));
@@ -118,6 +146,7 @@ void CudaBackend::Free(void* ptr) {
 }
 
 absl::Status CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
+  if (impl_->recording) return NotWhileRecording("CopyToDevice");
   SLUICE_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, impl_->stream));
   SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
@@ -125,6 +154,7 @@ absl::Status CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes)
 }
 
 absl::Status CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
+  if (impl_->recording) return NotWhileRecording("CopyToHost");
   SLUICE_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream));
   SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
@@ -153,6 +183,7 @@ absl::Status CudaBackend::CopyOnDevice(absl::Span<const Copy> copies) {
 }
 
 absl::Status CudaBackend::Synchronize() {
+  if (impl_->recording) return NotWhileRecording("Synchronize");
   SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
   return absl::OkStatus();
 }
@@ -241,6 +272,40 @@ absl::StatusOr<std::unique_ptr<BatchAttentionPlan>> CudaBackend::DoPlanBatchPage
     absl::Span<const std::vector<PagedAttentionParams>> layers) {
   return kernels::cuda::DecodeStepPlan::Create(this, step, layers, impl_->stream,
                                                &impl_->step_workspace);
+}
+
+absl::StatusOr<std::unique_ptr<Backend::Recording>> CudaBackend::DoRecord(
+    absl::FunctionRef<absl::Status()> ops) {
+  if (impl_->recording) return NotWhileRecording("Record");
+  // Thread-local mode: other threads' allocations and synchronizations stay allowed.
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      cudaStreamBeginCapture(impl_->stream, cudaStreamCaptureModeThreadLocal));
+  impl_->recording = true;
+  const absl::Status recorded = ops();
+  impl_->recording = false;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(impl_->stream, &graph);
+  if (!recorded.ok() || ended != cudaSuccess) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();  // a refused call's error is not the next launch's
+    if (!recorded.ok()) return recorded;
+    return NotWhileRecording(
+        absl::StrFormat("an op (the capture ended with %s)", cudaGetErrorName(ended)));
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  SLUICE_CUDA_RETURN_IF_ERROR(instantiated);
+  return std::make_unique<CudaRecording>(exec);
+}
+
+absl::Status CudaBackend::DoReplay(const Recording& recording) {
+  const auto* cuda = dynamic_cast<const CudaRecording*>(&recording);
+  if (cuda == nullptr) {
+    return absl::InvalidArgumentError("replay: the recording was not made by a CUDA backend");
+  }
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(cuda->exec(), impl_->stream));
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::DoRmsNorm(const RmsNormParams& p) {

@@ -30,6 +30,7 @@ class CudaBackend final : public Backend {
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
   absl::Status Synchronize() override;
   absl::Status CopyOnDevice(absl::Span<const Copy> copies) override;
+  bool CanRecord() const override { return true; }
 
  protected:
   absl::Status DoRmsNorm(const RmsNormParams& p) override;
@@ -50,6 +51,9 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<BatchAttentionPlan>> DoPlanBatchPagedAttention(
       const BatchPagedAttentionStep& step,
       absl::Span<const std::vector<PagedAttentionParams>> layers) override;
+  absl::StatusOr<std::unique_ptr<Recording>> DoRecord(
+      absl::FunctionRef<absl::Status()> ops) override;
+  absl::Status DoReplay(const Recording& recording) override;
 
  private:
   struct Impl;

@@ -19,6 +19,21 @@ constexpr int64_t kMaxChunkBytes = int64_t{128} << 20;
 
 bool Bf16(const MatmulParams& p) { return p.precision == MatmulPrecision::kBf16; }
 
+SkinnyMatmulParams Skinny(const MatmulParams& p) {
+  return {.x = p.x,
+          .w = static_cast<const uint16_t*>(p.w),
+          .y = p.y,
+          .m = p.m,
+          .n = p.n,
+          .k = p.k,
+          .accumulate = p.accumulate};
+}
+
+// The bf16 path's few rows against bf16 weights: the skinny kernel, no workspace.
+bool SkinnyApplies(const MatmulParams& p) {
+  return Bf16(p) && p.w_type == GgmlType::kBF16 && SkinnyMatmulApplies(Skinny(p));
+}
+
 int64_t ChunkRows(const MatmulParams& p) {
   const int64_t row_bytes = p.k * (Bf16(p) ? 2 : 4);
   return std::clamp<int64_t>(kMaxChunkBytes / row_bytes, 1, p.n);
@@ -30,18 +45,9 @@ int64_t ChunkRows(const MatmulParams& p) {
 // (SkinnyMatmulApplies) they take the skinny kernel instead, x unrounded.
 absl::Status MatmulBf16(const MatmulParams& p, cublasHandle_t cublas, void* workspace,
                         cudaStream_t stream) {
-  if (p.w_type == GgmlType::kBF16) {
-    const SkinnyMatmulParams skinny{.x = p.x,
-                                    .w = static_cast<const uint16_t*>(p.w),
-                                    .y = p.y,
-                                    .m = p.m,
-                                    .n = p.n,
-                                    .k = p.k,
-                                    .accumulate = p.accumulate};
-    if (SkinnyMatmulApplies(skinny)) {
-      SLUICE_CUDA_RETURN_IF_ERROR(LaunchSkinnyMatmul(skinny, stream));
-      return absl::OkStatus();
-    }
+  if (SkinnyApplies(p)) {
+    SLUICE_CUDA_RETURN_IF_ERROR(LaunchSkinnyMatmul(Skinny(p), stream));
+    return absl::OkStatus();
   }
   const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
   const float one = 1.f, beta = p.accumulate ? 1.f : 0.f;
@@ -81,6 +87,7 @@ absl::Status MatmulBf16(const MatmulParams& p, cublasHandle_t cublas, void* work
 }  // namespace
 
 size_t MatmulWorkspaceBytes(const MatmulParams& p) {
+  if (SkinnyApplies(p)) return 0;
   if (Bf16(p)) {
     return static_cast<size_t>((p.m + (p.w_type == GgmlType::kBF16 ? 0 : ChunkRows(p))) * p.k) * 2;
   }

@@ -312,6 +312,62 @@ TEST(Emulation, AsyncWorkWaitsForASynchronization) {
   cudaFree(d);
 }
 
+// ---- Stream capture and graphs ----
+
+// A capture records launches and copies without running them; each launch of the graph runs them
+// again, on what the buffers hold then; a blocking call during a capture fails and invalidates it.
+TEST(Emulation, CapturedWorkRunsAtEachGraphLaunch) {
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), 32 * sizeof(float)), cudaSuccess);
+  float* d = DeviceCopy(std::vector<float>(32, 5.f));
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  ASSERT_EQ(cudaStreamIsCapturing(s, &status), cudaSuccess);
+  EXPECT_EQ(status, cudaStreamCaptureStatusActive);
+  SLUICE_LAUNCH(1, 32, 0, s, AddOne)(d);
+  SLUICE_LAUNCH(1, 32, 0, s, AddOne)(d);
+  ASSERT_EQ(cudaMemcpyAsync(pinned, d, 32 * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  ASSERT_NE(graph, nullptr);
+  EXPECT_EQ(HostCopy(d, 32)[0], 5.f);  // recorded, not run
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  for (float want : {7.f, 9.f, 11.f}) {
+    pinned[0] = -1.f;
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    EXPECT_EQ(pinned[0], -1.f);  // queued until a synchronization
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_EQ(pinned[0], want);
+  }
+  ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+
+  // A synchronization, an allocation or a copy through pageable memory while capturing: refused,
+  // and the capture ends without a graph.
+  std::vector<float> pageable(32);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaErrorIllegalState);
+  SLUICE_LAUNCH(1, 32, 0, s, AddOne)(d);
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
+  void* more = nullptr;
+  EXPECT_EQ(cudaMalloc(&more, 64), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaMemcpyAsync(d, pageable.data(), 32 * sizeof(float), cudaMemcpyHostToDevice, s),
+            cudaErrorStreamCaptureUnsupported);
+  ASSERT_EQ(cudaStreamIsCapturing(s, &status), cudaSuccess);
+  EXPECT_EQ(status, cudaStreamCaptureStatusInvalidated);
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(graph, nullptr);
+  cudaGetLastError();
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorIllegalState);
+  EXPECT_EQ(HostCopy(d, 32)[0], 11.f);  // the refused capture's launch never ran
+  cudaStreamDestroy(s);
+  cudaFreeHost(pinned);
+  cudaFree(d);
+}
+
 #if defined(__SANITIZE_ADDRESS__)
 // Host code that reads device memory: on a GPU a fault or garbage; under ASan, a report at the
 // read. Device work (kernels, copies) still reads and writes it.

@@ -11,8 +11,10 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/emu/fiber.h"
@@ -20,6 +22,12 @@
 
 struct CUstream_st {
   unsigned flags;
+};
+struct CUgraph_st {
+  std::vector<std::function<void()>> ops;  // in issue order
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> ops;
 };
 struct CUevent_st {
   unsigned flags;
@@ -54,6 +62,13 @@ struct State {
   // LeakSanitizer still reports device memory nobody frees.
   std::map<uintptr_t, Allocation> allocations;
   std::deque<std::function<void()>> queue;
+  // The active stream capture, if any (one at a time: the project captures on one stream).
+  struct Capture {
+    cudaStream_t stream = nullptr;
+    std::vector<std::function<void()>> ops;
+    bool invalidated = false;
+  };
+  std::optional<Capture> capture;
   std::unordered_map<const void*, int> max_dynamic_shared;
   cudaError_t last_error = cudaSuccess;
   int device = 0;
@@ -113,10 +128,30 @@ void Drain() {
   }
 }
 
-void Enqueue(std::function<void()> op) {
+// Queues `op`, or records it when `stream` is capturing.
+void Enqueue(std::function<void()> op, cudaStream_t stream) {
   State& s = S();
   std::lock_guard<std::recursive_mutex> lock(s.mu);
-  s.queue.push_back(std::move(op));
+  if (s.capture && s.capture->stream == stream) {
+    s.capture->ops.push_back(std::move(op));
+  } else {
+    s.queue.push_back(std::move(op));
+  }
+}
+
+// True, after invalidating the capture and saying why, when a capture is active: `api` waits
+// for the device or allocates, which a capture forbids.
+bool RefusedWhileCapturing(const char* api) {
+  State& s = S();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  if (!s.capture) return false;
+  s.capture->invalidated = true;
+  s.last_error = cudaErrorStreamCaptureUnsupported;
+  Say(
+      absl::StrFormat("%s while a stream capture is active: not allowed (it waits for the device "
+                      "or allocates); the capture is invalidated",
+                      api));
+  return true;
 }
 
 // The allocation holding [p, p + bytes), if one does.
@@ -308,7 +343,6 @@ cudaError_t OccupancyBlocksPerSm(int* blocks, int block_threads, size_t dynamic_
 
 void EnqueueLaunch(const char* name, const void* func, dim3 grid, dim3 block, size_t shared,
                    cudaStream_t stream, std::function<void()> body) {
-  (void)stream;
   State& s = S();
   std::lock_guard<std::recursive_mutex> lock(s.mu);
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
@@ -340,12 +374,11 @@ void EnqueueLaunch(const char* name, const void* func, dim3 grid, dim3 block, si
   spec->block = block;
   spec->dynamic_shared_bytes = shared;
   spec->body = std::move(body);
-  s.queue.push_back([spec] { RunGrid(*spec); });
+  Enqueue([spec] { RunGrid(*spec); }, stream);
 }
 
 void EnqueueDeviceWork(cudaStream_t stream, std::function<void()> work) {
-  (void)stream;
-  Enqueue(std::move(work));
+  Enqueue(std::move(work), stream);
 }
 
 }  // namespace sluice::emu
@@ -437,6 +470,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
 }
 
 cudaError_t cudaDeviceSynchronize() {
+  if (sluice::emu::RefusedWhileCapturing("cudaDeviceSynchronize")) {
+    return cudaErrorStreamCaptureUnsupported;
+  }
   sluice::emu::CountBlocking();
   sluice::emu::Drain();
   return cudaSuccess;
@@ -455,14 +491,21 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMalloc(void** ptr, size_t bytes) { return sluice::emu::Allocate(ptr, bytes, true); }
-cudaError_t cudaFree(void* ptr) { return sluice::emu::Release(ptr, true, "cudaFree"); }
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  if (sluice::emu::RefusedWhileCapturing("cudaMalloc")) return cudaErrorStreamCaptureUnsupported;
+  return sluice::emu::Allocate(ptr, bytes, true);
+}
+cudaError_t cudaFree(void* ptr) {
+  if (sluice::emu::RefusedWhileCapturing("cudaFree")) return cudaErrorStreamCaptureUnsupported;
+  return sluice::emu::Release(ptr, true, "cudaFree");
+}
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
   return sluice::emu::Allocate(ptr, bytes, false);
 }
 cudaError_t cudaFreeHost(void* ptr) { return sluice::emu::Release(ptr, false, "cudaFreeHost"); }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (sluice::emu::RefusedWhileCapturing("cudaMemcpy")) return cudaErrorStreamCaptureUnsupported;
   sluice::emu::CountBlocking();
   if (cudaError_t e = sluice::emu::CheckCopy(dst, src, bytes, &kind, "cudaMemcpy");
       e != cudaSuccess) {
@@ -476,16 +519,21 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t stream) {
-  (void)stream;
   if (cudaError_t e = sluice::emu::CheckCopy(dst, src, bytes, &kind, "cudaMemcpyAsync");
       e != cudaSuccess) {
     return e;
   }
   if (bytes == 0) return cudaSuccess;
+  const bool pageable = (kind == cudaMemcpyHostToDevice && !sluice::emu::IsPinned(src, bytes)) ||
+                        (kind == cudaMemcpyDeviceToHost && !sluice::emu::IsPinned(dst, bytes));
+  if (pageable && sluice::emu::RefusedWhileCapturing("cudaMemcpyAsync through pageable memory")) {
+    return cudaErrorStreamCaptureUnsupported;
+  }
   if (kind == cudaMemcpyHostToDevice && !sluice::emu::IsPinned(src, bytes)) {
     // Pageable source: CUDA stages it before returning, so the caller may reuse it at once.
     auto staged = std::make_shared<std::string>(static_cast<const char*>(src), bytes);
-    sluice::emu::Enqueue([dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+    sluice::emu::Enqueue([dst, staged] { std::memcpy(dst, staged->data(), staged->size()); },
+                         stream);
     return cudaSuccess;
   }
   if (kind == cudaMemcpyDeviceToHost && !sluice::emu::IsPinned(dst, bytes)) {
@@ -495,11 +543,12 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     std::memcpy(dst, src, bytes);
     return cudaSuccess;
   }
-  sluice::emu::Enqueue([dst, src, bytes] { std::memmove(dst, src, bytes); });
+  sluice::emu::Enqueue([dst, src, bytes] { std::memmove(dst, src, bytes); }, stream);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
+  if (sluice::emu::RefusedWhileCapturing("cudaMemset")) return cudaErrorStreamCaptureUnsupported;
   sluice::emu::CountBlocking();
   if (bytes > 0 && !CheckDeviceRange(ptr, bytes, "cudaMemset")) return cudaErrorInvalidValue;
   sluice::emu::Drain();
@@ -509,11 +558,12 @@ cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
 }
 
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream) {
-  (void)stream;
   if (bytes > 0 && !CheckDeviceRange(ptr, bytes, "cudaMemsetAsync")) {
     return cudaErrorInvalidValue;
   }
-  if (bytes > 0) sluice::emu::Enqueue([ptr, value, bytes] { std::memset(ptr, value, bytes); });
+  if (bytes > 0) {
+    sluice::emu::Enqueue([ptr, value, bytes] { std::memset(ptr, value, bytes); }, stream);
+  }
   return cudaSuccess;
 }
 
@@ -529,12 +579,18 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (stream == nullptr) return cudaErrorInvalidResourceHandle;
+  if (sluice::emu::RefusedWhileCapturing("cudaStreamDestroy")) {
+    return cudaErrorStreamCaptureUnsupported;
+  }
   sluice::emu::Drain();
   delete stream;
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (sluice::emu::RefusedWhileCapturing("cudaStreamSynchronize")) {
+    return cudaErrorStreamCaptureUnsupported;
+  }
   sluice::emu::CountBlocking();
   (void)stream;
   sluice::emu::Drain();
@@ -566,19 +622,23 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  (void)stream;
   if (event == nullptr) return cudaErrorInvalidResourceHandle;
   event->recorded = true;
   event->done = false;
-  sluice::emu::Enqueue([event] {
-    event->at = std::chrono::steady_clock::now();
-    event->done = true;
-  });
+  sluice::emu::Enqueue(
+      [event] {
+        event->at = std::chrono::steady_clock::now();
+        event->done = true;
+      },
+      stream);
   return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (event == nullptr) return cudaErrorInvalidResourceHandle;
+  if (sluice::emu::RefusedWhileCapturing("cudaEventSynchronize")) {
+    return cudaErrorStreamCaptureUnsupported;
+  }
   sluice::emu::Drain();
   return cudaSuccess;
 }
@@ -593,6 +653,76 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   if ((start->flags | end->flags) & cudaEventDisableTiming) return cudaErrorInvalidResourceHandle;
   if (!start->done || !end->done) return cudaErrorNotReady;
   *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  (void)mode;
+  auto& s = S();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  if (stream == nullptr) {
+    return sluice::emu::Fail(cudaErrorStreamCaptureUnsupported,
+                             "cudaStreamBeginCapture on the legacy default stream");
+  }
+  if (s.capture) {
+    return sluice::emu::Fail(cudaErrorIllegalState,
+                             "cudaStreamBeginCapture while another capture is active");
+  }
+  s.capture.emplace();
+  s.capture->stream = stream;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  auto& s = S();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  if (graph == nullptr) return cudaErrorInvalidValue;
+  *graph = nullptr;
+  if (!s.capture || s.capture->stream != stream) {
+    return sluice::emu::Fail(cudaErrorIllegalState,
+                             "cudaStreamEndCapture on a stream that is not capturing");
+  }
+  auto capture = std::move(*s.capture);
+  s.capture.reset();
+  if (capture.invalidated) return cudaErrorStreamCaptureInvalidated;
+  *graph = new CUgraph_st{std::move(capture.ops)};
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  auto& s = S();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  if (status == nullptr) return cudaErrorInvalidValue;
+  *status = !s.capture || s.capture->stream != stream ? cudaStreamCaptureStatusNone
+            : s.capture->invalidated                  ? cudaStreamCaptureStatusInvalidated
+                                                      : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
+                                 unsigned long long flags) {
+  (void)flags;
+  if (exec == nullptr || graph == nullptr) return cudaErrorInvalidValue;
+  *exec = new CUgraphExec_st{graph->ops};
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (exec == nullptr) return cudaErrorInvalidResourceHandle;
+  // Copies: the executable graph stays launchable.
+  for (const std::function<void()>& op : exec->ops) sluice::emu::Enqueue(op, stream);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  if (exec == nullptr) return cudaErrorInvalidResourceHandle;
+  delete exec;  // queued launches of it hold copies of its ops
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  if (graph == nullptr) return cudaErrorInvalidResourceHandle;
+  delete graph;
   return cudaSuccess;
 }
 
@@ -636,10 +766,16 @@ const char* cudaGetErrorName(cudaError_t error) {
       return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle:
       return "cudaErrorInvalidResourceHandle";
+    case cudaErrorIllegalState:
+      return "cudaErrorIllegalState";
     case cudaErrorNotReady:
       return "cudaErrorNotReady";
     case cudaErrorLaunchFailure:
       return "cudaErrorLaunchFailure";
+    case cudaErrorStreamCaptureUnsupported:
+      return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated:
+      return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorUnknown:
       return "cudaErrorUnknown";
   }
