@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 #include "kernels/ggml_quant.h"
 
 namespace sluice::model {
@@ -262,13 +263,15 @@ absl::Status LlamaModel::Segment(int64_t rows, int index, absl::FunctionRef<absl
   segments.resize(config_.layers + 1);
   if (segments[index] == nullptr) {
     absl::StatusOr<std::unique_ptr<kernels::Backend::Recording>> recorded = backend_.Record(ops);
-    if (absl::IsFailedPrecondition(recorded.status())) {
-      // An op of this row count cannot be recorded (nothing of it ran): issue them one by one.
+    if (!recorded.ok()) {
+      // Nothing of it ran. An op of this row count cannot be recorded (FailedPrecondition), or
+      // the device refused the graph: issue the ops one by one, as without recording (an error
+      // of the ops themselves comes back from there).
+      LOG(WARNING) << "decode steps of " << rows << " rows run unrecorded: " << recorded.status();
       unrecordable_rows_.insert(rows);
       recordings_.erase(rows);
       return ops();
     }
-    SLUICE_RETURN_IF_ERROR(recorded.status());
     segments[index] = std::move(*recorded);
   }
   return backend_.Replay(*segments[index]);
