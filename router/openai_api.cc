@@ -5,6 +5,7 @@
 #include <limits>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/random/random.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -420,14 +421,109 @@ absl::Status RejectUnsupported(Endpoint endpoint, const Json& body) {
   return absl::OkStatus();
 }
 
+// The fields vLLM accepts that change nothing here at the value given: each with the values it
+// may take (a request giving another is refused, naming it). No field is dropped in silence:
+// a field neither parsed above nor listed here is refused as unrecognized, as OpenAI does.
+struct DefaultOnlyField {
+  const char* key;
+  Endpoint only;        // kCompletions or kChatCompletions: that endpoint alone; else both
+  bool both_endpoints;  // true: `only` is ignored
+  const char* allowed;  // the values accepted, as they read in the error
+  bool (*accepts)(const Json& v);
+};
+
+bool IsTrue(const Json& v) { return v.is_boolean() && v.get<bool>(); }
+bool IsFalse(const Json& v) { return v.is_boolean() && !v.get<bool>(); }
+bool IsBool(const Json& v) { return v.is_boolean(); }
+bool IsZero(const Json& v) { return v.is_number() && v.get<double>() == 0; }
+bool IsOne(const Json& v) { return v.is_number() && v.get<double>() == 1; }
+bool IsEmptyObject(const Json& v) { return v.is_object() && v.empty(); }
+bool IsNoTool(const Json& v) { return v == "none" || v == "auto"; }
+bool IsAutoTier(const Json& v) { return v == "auto" || v == "default"; }
+
+constexpr DefaultOnlyField kDefaultOnlyFields[] = {
+    // Tools (tools itself is refused unless empty): without tools, choosing none or auto.
+    {"tool_choice", Endpoint::kChatCompletions, false, "\"none\" or \"auto\"", IsNoTool},
+    {"parallel_tool_calls", Endpoint::kChatCompletions, false, "a boolean", IsBool},
+    {"function_call", Endpoint::kChatCompletions, false, "\"none\" or \"auto\"", IsNoTool},
+    // The chat template: a generation prompt is always added, the last message never continued.
+    {"add_generation_prompt", Endpoint::kChatCompletions, false, "true", IsTrue},
+    {"continue_final_message", Endpoint::kChatCompletions, false, "false", IsFalse},
+    {"echo", Endpoint::kChatCompletions, false, "false", IsFalse},
+    // Detokenization and sampling as sluice does them: control tokens are rendered as their
+    // text (Hugging Face's decode without skipping them).
+    {"skip_special_tokens", Endpoint::kCompletions, true, "false", IsFalse},
+    {"include_stop_str_in_output", Endpoint::kCompletions, true, "false", IsFalse},
+    {"min_tokens", Endpoint::kCompletions, true, "0", IsZero},
+    {"use_beam_search", Endpoint::kCompletions, true, "false", IsFalse},
+    {"length_penalty", Endpoint::kCompletions, true, "1", IsOne},
+    {"priority", Endpoint::kCompletions, true, "0", IsZero},
+    // OpenAI's storage and billing: nothing stored, one tier.
+    {"store", Endpoint::kCompletions, true, "false", IsFalse},
+    {"metadata", Endpoint::kCompletions, true, "an empty object", IsEmptyObject},
+    {"service_tier", Endpoint::kCompletions, true, "\"auto\" or \"default\"", IsAutoTier},
+};
+
+// The fields ParseObject and RejectUnsupported read, per endpoint.
+bool Parsed(Endpoint endpoint, std::string_view key) {
+  static constexpr std::string_view kBoth[] = {"model",
+                                               "stream",
+                                               "stream_options",
+                                               "max_tokens",
+                                               "temperature",
+                                               "top_p",
+                                               "top_k",
+                                               "min_p",
+                                               "repetition_penalty",
+                                               "seed",
+                                               "stop",
+                                               "stop_token_ids",
+                                               "ignore_eos",
+                                               "logprobs",
+                                               "n",
+                                               "presence_penalty",
+                                               "frequency_penalty",
+                                               "logit_bias",
+                                               "tools",
+                                               "response_format",
+                                               "kv_compression",
+                                               "user"};
+  static constexpr std::string_view kCompletionsOnly[] = {"prompt", "best_of", "echo", "suffix"};
+  static constexpr std::string_view kChatOnly[] = {"messages", "max_completion_tokens",
+                                                   "top_logprobs"};
+  const auto in = [&](auto& keys) { return absl::c_linear_search(keys, key); };
+  return in(kBoth) || (endpoint == Endpoint::kCompletions ? in(kCompletionsOnly) : in(kChatOnly));
+}
+
+absl::Status RejectUnknownFields(Endpoint endpoint, const Json& body) {
+  for (const auto& [key, value] : body.items()) {
+    if (Parsed(endpoint, key)) continue;
+    const DefaultOnlyField* listed = nullptr;
+    for (const DefaultOnlyField& f : kDefaultOnlyFields) {
+      if (key == f.key && (f.both_endpoints || f.only == endpoint)) listed = &f;
+    }
+    if (listed == nullptr) {
+      return Invalid(key, absl::StrCat("Unrecognized request argument supplied: '", key, "'."),
+                     "unrecognized_parameter");
+    }
+    if (!value.is_null() && !listed->accepts(value)) {
+      return UnsupportedError(key, absl::StrCat("= ", Shown(value), " is not supported: only ",
+                                                listed->allowed, " is."));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ApiRequest> ParseObject(Endpoint endpoint, const Json& body) {
   ApiRequest req;
   req.endpoint = endpoint;
-  const Json* model = Find(body, "model");
-  if (model == nullptr) return MissingError("model");
-  if (!model->is_string()) return TypeError("model", "a string", *model);
-  req.model = model->get<std::string>();
-  if (req.model.empty()) return ValueError("model", "a model name", *model);
+  SLUICE_RETURN_IF_ERROR(RejectUnknownFields(endpoint, body));
+  // Optional, as in vLLM and llama.cpp's server: absent means the served model.
+  if (const Json* model = Find(body, "model"); model != nullptr) {
+    if (!model->is_string()) return TypeError("model", "a string", *model);
+    req.model = model->get<std::string>();
+    if (req.model.empty()) return ValueError("model", "a model name", *model);
+  }
 
   if (endpoint == Endpoint::kCompletions) {
     SLUICE_RETURN_IF_ERROR(ParsePrompt(body, &req));

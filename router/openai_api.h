@@ -42,7 +42,7 @@ enum class Endpoint { kCompletions, kChatCompletions };
 // or sets them to null.
 struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
-  std::string model;  // never empty
+  std::string model;  // empty when the request names none: the served model
 
   // Completions: exactly one of `prompt` (non-empty text) and `prompt_token_ids`
   // (non-empty; ids are >= 0 but not checked against a vocabulary).

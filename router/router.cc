@@ -213,6 +213,7 @@ absl::StatusOr<std::shared_ptr<Router::Prepared>> Router::Prepare(Endpoint endpo
   auto p = std::make_shared<Prepared>();
   p->arrived = absl::Now();
   SLUICE_ASSIGN_OR_RETURN(p->api, ParseRequest(endpoint, body));
+  if (p->api.model.empty()) p->api.model = options_.served_model_name;
   const ApiRequest& a = p->api;
   if (a.model != options_.served_model_name) return ModelNotFoundError(a.model);
   const char* field = endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";

@@ -210,6 +210,13 @@ class EndToEnd(unittest.TestCase):
         self.assertGreater(u["completion_tokens"], 0)
         self.assertEqual(u["total_tokens"], u["prompt_tokens"] + u["completion_tokens"])
 
+    def test_model_is_optional(self):
+        body = {"messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "temperature": 0, "max_tokens": 8, "skip_special_tokens": False}
+        status, text = post(self.c.url + "/v1/chat/completions", body)
+        self.assertEqual(status, 200, text)
+        self.assertEqual(json.loads(text)["model"], self.c.model)
+
     def test_streamed_chat_matches_the_whole_answer(self):
         status, whole = self.chat("Name three rivers in Europe.", max_tokens=30)
         self.assertEqual(status, 200, whole)
@@ -314,6 +321,8 @@ class EndToEnd(unittest.TestCase):
             (self.chat("hi", n=2), 400, "n"),
             (self.chat("word " * 9000), 400, "messages"),
             (self.chat("hi", kv_compression="no-such-preset"), 400, "kv_compression"),
+            (self.chat("hi", some_new_field=1), 400, "some_new_field"),
+            (self.chat("hi", min_tokens=4), 400, "min_tokens"),
             (post(url, b"x" * (9 << 20)), 413, None),
         ]
         for (status, body), want, param in cases:
