@@ -2,10 +2,13 @@
 
 #include <chrono>
 #include <iostream>
+#include <memory>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "common/metrics_server.h"
 #include "common/process.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
@@ -15,7 +18,7 @@ namespace sluice {
 absl::Status ServeWorker(const WorkerServeOptions& options,
                          std::shared_ptr<prometheus::Registry> registry,
                          const std::vector<grpc::Service*>& services,
-                         const std::function<void()>& drain) {
+                         std::function<WorkerHealth()> health, const std::function<void()>& drain) {
   std::unique_ptr<MetricsServer> metrics;
   if (options.metrics_port > 0) {
     auto m = MetricsServer::Start(options.host, options.metrics_port, std::move(registry));
@@ -23,6 +26,7 @@ absl::Status ServeWorker(const WorkerServeOptions& options,
     metrics = *std::move(m);
   }
   const std::string address = absl::StrFormat("%s:%d", options.host, options.port);
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials());
   // A port another process holds is an error, not a port shared with it (gRPC's default on
@@ -34,9 +38,12 @@ absl::Status ServeWorker(const WorkerServeOptions& options,
   for (grpc::Service* s : services) builder.RegisterService(s);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) return absl::UnavailableError("cannot serve gRPC on " + address + " (port in use?)");
+  auto reporter = std::make_unique<WorkerHealthReporter>(server->GetHealthCheckService(),
+                                                         std::move(health), absl::Seconds(1));
   std::cerr << absl::StrFormat("%s: %s on %s\n", options.name, options.banner, address);
   AwaitShutdown(options.name);
   drain();
+  reporter.reset();  // NOT_SERVING from here on
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return absl::OkStatus();
 }

@@ -548,6 +548,7 @@ void DecodeWorker::UpdateGauges() {
   running_gauge_.Set(static_cast<double>(running_.size()));
   std::lock_guard<std::mutex> lock(mu_);
   stats_.set_state(draining_ ? "draining" : "serving");
+  stats_.set_loop_turned_unix_ms(absl::ToUnixMillis(absl::Now()));
   stats_.set_running(static_cast<int64_t>(running_.size()));
   stats_.set_waiting(0);
   stats_.set_kv_pages_used(used);

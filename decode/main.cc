@@ -59,14 +59,16 @@ absl::Status Run() {
       absl::GetFlag(FLAGS_name), "decode", ServedModelName(path), [&] { return worker.Stats(); },
       [&] { worker.Drain(); });
 
-  return ServeWorker({.name = absl::GetFlag(FLAGS_name),
-                      .banner = absl::StrFormat("decode worker serving %s with backend %s (UCX %s)",
-                                                ServedModelName(path), (*runtime)->backend_name(),
-                                                (*transport)->name()),
-                      .host = absl::GetFlag(FLAGS_host),
-                      .port = absl::GetFlag(FLAGS_port),
-                      .metrics_port = absl::GetFlag(FLAGS_metrics_port)},
-                     registry, {&decode_service, &admin}, [&] { worker.Drain(); });
+  return ServeWorker(
+      {.name = absl::GetFlag(FLAGS_name),
+       .banner =
+           absl::StrFormat("decode worker serving %s with backend %s (UCX %s)",
+                           ServedModelName(path), (*runtime)->backend_name(), (*transport)->name()),
+       .host = absl::GetFlag(FLAGS_host),
+       .port = absl::GetFlag(FLAGS_port),
+       .metrics_port = absl::GetFlag(FLAGS_metrics_port)},
+      registry, {&decode_service, &admin}, [&] { return HealthOf(worker.Stats(), absl::Now()); },
+      [&] { worker.Drain(); });
 }
 
 }  // namespace

@@ -164,11 +164,22 @@ class Overlay:
                 ports = container_ports(t)
                 for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                     self.assertIn(probe, c, "%s has no %s" % (c["name"], probe))
+                    if "grpc" in c[probe]:
+                        # Native gRPC probes name the port by number, and a health service.
+                        self.assertIn(c[probe]["grpc"]["port"], ports.values(),
+                                      "%s %s" % (c["name"], probe))
+                        self.assertIn(c[probe]["grpc"]["service"], ("liveness", "readiness"))
+                        continue
                     handler = c[probe].get("httpGet") or c[probe].get("tcpSocket")
                     self.assertIn(handler["port"], ports, "%s %s" % (c["name"], probe))
                 res = c["resources"]
                 self.assertIn("cpu", res["requests"])
                 self.assertIn("memory", res["limits"])
+            # The workers' readiness and liveness are their grpc.health.v1 services.
+            if w["metadata"]["name"] in ("sluice-prefill", "sluice-decode"):
+                c = t["spec"]["containers"][0]
+                self.assertEqual(c["readinessProbe"]["grpc"]["service"], "readiness")
+                self.assertEqual(c["livenessProbe"]["grpc"]["service"], "liveness")
             # The router's readiness is its /health (503 until workers answer).
             if w["metadata"]["name"] == "sluice-router":
                 self.assertEqual(t["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"],

@@ -443,6 +443,7 @@ void PrefillWorker::UpdateGauges() {
   std::lock_guard<std::mutex> lock(mu_);
   waiting += static_cast<int64_t>(waiting_.size());
   stats_.set_state(draining_ ? "draining" : "serving");
+  stats_.set_loop_turned_unix_ms(absl::ToUnixMillis(absl::Now()));
   stats_.set_running(running);
   stats_.set_waiting(waiting);
   stats_.set_queued_prompt_tokens(tokens);

@@ -546,6 +546,7 @@ void Router::HandleWorkers(const httplib::Request& req, httplib::Response& res) 
                        {"role", v.role},
                        {"backend", v.stats.backend()},
                        {"state", v.up ? v.stats.state() : std::string("down")},
+                       {"ready", v.up && v.ready},
                        {"running", v.stats.running()},
                        {"waiting", v.stats.waiting()},
                        {"kv_pages_used", v.stats.kv_pages_used()},

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "grpcpp/channel.h"
+#include "proto/health.grpc.pb.h"
 #include "proto/sluice.grpc.pb.h"
 
 namespace sluice::router {
@@ -53,13 +54,16 @@ struct Worker {
   std::string address;                      // host:port
   std::string role;                         // "prefill" or "decode"
   std::shared_ptr<grpc::Channel> channel;   // the router's; null in tests
-  std::unique_ptr<rpc::Admin::Stub> admin;  // health and stats (WorkerRegistry's polls)
-  std::unique_ptr<PrefillCalls> prefill;    // prefill workers
-  std::unique_ptr<DecodeCalls> decode;      // decode workers
+  std::unique_ptr<rpc::Admin::Stub> admin;  // stats (WorkerRegistry's polls)
+  // grpc.health.v1 (WorkerRegistry's polls: liveness, readiness)
+  std::unique_ptr<grpc::health::v1::Health::Stub> health;
+  std::unique_ptr<PrefillCalls> prefill;  // prefill workers
+  std::unique_ptr<DecodeCalls> decode;    // decode workers
   std::atomic<int64_t> in_flight{0};
 
   // Under the registry's mutex.
-  bool up = false;
+  bool up = false;       // answers, its loop turns (liveness) and it is not draining
+  bool ready = false;    // readiness: can take a request now (a full pool is live, not ready)
   int failed_polls = 0;  // in a row
   rpc::StatsResponse stats;
   std::string last_error;

@@ -5,6 +5,7 @@
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_format.h"
+#include "common/worker_health.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "router/grpc_worker_calls.h"
@@ -38,6 +39,7 @@ WorkerRegistry::WorkerRegistry(const std::vector<std::string>& prefill,
       w->role = role;
       w->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
       w->admin = rpc::Admin::NewStub(w->channel);
+      w->health = grpc::health::v1::Health::NewStub(w->channel);
       if (w->role == "prefill") {
         w->prefill = GrpcPrefillCalls(w->channel);
       } else {
@@ -59,18 +61,44 @@ WorkerRegistry::~WorkerRegistry() {
   poller_.join();
 }
 
+namespace {
+
+// The worker's grpc.health.v1 status for `service` (SERVING or NOT_SERVING), or the call's error.
+absl::StatusOr<bool> CheckHealth(Worker& w, const char* service) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(2000));
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse resp;
+  const grpc::Status st = w.health->Check(&ctx, req, &resp);
+  if (!st.ok()) return absl::UnavailableError(st.error_message());
+  return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+}
+
+}  // namespace
+
 void WorkerRegistry::PollOnce() {
   for (auto& w : workers_) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(2000));
     rpc::StatsResponse stats;
-    const grpc::Status st = w->admin->Stats(&ctx, rpc::StatsRequest(), &stats);
+    grpc::Status st = w->admin->Stats(&ctx, rpc::StatsRequest(), &stats);
+    // A worker whose gRPC threads answer while its scheduler loop is stuck is not live.
+    absl::StatusOr<bool> live = false, ready = false;
+    if (st.ok()) live = CheckHealth(*w, kLivenessService);
+    if (st.ok() && live.ok()) ready = CheckHealth(*w, kReadinessService);
+    if (st.ok() && !live.ok())
+      st = grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(live.status().message()));
     std::lock_guard<std::mutex> lock(mu_);
     if (st.ok()) {
-      w->up = stats.state() == "serving";
+      w->up = *live && stats.state() == "serving";
+      w->ready = ready.ok() && *ready;
+      if (!*live)
+        w->last_error =
+            "its scheduler loop has not turned for " + absl::FormatDuration(kLoopStallBound);
       w->stats = stats;
       w->failed_polls = 0;
-      w->last_error.clear();
+      if (*live) w->last_error.clear();
     } else {
       w->last_error = st.error_message();
       if (++w->failed_polls >= 3) w->up = false;
@@ -147,6 +175,7 @@ std::vector<WorkerRegistry::View> WorkerRegistry::Snapshot() {
     out.push_back({.address = w->address,
                    .role = w->role,
                    .up = w->up,
+                   .ready = w->ready,
                    .stats = w->stats,
                    .last_error = w->last_error});
   }

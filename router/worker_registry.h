@@ -54,6 +54,7 @@ class WorkerRegistry final : public WorkerSet {
   struct View {
     std::string address, role;
     bool up = false;
+    bool ready = false;
     rpc::StatsResponse stats;
     std::string last_error;
   };

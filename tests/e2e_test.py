@@ -345,6 +345,9 @@ class EndToEnd(unittest.TestCase):
         self.assertEqual(len(workers), 2)
         for w in workers:
             self.assertRegex(w["backend"], r"^(cpu|cuda) \(", w)
+            # The router's polls: grpc.health.v1 liveness (up) and readiness of each worker.
+            self.assertEqual(w["state"], "serving", w)
+            self.assertTrue(w["ready"], w)
             banner = [line for line in self.c.log(w["name"]).splitlines() if "serving" in line]
             self.assertTrue(banner and ("with backend %s " % w["backend"]) in banner[0],
                             (w, banner))
