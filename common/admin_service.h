@@ -1,5 +1,5 @@
 // The Admin gRPC service every worker serves: health, stats and drain, answered by callbacks
-// into the worker.
+// into the worker, each call checked against the cluster token (grpc_auth.h).
 #ifndef SLUICE_COMMON_ADMIN_SERVICE_H_
 #define SLUICE_COMMON_ADMIN_SERVICE_H_
 
@@ -7,22 +7,25 @@
 #include <string>
 #include <utility>
 
+#include "common/grpc_auth.h"
 #include "proto/sluice.grpc.pb.h"
 
 namespace sluice {
 
 class AdminService final : public rpc::Admin::Service {
  public:
-  AdminService(std::string name, std::string role, std::string model,
+  AdminService(const GrpcAuth& auth, std::string name, std::string role, std::string model,
                std::function<rpc::StatsResponse()> stats, std::function<void()> drain)
-      : name_(std::move(name)),
+      : auth_(auth),
+        name_(std::move(name)),
         role_(std::move(role)),
         model_(std::move(model)),
         stats_(std::move(stats)),
         drain_(std::move(drain)) {}
 
-  grpc::Status Health(grpc::ServerContext*, const rpc::HealthRequest*,
+  grpc::Status Health(grpc::ServerContext* ctx, const rpc::HealthRequest*,
                       rpc::HealthResponse* out) override {
+    if (grpc::Status st = auth_.Check(*ctx, "Admin.Health"); !st.ok()) return st;
     const rpc::StatsResponse s = stats_();
     out->set_name(name_);
     out->set_role(role_);
@@ -30,17 +33,21 @@ class AdminService final : public rpc::Admin::Service {
     out->set_model(model_);
     return grpc::Status::OK;
   }
-  grpc::Status Stats(grpc::ServerContext*, const rpc::StatsRequest*,
+  grpc::Status Stats(grpc::ServerContext* ctx, const rpc::StatsRequest*,
                      rpc::StatsResponse* out) override {
+    if (grpc::Status st = auth_.Check(*ctx, "Admin.Stats"); !st.ok()) return st;
     *out = stats_();
     return grpc::Status::OK;
   }
-  grpc::Status Drain(grpc::ServerContext*, const rpc::DrainRequest*, rpc::DrainResponse*) override {
+  grpc::Status Drain(grpc::ServerContext* ctx, const rpc::DrainRequest*,
+                     rpc::DrainResponse*) override {
+    if (grpc::Status st = auth_.Check(*ctx, "Admin.Drain"); !st.ok()) return st;
     drain_();
     return grpc::Status::OK;
   }
 
  private:
+  const GrpcAuth& auth_;
   const std::string name_, role_, model_;
   std::function<rpc::StatsResponse()> stats_;
   std::function<void()> drain_;

@@ -79,7 +79,8 @@ class WorkerHealthServiceTest : public ::testing::Test {
     return st.ok() ? resp.status() : -static_cast<int>(st.error_code());
   }
 
-  AdminService admin_{"w", "decode", "m", [] { return rpc::StatsResponse(); }, [] {}};
+  GrpcAuth auth_;
+  AdminService admin_{auth_, "w", "decode", "m", [] { return rpc::StatsResponse(); }, [] {}};
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::health::v1::Health::Stub> stub_;
 };

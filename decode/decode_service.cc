@@ -7,30 +7,35 @@
 
 namespace sluice::decode {
 
-grpc::Status DecodeService::Reserve(grpc::ServerContext*, const rpc::ReserveRequest* request,
+grpc::Status DecodeService::Reserve(grpc::ServerContext* context,
+                                    const rpc::ReserveRequest* request,
                                     rpc::ReserveResponse* response) {
+  if (grpc::Status st = auth_.Check(*context, "Decode.Reserve"); !st.ok()) return st;
   auto r = worker_.Reserve(*request);
   if (!r.ok()) return ToGrpc(r.status());
   *response = *std::move(r);
   return grpc::Status::OK;
 }
 
-grpc::Status DecodeService::Renew(grpc::ServerContext*, const rpc::RenewRequest* request,
+grpc::Status DecodeService::Renew(grpc::ServerContext* context, const rpc::RenewRequest* request,
                                   rpc::RenewResponse* response) {
+  if (grpc::Status st = auth_.Check(*context, "Decode.Renew"); !st.ok()) return st;
   auto r = worker_.Renew(request->reservation_id());
   if (!r.ok()) return ToGrpc(r.status());
   *response = *std::move(r);
   return grpc::Status::OK;
 }
 
-grpc::Status DecodeService::Release(grpc::ServerContext*, const rpc::ReleaseRequest* request,
-                                    rpc::ReleaseResponse*) {
+grpc::Status DecodeService::Release(grpc::ServerContext* context,
+                                    const rpc::ReleaseRequest* request, rpc::ReleaseResponse*) {
+  if (grpc::Status st = auth_.Check(*context, "Decode.Release"); !st.ok()) return st;
   return ToGrpc(worker_.Release(request->reservation_id()));
 }
 
 grpc::Status DecodeService::Generate(grpc::ServerContext* context,
                                      const rpc::GenerateRequest* request,
                                      grpc::ServerWriter<rpc::GenerateResponse>* writer) {
+  if (grpc::Status st = auth_.Check(*context, "Decode.Generate"); !st.ok()) return st;
   auto stream = worker_.Generate(*request);
   if (!stream.ok()) return ToGrpc(stream.status());
   // An empty first message says the KV is in and the sequence runs: until it arrives the

@@ -1,7 +1,8 @@
-// The Decode gRPC service over a DecodeWorker.
+// The Decode gRPC service over a DecodeWorker; every call checked against the cluster token.
 #ifndef SLUICE_DECODE_DECODE_SERVICE_H_
 #define SLUICE_DECODE_DECODE_SERVICE_H_
 
+#include "common/grpc_auth.h"
 #include "decode/decode_worker.h"
 #include "proto/sluice.grpc.pb.h"
 
@@ -9,7 +10,7 @@ namespace sluice::decode {
 
 class DecodeService final : public rpc::Decode::Service {
  public:
-  explicit DecodeService(DecodeWorker& worker) : worker_(worker) {}
+  DecodeService(DecodeWorker& worker, const GrpcAuth& auth) : worker_(worker), auth_(auth) {}
 
   grpc::Status Reserve(grpc::ServerContext* context, const rpc::ReserveRequest* request,
                        rpc::ReserveResponse* response) override;
@@ -23,6 +24,7 @@ class DecodeService final : public rpc::Decode::Service {
 
  private:
   DecodeWorker& worker_;
+  const GrpcAuth& auth_;
 };
 
 }  // namespace sluice::decode

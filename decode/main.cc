@@ -7,6 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
 #include "common/admin_service.h"
+#include "common/grpc_auth.h"
 #include "common/process.h"
 #include "common/worker_runtime.h"
 #include "common/worker_server.h"
@@ -26,6 +27,9 @@ ABSL_FLAG(int, max_batch, 64, "Sequences in one decode step.");
 ABSL_FLAG(std::string, backend, "auto",
           "What computes: auto (CUDA where a GPU is usable, else the CPU), cpu or cuda.");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding the cluster token every gRPC call must carry (./sluice up writes one); "
+          "empty: calls need none.");
 ABSL_FLAG(int, max_presets, 4, "KV presets (each with its own page pool) kept at once.");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (UCX_TLS), e.g. \"shm,tcp\"; empty: UCX's.");
 ABSL_FLAG(double, reservation_ttl, 60,
@@ -49,15 +53,18 @@ absl::Status Run() {
                                        transport->get());
   if (!runtime.ok()) return runtime.status();
   auto registry = std::make_shared<prometheus::Registry>();
+  absl::StatusOr<GrpcAuth> auth = GrpcAuth::ForWorker(absl::GetFlag(FLAGS_auth_token_file),
+                                                      absl::GetFlag(FLAGS_name), *registry);
+  if (!auth.ok()) return auth.status();
   decode::DecodeWorker worker(
       **runtime, *registry,
       {.name = absl::GetFlag(FLAGS_name),
        .max_batch = absl::GetFlag(FLAGS_max_batch),
        .reservation_ttl = absl::Seconds(absl::GetFlag(FLAGS_reservation_ttl))});
-  decode::DecodeService decode_service(worker);
+  decode::DecodeService decode_service(worker, *auth);
   AdminService admin(
-      absl::GetFlag(FLAGS_name), "decode", ServedModelName(path), [&] { return worker.Stats(); },
-      [&] { worker.Drain(); });
+      *auth, absl::GetFlag(FLAGS_name), "decode", ServedModelName(path),
+      [&] { return worker.Stats(); }, [&] { worker.Drain(); });
 
   return ServeWorker(
       {.name = absl::GetFlag(FLAGS_name),

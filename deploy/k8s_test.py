@@ -185,6 +185,22 @@ class Overlay:
                 self.assertEqual(t["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"],
                                  "/health")
 
+    def test_every_pod_carries_the_cluster_token_from_its_secret(self):
+        # The gRPC calls between the pods carry a token the workers check: every sluice pod
+        # reads it from the sluice-cluster-token Secret, mounted where its flag points.
+        for w, t in pod_templates(self.objects):
+            c = t["spec"]["containers"][0]
+            flags = [a for a in c["args"] if a.startswith("--auth_token_file=")]
+            self.assertEqual(len(flags), 1, w["metadata"]["name"])
+            path = flags[0].split("=", 1)[1]
+            volumes = {v["name"]: v for v in t["spec"]["volumes"]}
+            mounts = [m for m in c["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+            self.assertEqual(len(mounts), 1, (w["metadata"]["name"], path))
+            volume = volumes[mounts[0]["name"]]
+            self.assertEqual(volume["secret"]["secretName"], "sluice-cluster-token")
+            self.assertEqual(t["spec"]["securityContext"]["fsGroup"],
+                             t["spec"]["securityContext"]["runAsGroup"])
+
     def test_container_arguments_only_use_defined_variables(self):
         configmaps = {c["metadata"]["name"]: c["data"] for c in by_kind(self.objects, "ConfigMap")}
         for w, t in pod_templates(self.objects):

@@ -7,6 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
 #include "common/admin_service.h"
+#include "common/grpc_auth.h"
 #include "common/grpc_status.h"
 #include "common/process.h"
 #include "common/worker_runtime.h"
@@ -27,6 +28,9 @@ ABSL_FLAG(int64_t, chunk_tokens, 512, "Prompt tokens per forward step (chunked p
 ABSL_FLAG(std::string, backend, "auto",
           "What computes: auto (CUDA where a GPU is usable, else the CPU), cpu or cuda.");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding the cluster token every gRPC call must carry (./sluice up writes one); "
+          "empty: calls need none.");
 ABSL_FLAG(int, max_presets, 4, "KV presets (each with its own page pool) kept at once.");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (UCX_TLS), e.g. \"shm,tcp\"; empty: UCX's.");
 
@@ -35,9 +39,11 @@ namespace {
 
 class PrefillService final : public rpc::Prefill::Service {
  public:
-  explicit PrefillService(prefill::PrefillWorker& worker) : worker_(worker) {}
-  grpc::Status Prefill(grpc::ServerContext*, const rpc::PrefillRequest* request,
+  PrefillService(prefill::PrefillWorker& worker, const GrpcAuth& auth)
+      : worker_(worker), auth_(auth) {}
+  grpc::Status Prefill(grpc::ServerContext* ctx, const rpc::PrefillRequest* request,
                        rpc::PrefillResponse* response) override {
+    if (grpc::Status st = auth_.Check(*ctx, "Prefill.Prefill"); !st.ok()) return st;
     auto r = worker_.Prefill(*request);
     if (!r.ok()) return ToGrpc(r.status());
     *response = *std::move(r);
@@ -46,6 +52,7 @@ class PrefillService final : public rpc::Prefill::Service {
 
  private:
   prefill::PrefillWorker& worker_;
+  const GrpcAuth& auth_;
 };
 
 absl::Status Run() {
@@ -62,13 +69,16 @@ absl::Status Run() {
                                        transport->get());
   if (!runtime.ok()) return runtime.status();
   auto registry = std::make_shared<prometheus::Registry>();
+  absl::StatusOr<GrpcAuth> auth = GrpcAuth::ForWorker(absl::GetFlag(FLAGS_auth_token_file),
+                                                      absl::GetFlag(FLAGS_name), *registry);
+  if (!auth.ok()) return auth.status();
   prefill::PrefillWorker worker(
       **runtime, **transport, *registry,
       {.name = absl::GetFlag(FLAGS_name), .chunk_tokens = absl::GetFlag(FLAGS_chunk_tokens)});
-  PrefillService service(worker);
+  PrefillService service(worker, *auth);
   AdminService admin(
-      absl::GetFlag(FLAGS_name), "prefill", ServedModelName(path), [&] { return worker.Stats(); },
-      [&] { worker.Drain(); });
+      *auth, absl::GetFlag(FLAGS_name), "prefill", ServedModelName(path),
+      [&] { return worker.Stats(); }, [&] { worker.Drain(); });
 
   return ServeWorker(
       {.name = absl::GetFlag(FLAGS_name),

@@ -22,6 +22,9 @@ ABSL_FLAG(std::string, prefill, "127.0.0.1:50100", "Prefill workers, host:port, 
 ABSL_FLAG(std::string, decode, "127.0.0.1:50200", "Decode workers, host:port, comma-separated.");
 ABSL_FLAG(std::string, placement, "least_loaded", "round_robin, least_loaded or prefix_affinity.");
 ABSL_FLAG(std::string, api_key, "", "Require 'Authorization: Bearer KEY'; empty: no key.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding the cluster token the workers require of gRPC calls (./sluice up writes "
+          "one); empty: send none.");
 ABSL_FLAG(int, http_threads, 64, "HTTP worker threads (concurrent requests).");
 
 namespace sluice {
@@ -43,7 +46,8 @@ absl::Status Run() {
                                         .prefill = List(absl::GetFlag(FLAGS_prefill)),
                                         .decode = List(absl::GetFlag(FLAGS_decode)),
                                         .placement = absl::GetFlag(FLAGS_placement),
-                                        .api_key = absl::GetFlag(FLAGS_api_key)});
+                                        .api_key = absl::GetFlag(FLAGS_api_key),
+                                        .auth_token_file = absl::GetFlag(FLAGS_auth_token_file)});
   if (!router.ok()) return router.status();
   httplib::Server server;
   const int threads = absl::GetFlag(FLAGS_http_threads);

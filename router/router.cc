@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "common/grpc_auth.h"
 #include "common/grpc_status.h"
 #include "common/process.h"
 #include "common/status_macros.h"
@@ -150,8 +151,9 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(const RouterOptions& opti
                         .Name("sluice_workers_up")
                         .Help("Workers answering health checks, by role.")
                         .Register(*m);
-  r->registry_ =
-      std::make_unique<WorkerRegistry>(options.prefill, options.decode, placement, options.poll);
+  SLUICE_ASSIGN_OR_RETURN(GrpcAuth auth, GrpcAuth::FromFile(options.auth_token_file));
+  r->registry_ = std::make_unique<WorkerRegistry>(options.prefill, options.decode, placement,
+                                                  options.poll, auth);
   Router* raw = r.get();
   r->flow_ = std::make_unique<RequestFlow>(
       *r->registry_, RequestFlowOptions{.max_attempts = options.max_attempts,

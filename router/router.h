@@ -44,6 +44,8 @@ struct RouterOptions {
   std::string placement = "least_loaded";
   std::string default_preset;  // what the workers use for requests naming none
   std::string api_key;         // empty: no authentication
+  // The cluster token its gRPC calls to the workers carry (grpc_auth.h); empty: none.
+  std::string auth_token_file;
   size_t max_body_bytes = 8 << 20;
   int max_attempts = 3;                              // workers tried per request
   absl::Duration queue_timeout = absl::Seconds(60);  // waiting for KV pages on every decoder

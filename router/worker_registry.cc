@@ -22,7 +22,7 @@ absl::StatusOr<Placement> ParsePlacement(const std::string& name) {
 
 WorkerRegistry::WorkerRegistry(const std::vector<std::string>& prefill,
                                const std::vector<std::string>& decode, Placement placement,
-                               absl::Duration poll)
+                               absl::Duration poll, const GrpcAuth& auth)
     : placement_(placement), poll_(poll) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
@@ -37,7 +37,7 @@ WorkerRegistry::WorkerRegistry(const std::vector<std::string>& prefill,
       auto w = std::make_unique<Worker>();
       w->address = address;
       w->role = role;
-      w->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+      w->channel = auth.Channel(address, args);
       w->admin = rpc::Admin::NewStub(w->channel);
       w->health = grpc::health::v1::Health::NewStub(w->channel);
       if (w->role == "prefill") {

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/grpc_auth.h"
 #include "grpcpp/channel.h"
 #include "proto/sluice.grpc.pb.h"
 #include "router/worker_calls.h"
@@ -38,9 +39,10 @@ absl::StatusOr<Placement> ParsePlacement(const std::string& name);
 
 class WorkerRegistry final : public WorkerSet {
  public:
-  // Starts polling; the first poll runs before the constructor returns.
+  // Starts polling; the first poll runs before the constructor returns. Every call to a worker
+  // carries `auth`'s token.
   WorkerRegistry(const std::vector<std::string>& prefill, const std::vector<std::string>& decode,
-                 Placement placement, absl::Duration poll);
+                 Placement placement, absl::Duration poll, const GrpcAuth& auth = GrpcAuth());
   ~WorkerRegistry();
 
   // A healthy worker of `role` not in `exclude`, by the placement policy; when none is healthy,

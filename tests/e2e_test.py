@@ -1,8 +1,8 @@
 """End to end: a real cluster (router, prefill and decode processes talking gRPC and UCX) on
 loopback ports, serving the bundled model, driven over HTTP as clients do.
 
-Needs SLUICE_MODEL (the GGUF). The OpenAI-client checks also need SLUICE_CLIENT_PYTHON, a
-python with the `openai` package (tests/setup_client_venv.sh, which `./sluice test` runs).
+Needs SLUICE_MODEL (the GGUF). The OpenAI-client and raw gRPC checks also need
+SLUICE_CLIENT_PYTHON, a python with the `openai` and `grpcio` packages (tests/setup_client_venv.sh, which `./sluice test` runs).
 """
 
 import concurrent.futures
@@ -22,6 +22,9 @@ import urllib.request
 from deploy import test_report
 
 MODEL = os.environ.get("SLUICE_MODEL", "")
+CLIENT_PYTHON = os.environ.get("SLUICE_CLIENT_PYTHON", "")
+# The services the workers serve (runfiles).
+SLUICE_PROTO = os.path.join(os.getcwd(), "proto", "sluice.proto")
 # Long enough (~300 tokens) that every preset puts part of it in pages, not just in the
 # full-precision window.
 LONG_PROMPT = ("Rivers carry water from the mountains to the sea, shaping valleys and feeding "
@@ -53,6 +56,46 @@ def binary(name):
     return path
 
 
+# Calls every rpc of proto/sluice.proto on the workers with raw (empty) messages, without the
+# token and with a wrong one; then Admin/Stats with the token and the standard health check
+# without one. Runs under the client python (grpcio).
+GRPC_PROBE = r"""
+import json, re, sys
+import grpc
+proto, decode, prefill, token = sys.argv[1:5]
+text = open(proto).read()
+where = {"Decode": [decode], "Prefill": [prefill], "Admin": [decode, prefill]}
+raw = dict(request_serializer=lambda b: b, response_deserializer=lambda b: b)
+
+def call(target, path, stream, metadata):
+    channel = grpc.insecure_channel(target)
+    try:
+        if stream:
+            list(channel.unary_stream(path, **raw)(b"", metadata=metadata, timeout=20))
+        else:
+            channel.unary_unary(path, **raw)(b"", metadata=metadata, timeout=20)
+        return "OK"
+    except grpc.RpcError as e:
+        return e.code().name
+    finally:
+        channel.close()
+
+refused = []
+for service, body in re.findall(r"service (\w+) \{(.*?)\n\}", text, re.S):
+    for name, stream in re.findall(r"rpc (\w+)\(\w+\) returns \((stream )?\w+\)", body):
+        path = "/sluice.rpc.%s/%s" % (service, name)
+        for target in where[service]:
+            for metadata in ([], [("authorization", "Bearer wrong-token-0123456789abcdef")]):
+                refused.append({"method": path, "target": target,
+                                "code": call(target, path, bool(stream), metadata)})
+print(json.dumps({
+    "refused": refused,
+    "with_token": call(decode, "/sluice.rpc.Admin/Stats", False,
+                       [("authorization", "Bearer " + token)]),
+    "health": call(decode, "/grpc.health.v1.Health/Check", False, []),
+}))
+"""
+
 class Cluster:
     """One decode, one prefill and the router, on free ports; stopped with SIGTERM. A start
     that loses a port to another process (between free_port and the bind) starts over on
@@ -71,7 +114,12 @@ class Cluster:
     def _start(self, preset, kv_pages, workers, placement):
         self.logs = tempfile.mkdtemp(prefix="sluice-e2e-")
         self.http = free_port()
-        common = ["--model=" + MODEL, "--threads=1", "--preset=" + preset]
+        # The cluster token every gRPC call between the processes carries, as ./sluice up makes.
+        self.token_file = os.path.join(self.logs, "token")
+        with open(os.open(self.token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(os.urandom(32).hex())
+        auth = "--auth_token_file=" + self.token_file
+        common = ["--model=" + MODEL, "--threads=1", "--preset=" + preset, auth]
         self.procs = {}
         prefill, decode = [], []
         for i in range(workers):
@@ -91,8 +139,9 @@ class Cluster:
                 self.prefill_metrics = metrics
         self.start("router", [binary("router"), "--model=" + MODEL, "--port=%d" % self.http,
                               "--prefill=" + ",".join(prefill), "--decode=" + ",".join(decode),
-                              "--placement=" + placement])
+                              "--placement=" + placement, auth])
         self.url = "http://127.0.0.1:%d" % self.http
+        self.grpc = {"decode": decode[0], "prefill": prefill[0]}
         deadline = time.time() + 60
         while True:
             for name, p in self.procs.items():
@@ -209,6 +258,28 @@ class EndToEnd(unittest.TestCase):
         self.assertGreater(u["prompt_tokens"], 10)
         self.assertGreater(u["completion_tokens"], 0)
         self.assertEqual(u["total_tokens"], u["prompt_tokens"] + u["completion_tokens"])
+
+    @unittest.skipUnless(CLIENT_PYTHON, "needs SLUICE_CLIENT_PYTHON (grpcio)")
+    def test_grpc_calls_without_the_cluster_token_are_refused(self):
+        # Every method of every service in proto/sluice.proto, called by a client that can
+        # reach the workers but has no token (or a wrong one): UNAUTHENTICATED, nothing done.
+        with open(self.c.token_file) as f:
+            token = f.read().strip()
+        out = subprocess.run([CLIENT_PYTHON, "-c", GRPC_PROBE, SLUICE_PROTO, self.c.grpc["decode"],
+                              self.c.grpc["prefill"], token],
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        calls = json.loads(out.stdout)
+        methods = {c["method"] for c in calls["refused"]}
+        self.assertGreaterEqual(len(methods), 8, methods)
+        self.assertIn("/sluice.rpc.Decode/Reserve", methods)
+        self.assertIn("/sluice.rpc.Prefill/Prefill", methods)
+        for c in calls["refused"]:
+            self.assertEqual(c["code"], "UNAUTHENTICATED", c)
+        self.assertEqual(calls["with_token"], "OK")  # Admin/Stats with the token
+        self.assertEqual(calls["health"], "OK")  # probes carry no credential
+        _, metrics = get("http://127.0.0.1:%d/metrics" % self.c.decode_metrics)
+        self.assertIn('sluice_grpc_unauthenticated_total{method="Decode.Reserve"}', metrics)
 
     def test_model_is_optional(self):
         body = {"messages": [{"role": "user", "content": "What is the capital of France?"}],

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates (once) the Python venv with the OpenAI client (tests/client_requirements.txt) that the
+# Creates (once) the Python venv with the OpenAI client and grpcio (tests/client_requirements.txt) that the
 # end-to-end tests and `./sluice bench serve` use: ${XDG_CACHE_HOME:-$HOME/.cache}/sluice/client-venv.
 # Idempotent and silent when the venv matches the requirements; prints its python path.
 set -euo pipefail
@@ -16,7 +16,7 @@ if [[ ! -x "$venv/bin/python" || ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]
   [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
   rm -f "$stamp"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req" >&2
-  "$venv/bin/python" -c "import openai" >&2
+  "$venv/bin/python" -c "import openai, grpc" >&2
   echo "$want" >"$stamp"
 fi
 echo "$venv/bin/python"

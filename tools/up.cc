@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -18,8 +19,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/grpc_auth.h"
 #include "common/process.h"
 #include "httplib.h"
 #include "model/model_path.h"
@@ -42,6 +45,9 @@ ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else
 ABSL_FLAG(std::string, bin_dir, "", "Where the prefill/, decode/ and router/ binaries are.");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports for the page streams; empty: UCX's choice.");
 ABSL_FLAG(std::string, placement, "least_loaded", "The router's placement policy.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "The cluster token file every gRPC call between the processes carries; empty: a fresh "
+          "token in a private temporary file, removed at exit.");
 
 namespace sluice {
 namespace {
@@ -104,6 +110,30 @@ std::string Exited(std::vector<Child>& children) {
   return "";
 }
 
+// The cluster's token file: `given`, or a fresh token written to a new file only this user can
+// read (removed by the caller); empty on failure, said on stderr.
+std::string TokenFile(const std::string& given, bool* made) {
+  *made = false;
+  if (!given.empty()) return given;
+  absl::StatusOr<std::string> token = GrpcAuth::NewToken();
+  if (!token.ok()) {
+    std::cerr << "sluice up: " << token.status().message() << "\n";
+    return "";
+  }
+  const char* tmp = getenv("TMPDIR");
+  std::string path =
+      absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/sluice-up-token-XXXXXX");
+  const int fd = mkstemp(path.data());  // mode 0600
+  if (fd < 0 || write(fd, token->data(), token->size()) != static_cast<ssize_t>(token->size())) {
+    std::cerr << "sluice up: cannot write a token file in " << path << "\n";
+    if (fd >= 0) close(fd);
+    return "";
+  }
+  close(fd);
+  *made = true;
+  return path;
+}
+
 int Run(const char* argv0) {
   std::string bin = absl::GetFlag(FLAGS_bin_dir);
   if (bin.empty()) {
@@ -126,7 +156,19 @@ int Run(const char* argv0) {
   if ((n_prefill + n_decode) * per_worker > cores && getenv("OMP_WAIT_POLICY") == nullptr) {
     setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
   }
+  bool made_token = false;
+  const std::string token_file = TokenFile(absl::GetFlag(FLAGS_auth_token_file), &made_token);
+  if (token_file.empty()) return 1;
+  struct RemoveToken {
+    const std::string& path;
+    bool made;
+    ~RemoveToken() {
+      if (made) unlink(path.c_str());
+    }
+  } remove_token{token_file, made_token};
+  const std::string auth_flag = "--auth_token_file=" + token_file;
   const std::string common_flags[] = {"--model=" + model,
+                                      auth_flag,
                                       "--host=" + host,
                                       "--preset=" + absl::GetFlag(FLAGS_preset),
                                       threads,
@@ -173,7 +215,7 @@ int Run(const char* argv0) {
                           absl::StrFormat("--port=%d", port),
                           "--prefill=" + absl::StrJoin(prefill_addrs, ","),
                           "--decode=" + absl::StrJoin(decode_addrs, ","),
-                          "--placement=" + absl::GetFlag(FLAGS_placement)});
+                          "--placement=" + absl::GetFlag(FLAGS_placement), auth_flag});
   }
   if (!ok) {
     StopAll(children);

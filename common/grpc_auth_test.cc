@@ -1,0 +1,115 @@
+// The cluster token on a real gRPC server and channel: calls without it, or with another, are
+// UNAUTHENTICATED and counted by method; calls through a channel that carries it pass; the
+// standard health service answers anyone (probes carry no credential); bad token files are
+// refused naming the file.
+#include "common/grpc_auth.h"
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "common/admin_service.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+#include "prometheus/registry.h"
+#include "proto/health.grpc.pb.h"
+
+namespace sluice {
+namespace {
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  const std::string path = std::string(getenv("TEST_TMPDIR")) + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+double Refused(prometheus::Registry& registry, const std::string& method) {
+  for (const auto& family : registry.Collect()) {
+    if (family.name != "sluice_grpc_unauthenticated_total") continue;
+    for (const auto& m : family.metric) {
+      for (const auto& label : m.label) {
+        if (label.name == "method" && label.value == method) return m.counter.value;
+      }
+    }
+  }
+  return 0;
+}
+
+TEST(GrpcAuth, TokenFilesAreReadOrRefusedByName) {
+  auto none = GrpcAuth::FromFile("");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->enabled());
+  auto missing = GrpcAuth::FromFile("/no/such/token");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("/no/such/token"), std::string::npos);
+  auto short_token = GrpcAuth::FromFile(WriteFile("short", "abc\n"));
+  EXPECT_EQ(short_token.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(short_token.status().message().find("at least 16"), std::string::npos);
+  auto token = GrpcAuth::NewToken();
+  ASSERT_TRUE(token.ok());
+  EXPECT_EQ(token->size(), 64u);
+  EXPECT_NE(*token, *GrpcAuth::NewToken());
+  auto good = GrpcAuth::FromFile(WriteFile("good", "  " + *token + "\n"));
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_TRUE(good->enabled());
+}
+
+TEST(GrpcAuth, CallsWithoutTheTokenAreRefusedAndCounted) {
+  auto token = GrpcAuth::NewToken();
+  ASSERT_TRUE(token.ok());
+  auto auth = GrpcAuth::FromFile(WriteFile("token", *token));
+  auto other = GrpcAuth::FromFile(WriteFile("other", *GrpcAuth::NewToken()));
+  ASSERT_TRUE(auth.ok() && other.ok());
+  prometheus::Registry registry;
+  auth->CountIn(registry);
+  int drains = 0;
+  AdminService admin(
+      *auth, "w", "decode", "m", [] { return rpc::StatsResponse(); }, [&] { ++drains; });
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&admin);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  const std::string target = "127.0.0.1:" + std::to_string(port);
+  const grpc::ChannelArguments args;
+
+  const auto stats = [&](const GrpcAuth& client) {
+    auto stub = rpc::Admin::NewStub(client.Channel(target, args));
+    grpc::ClientContext ctx;
+    rpc::StatsResponse out;
+    return stub->Stats(&ctx, rpc::StatsRequest(), &out).error_code();
+  };
+  const auto drain = [&](const GrpcAuth& client) {
+    auto stub = rpc::Admin::NewStub(client.Channel(target, args));
+    grpc::ClientContext ctx;
+    rpc::DrainResponse out;
+    return stub->Drain(&ctx, rpc::DrainRequest(), &out).error_code();
+  };
+  EXPECT_EQ(stats(GrpcAuth()), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(stats(*other), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(drain(GrpcAuth()), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(drains, 0);  // refused before the worker saw it
+  EXPECT_EQ(Refused(registry, "Admin.Stats"), 2);
+  EXPECT_EQ(Refused(registry, "Admin.Drain"), 1);
+  EXPECT_EQ(stats(*auth), grpc::StatusCode::OK);
+  EXPECT_EQ(drain(*auth), grpc::StatusCode::OK);
+  EXPECT_EQ(drains, 1);
+  EXPECT_EQ(Refused(registry, "Admin.Stats"), 2);
+
+  // Probes carry no credential: the health service answers them.
+  auto health = grpc::health::v1::Health::NewStub(GrpcAuth().Channel(target, args));
+  grpc::ClientContext ctx;
+  grpc::health::v1::HealthCheckResponse resp;
+  EXPECT_TRUE(health->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp).ok());
+  server->Shutdown();
+}
+
+}  // namespace
+}  // namespace sluice
