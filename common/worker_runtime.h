@@ -28,6 +28,7 @@ namespace sluice {
 struct WorkerRuntimeOptions {
   std::string model_path;       // GGUF
   std::string backend = "cpu";  // kernels::CreateNamedBackend: auto, cpu, cuda or ref
+  int device = 0;               // the GPU, for cuda and auto
   int threads = 0;              // CPU threads; 0 = one per core
   int64_t kv_pages = 0;         // pages of each preset's pool
   std::string default_preset;   // for requests that name none

@@ -236,7 +236,8 @@ absl::StatusOr<rpc::ReserveResponse> DecodeWorker::Reserve(const rpc::ReserveReq
                           &offsets, &r.pages));
         r.state_pages.assign(r.pages.begin() + offsets[1], r.pages.end());
         r.pages.resize(offsets[1]);
-        const uint64_t id = next_id_++;
+        uint64_t id = 0;  // random, never 0, never one that is live
+        while (id == 0 || reservations_.contains(id)) id = absl::Uniform<uint64_t>(id_bits_);
         rpc::ReserveResponse out;
         out.set_reservation_id(id);
         out.mutable_page_ids()->Add(r.pages.begin(), r.pages.end());

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/worker_runtime.h"
@@ -142,7 +143,9 @@ class DecodeWorker {
   // Scheduler thread only.
   std::map<uint64_t, Reservation> reservations_;
   std::map<uint64_t, Running> running_;  // by sequence id
-  uint64_t next_id_ = 1;
+  uint64_t next_id_ = 1;                 // sequence ids
+  // Reservation ids are random, so that a client cannot name another's by counting.
+  absl::BitGen id_bits_;
   rpc::StatsResponse stats_;  // refreshed by UpdateGauges, read under mu_
   absl::Time gauges_at_ = absl::InfinitePast();
 

@@ -29,18 +29,26 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateDefaultBackend() {
   return CreateNamedBackend("auto");
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateNamedBackend(std::string_view name, int threads) {
+absl::StatusOr<std::unique_ptr<Backend>> CreateNamedBackend(std::string_view name, int threads,
+                                                            int device) {
   const auto cpu = [threads]() -> absl::StatusOr<std::unique_ptr<Backend>> {
     auto backend = CpuBackend::Create({.threads = threads});
     if (!backend.ok()) return backend.status();
     return std::unique_ptr<Backend>(std::move(*backend));
   };
+  const auto cuda = [device]() -> absl::StatusOr<std::unique_ptr<Backend>> {
+    auto gpu = CudaBackend::Create({.device = device});
+    if (!gpu.ok()) return gpu.status();
+    return std::unique_ptr<Backend>(std::move(*gpu));
+  };
   if (name == "cpu") return cpu();
-  if (name == "cuda") return CreateBackend(BackendKind::kCuda);
+  if (name == "cuda") return cuda();
   if (name == "ref") return CreateBackend(BackendKind::kRef);
   if (name == "auto") {
-    auto gpu = CreateBackend(BackendKind::kCuda);
-    if (gpu.ok()) return gpu;
+    // A GPU that is there but not usable falls back to the CPU; one that is not there is the
+    // caller's mistake.
+    auto gpu = cuda();
+    if (gpu.ok() || absl::IsInvalidArgument(gpu.status())) return gpu;
     return cpu();
   }
   return absl::InvalidArgumentError(

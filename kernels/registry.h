@@ -18,10 +18,12 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(BackendKind kind);
 absl::StatusOr<std::unique_ptr<Backend>> CreateDefaultBackend();
 
 // The backend a `--backend` flag names: "cpu" (with `threads` threads, 0 = one per core),
-// "cuda", "ref", or "auto" (CUDA where a device is usable, else the CPU with `threads`).
-// InvalidArgument naming the value for anything else; Unavailable, saying why, for "cuda"
-// where no GPU is usable.
-absl::StatusOr<std::unique_ptr<Backend>> CreateNamedBackend(std::string_view name, int threads = 0);
+// "cuda" (on GPU `device`, as CUDA numbers the visible ones), "ref", or "auto" (CUDA on `device`
+// where it is usable, else the CPU with `threads`). InvalidArgument naming the value for
+// anything else, or for a GPU that does not exist; Unavailable, saying why, for "cuda" where no
+// GPU is usable.
+absl::StatusOr<std::unique_ptr<Backend>> CreateNamedBackend(std::string_view name, int threads = 0,
+                                                            int device = 0);
 
 }  // namespace sluice::kernels
 

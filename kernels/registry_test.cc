@@ -43,6 +43,16 @@ TEST(Registry, NamedBackends) {
   auto cuda = CreateNamedBackend("cuda");
   EXPECT_EQ(cuda.ok(), gpu) << cuda.status();
   if (!gpu) EXPECT_EQ(cuda.status().code(), absl::StatusCode::kUnavailable);
+  // A GPU index past the machine's: refused by name where there are GPUs, by "auto" too.
+  for (const char* name : {"cuda", "auto"}) {
+    auto far = CreateNamedBackend(name, 1, /*device=*/99);
+    if (gpu) {
+      EXPECT_EQ(far.status().code(), absl::StatusCode::kInvalidArgument) << far.status();
+      EXPECT_NE(far.status().message().find("CUDA device 99"), std::string::npos);
+    } else {
+      EXPECT_EQ(far.ok(), std::string(name) == "auto") << far.status();  // auto: the CPU
+    }
+  }
   auto bad = CreateNamedBackend("tpu");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("--backend=tpu"), std::string::npos) << bad.status();

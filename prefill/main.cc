@@ -27,6 +27,7 @@ ABSL_FLAG(int64_t, kv_pages, 16384, "Pages of each preset's KV pool (16 KiB each
 ABSL_FLAG(int64_t, chunk_tokens, 512, "Prompt tokens per forward step (chunked prefill).");
 ABSL_FLAG(std::string, backend, "auto",
           "What computes: auto (CUDA where a GPU is usable, else the CPU), cpu or cuda.");
+ABSL_FLAG(int, device, 0, "GPU for --backend=cuda|auto, as CUDA numbers the visible ones.");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the cluster token every gRPC call must carry (./sluice up writes one); "
@@ -62,6 +63,7 @@ absl::Status Run() {
   if (!transport.ok()) return transport.status();
   auto runtime = WorkerRuntime::Create({.model_path = path,
                                         .backend = absl::GetFlag(FLAGS_backend),
+                                        .device = absl::GetFlag(FLAGS_device),
                                         .threads = absl::GetFlag(FLAGS_threads),
                                         .kv_pages = absl::GetFlag(FLAGS_kv_pages),
                                         .default_preset = absl::GetFlag(FLAGS_preset),

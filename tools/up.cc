@@ -41,6 +41,7 @@ ABSL_FLAG(int, threads, 0, "CPU threads of each worker; 0 = one per core.");
 ABSL_FLAG(std::string, backend, "auto",
           "What the workers compute on: auto (CUDA where a GPU is usable, else the CPU), cpu or "
           "cuda.");
+ABSL_FLAG(int, device, 0, "GPU every worker uses with --backend=cuda|auto.");
 ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else the cache).");
 ABSL_FLAG(std::string, bin_dir, "", "Where the prefill/, decode/ and router/ binaries are.");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports for the page streams; empty: UCX's choice.");
@@ -173,6 +174,7 @@ int Run(const char* argv0) {
                                       "--preset=" + absl::GetFlag(FLAGS_preset),
                                       threads,
                                       "--backend=" + absl::GetFlag(FLAGS_backend),
+                                      absl::StrCat("--device=", absl::GetFlag(FLAGS_device)),
                                       "--ucx_tls=" + absl::GetFlag(FLAGS_ucx_tls)};
   std::vector<Child> children;
   std::vector<std::string> prefill_addrs, decode_addrs, metrics;
