@@ -18,8 +18,10 @@ ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else
 ABSL_FLAG(std::string, served_model_name, "", "Model id clients send; default: the file name.");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind.");
 ABSL_FLAG(int, port, 8000, "HTTP port.");
-ABSL_FLAG(std::string, prefill, "127.0.0.1:50100", "Prefill workers, host:port, comma-separated.");
-ABSL_FLAG(std::string, decode, "127.0.0.1:50200", "Decode workers, host:port, comma-separated.");
+ABSL_FLAG(std::string, prefill, "127.0.0.1:50100",
+          "Prefill workers, comma-separated: host:port, dns:NAME:PORT or file:PATH (looked at "
+          "again every second).");
+ABSL_FLAG(std::string, decode, "127.0.0.1:50200", "Decode workers, as --prefill.");
 ABSL_FLAG(std::string, placement, "least_loaded", "round_robin, least_loaded or prefix_affinity.");
 ABSL_FLAG(std::string, api_key, "", "Require 'Authorization: Bearer KEY'; empty: no key.");
 ABSL_FLAG(std::string, auth_token_file, "",

@@ -62,6 +62,7 @@ struct Worker {
   std::atomic<int64_t> in_flight{0};
 
   // Under the registry's mutex.
+  bool removed = false;  // its sources no longer name it: no new requests
   bool up = false;       // answers, its loop turns (liveness) and it is not draining
   bool ready = false;    // readiness: can take a request now (a full pool is live, not ready)
   int failed_polls = 0;  // in a row

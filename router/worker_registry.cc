@@ -1,10 +1,20 @@
 #include "router/worker_registry.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <set>
+#include <utility>
 
 #include "absl/hash/hash.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "common/worker_health.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -23,33 +33,92 @@ absl::StatusOr<Placement> ParsePlacement(const std::string& name) {
 WorkerRegistry::WorkerRegistry(const std::vector<std::string>& prefill,
                                const std::vector<std::string>& decode, Placement placement,
                                absl::Duration poll, const GrpcAuth& auth)
-    : placement_(placement), poll_(poll) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(256 << 20);
-  args.SetMaxSendMessageSize(256 << 20);
+    : placement_(placement), poll_(poll), auth_(auth) {
+  channel_args_.SetMaxReceiveMessageSize(256 << 20);
+  channel_args_.SetMaxSendMessageSize(256 << 20);
   // A worker that was not listening yet (or restarted) is connected again within a second:
   // while a channel backs off, every call on it fails at once.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  channel_args_.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  channel_args_.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  channel_args_.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   for (const auto& [role, list] : {std::pair{"prefill", &prefill}, std::pair{"decode", &decode}}) {
-    for (const std::string& address : *list) {
-      auto w = std::make_unique<Worker>();
-      w->address = address;
-      w->role = role;
-      w->channel = auth.Channel(address, args);
-      w->admin = rpc::Admin::NewStub(w->channel);
-      w->health = grpc::health::v1::Health::NewStub(w->channel);
-      if (w->role == "prefill") {
-        w->prefill = GrpcPrefillCalls(w->channel);
-      } else {
-        w->decode = GrpcDecodeCalls(w->channel);
-      }
-      workers_.push_back(std::move(w));
-    }
+    for (const std::string& source : *list) sources_.emplace_back(role, source);
   }
   PollOnce();
   poller_ = std::thread([this] { PollLoop(); });
+}
+
+absl::StatusOr<std::vector<std::string>> WorkerRegistry::Resolve(const std::string& source) {
+  if (absl::StartsWith(source, "file:")) {
+    const std::string path = source.substr(5);
+    std::ifstream in(path);
+    if (!in) return absl::NotFoundError(absl::StrFormat("cannot read worker list %s", path));
+    std::vector<std::string> out;
+    for (std::string line; std::getline(in, line);) {
+      line = std::string(absl::StripAsciiWhitespace(line.substr(0, line.find('#'))));
+      if (line.empty() || absl::StartsWith(line, "file:")) continue;
+      SLUICE_ASSIGN_OR_RETURN(std::vector<std::string> named, Resolve(line));
+      out.insert(out.end(), named.begin(), named.end());
+    }
+    return out;
+  }
+  if (!absl::StartsWith(source, "dns:")) return std::vector<std::string>{source};
+  const std::string rest = source.substr(4);
+  const size_t colon = rest.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("worker source %s: expected dns:NAME:PORT", source));
+  }
+  const std::string name = rest.substr(0, colon), port = rest.substr(colon + 1);
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int e = getaddrinfo(name.c_str(), port.c_str(), &hints, &found); e != 0) {
+    return absl::UnavailableError(
+        absl::StrFormat("worker source %s: cannot resolve %s: %s", source, name, gai_strerror(e)));
+  }
+  std::set<std::string> out;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    char host[INET6_ADDRSTRLEN] = {};
+    const void* addr = a->ai_family == AF_INET6
+                           ? static_cast<const void*>(
+                                 &reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr)
+                           : &reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr;
+    if (inet_ntop(a->ai_family, addr, host, sizeof(host)) == nullptr) continue;
+    out.insert(a->ai_family == AF_INET6 ? absl::StrFormat("[%s]:%s", host, port)
+                                        : absl::StrFormat("%s:%s", host, port));
+  }
+  freeaddrinfo(found);
+  return std::vector<std::string>(out.begin(), out.end());
+}
+
+void WorkerRegistry::Discover() {
+  std::set<std::pair<std::string, std::string>> wanted;  // (role, address)
+  for (const auto& key : sources_) {
+    absl::StatusOr<std::vector<std::string>> named = Resolve(key.second);
+    if (named.ok()) named_[key] = *std::move(named);  // else keep what it named last
+    for (const std::string& address : named_[key]) wanted.emplace(key.first, address);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& w : workers_) {
+    w->removed = !wanted.erase({w->role, w->address});
+    if (w->removed) w->up = false;
+  }
+  for (const auto& [role, address] : wanted) {  // the ones no worker has yet
+    auto w = std::make_unique<Worker>();
+    w->address = address;
+    w->role = role;
+    w->channel = auth_.Channel(address, channel_args_);
+    w->admin = rpc::Admin::NewStub(w->channel);
+    w->health = grpc::health::v1::Health::NewStub(w->channel);
+    if (role == "prefill") {
+      w->prefill = GrpcPrefillCalls(w->channel);
+    } else {
+      w->decode = GrpcDecodeCalls(w->channel);
+    }
+    workers_.push_back(std::move(w));
+  }
 }
 
 WorkerRegistry::~WorkerRegistry() {
@@ -78,7 +147,15 @@ absl::StatusOr<bool> CheckHealth(Worker& w, const char* service) {
 }  // namespace
 
 void WorkerRegistry::PollOnce() {
-  for (auto& w : workers_) {
+  Discover();
+  std::vector<Worker*> polled;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& w : workers_) {
+      if (!w->removed) polled.push_back(w.get());
+    }
+  }
+  for (Worker* w : polled) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(2000));
     rpc::StatsResponse stats;
@@ -139,7 +216,7 @@ Worker* WorkerRegistry::Pick(const std::string& role, absl::Span<const int32_t> 
   }
   if (live.empty()) {
     for (const auto& w : workers_) {
-      if (w->role == role && !exclude.contains(w.get())) live.push_back(w.get());
+      if (w->role == role && !w->removed && !exclude.contains(w.get())) live.push_back(w.get());
     }
   }
   if (live.empty()) return nullptr;
@@ -172,6 +249,7 @@ std::vector<WorkerRegistry::View> WorkerRegistry::Snapshot() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<View> out;
   for (const auto& w : workers_) {
+    if (w->removed) continue;
     out.push_back({.address = w->address,
                    .role = w->role,
                    .up = w->up,

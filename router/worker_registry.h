@@ -11,17 +11,28 @@
 // A worker that fails a call, or three polls in a row (a worker whose cores are all busy may
 // answer a poll late), is down until a poll succeeds again. When no worker of a role is up,
 // requests still try the others before giving up.
+//
+// Where the workers are, per role, a list of sources, looked at again at every poll:
+//   host:port        one worker
+//   dns:NAME:PORT    every address NAME resolves to (a Kubernetes headless Service: one per
+//                    ready pod), on PORT
+//   file:PATH        the sources in PATH, one a line (# comments)
+// A worker the sources stop naming is removed: it takes no new requests, and those it is
+// serving finish on it. One they name again comes back. A source that cannot be read or
+// resolved keeps what it named last.
 #ifndef SLUICE_ROUTER_WORKER_REGISTRY_H_
 #define SLUICE_ROUTER_WORKER_REGISTRY_H_
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -29,6 +40,7 @@
 #include "absl/types/span.h"
 #include "common/grpc_auth.h"
 #include "grpcpp/channel.h"
+#include "grpcpp/support/channel_arguments.h"
 #include "proto/sluice.grpc.pb.h"
 #include "router/worker_calls.h"
 
@@ -39,10 +51,14 @@ absl::StatusOr<Placement> ParsePlacement(const std::string& name);
 
 class WorkerRegistry final : public WorkerSet {
  public:
-  // Starts polling; the first poll runs before the constructor returns. Every call to a worker
-  // carries `auth`'s token.
+  // Starts polling; the first poll (sources included) runs before the constructor returns.
+  // Every call to a worker carries `auth`'s token.
   WorkerRegistry(const std::vector<std::string>& prefill, const std::vector<std::string>& decode,
                  Placement placement, absl::Duration poll, const GrpcAuth& auth = GrpcAuth());
+
+  // The workers' addresses one source names now (see above): NotFound / Unavailable, naming
+  // the source, when a file cannot be read or a name not resolved.
+  static absl::StatusOr<std::vector<std::string>> Resolve(const std::string& source);
   ~WorkerRegistry();
 
   // A healthy worker of `role` not in `exclude`, by the placement policy; when none is healthy,
@@ -65,9 +81,16 @@ class WorkerRegistry final : public WorkerSet {
  private:
   void PollOnce();
   void PollLoop();
+  // Adds the workers the sources name now and removes those they no longer name (poller only).
+  void Discover();
 
   const Placement placement_;
   const absl::Duration poll_;
+  grpc::ChannelArguments channel_args_;
+  const GrpcAuth auth_;
+  std::vector<std::pair<std::string, std::string>> sources_;                       // (role, source)
+  std::map<std::pair<std::string, std::string>, std::vector<std::string>> named_;  // last seen
+  // Every worker ever named; never freed (requests hold Worker pointers), only removed.
   std::vector<std::unique_ptr<Worker>> workers_;
   std::mutex mu_;
   std::condition_variable cv_;

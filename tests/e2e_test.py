@@ -101,17 +101,18 @@ class Cluster:
     that loses a port to another process (between free_port and the bind) starts over on
     fresh ports, up to three times."""
 
-    def __init__(self, preset="sluice", kv_pages=4096, workers=1, placement="least_loaded"):
+    def __init__(self, preset="sluice", kv_pages=4096, workers=1, placement="least_loaded",
+                 decode_list=False):
         for attempt in range(3):
             try:
-                self._start(preset, kv_pages, workers, placement)
+                self._start(preset, kv_pages, workers, placement, decode_list)
                 return
             except PortTaken:
                 self.stop()
                 if attempt == 2:
                     raise
 
-    def _start(self, preset, kv_pages, workers, placement):
+    def _start(self, preset, kv_pages, workers, placement, decode_list):
         self.logs = tempfile.mkdtemp(prefix="sluice-e2e-")
         self.http = free_port()
         # The cluster token every gRPC call between the processes carries, as ./sluice up makes.
@@ -122,6 +123,7 @@ class Cluster:
         common = ["--model=" + MODEL, "--threads=1", "--preset=" + preset, auth]
         self.procs = {}
         prefill, decode = [], []
+        self.decode_metrics_ports = []
         for i in range(workers):
             port, metrics = free_port(), free_port()
             decode.append("127.0.0.1:%d" % port)
@@ -129,6 +131,7 @@ class Cluster:
                                          "--metrics_port=%d" % metrics,
                                          "--kv_pages=%d" % kv_pages]
                        + common)
+            self.decode_metrics_ports.append(metrics)
             if i == 0:
                 self.decode_metrics = metrics
             port, metrics = free_port(), free_port()
@@ -137,8 +140,16 @@ class Cluster:
                                           "--metrics_port=%d" % metrics] + common)
             if i == 0:
                 self.prefill_metrics = metrics
+        self.decode_addrs = decode
+        decode_flag = ",".join(decode)
+        if decode_list:
+            # The router follows a file of decode workers (as a headless Service's DNS name):
+            # it starts with the first; set_decoders changes the list.
+            self.decode_list = os.path.join(self.logs, "decoders")
+            self.set_decoders(decode[:1])
+            decode_flag = "file:" + self.decode_list
         self.start("router", [binary("router"), "--model=" + MODEL, "--port=%d" % self.http,
-                              "--prefill=" + ",".join(prefill), "--decode=" + ",".join(decode),
+                              "--prefill=" + ",".join(prefill), "--decode=" + decode_flag,
                               "--placement=" + placement, auth])
         self.url = "http://127.0.0.1:%d" % self.http
         self.grpc = {"decode": decode[0], "prefill": prefill[0]}
@@ -164,6 +175,11 @@ class Cluster:
             time.sleep(0.2)
         _, models = get(self.url + "/v1/models")
         self.model = json.loads(models)["data"][0]["id"]
+
+    def set_decoders(self, addresses):
+        with open(self.decode_list + ".new", "w") as f:
+            f.write("\n".join(addresses) + "\n")
+        os.rename(self.decode_list + ".new", self.decode_list)
 
     def start(self, name, argv):
         out = open(os.path.join(self.logs, name + ".log"), "w")
@@ -497,6 +513,72 @@ class Failover(unittest.TestCase):
             codes = c.stop()
         for name in ("router", "prefill-0", "decode-0"):
             self.assertEqual(codes[name], 0, c.log(name))
+
+
+class Scaling(unittest.TestCase):
+    """Decode workers join and leave the router's list under a steady load of streams."""
+
+    def test_decode_workers_join_and_leave_under_load(self):
+        if not MODEL:
+            self.skipTest("SLUICE_MODEL is not set (./sluice test sets it)")
+        c = Cluster(workers=3, decode_list=True)
+        failures, done = [], []
+        stop = False
+
+        def client(i):
+            body = {"model": c.model, "prompt": "Count slowly: one, two, three,",
+                    "max_tokens": 6, "temperature": 0, "stream": True}
+            while not stop:
+                status, text = post(c.url + "/v1/completions", body)
+                if status != 200 or "[DONE]" not in text or '"error"' in text:
+                    failures.append((status, text[-300:]))
+                done.append(i)
+
+        def decoders():
+            _, body = get(c.url + "/v1/workers")
+            return sorted(w["address"] for w in json.loads(body)["workers"]
+                          if w["role"] == "decode" and w["state"] == "serving")
+
+        def tokens(port):
+            _, text = get("http://127.0.0.1:%d/metrics" % port)
+            m = re.search(r"^sluice_decode_tokens_total (\S+)", text, re.M)
+            return float(m.group(1)) if m else 0
+
+        def wait(what, deadline_s=30):
+            deadline = time.time() + deadline_s
+            while not what() and time.time() < deadline:
+                time.sleep(0.2)
+            return what()
+
+        pool = concurrent.futures.ThreadPoolExecutor(4)
+        clients = []
+        try:
+            self.assertEqual(decoders(), c.decode_addrs[:1])
+            clients = [pool.submit(client, i) for i in range(4)]
+            self.assertTrue(wait(lambda: len(done) >= 4), failures)
+            c.set_decoders(c.decode_addrs)  # scale 1 -> 3
+            self.assertTrue(wait(lambda: decoders() == sorted(c.decode_addrs)), decoders())
+            # Both new workers take requests within seconds of being listed.
+            self.assertTrue(wait(lambda: all(tokens(p) > 0 for p in c.decode_metrics_ports)),
+                            [tokens(p) for p in c.decode_metrics_ports])
+            c.set_decoders(c.decode_addrs[2:])  # 3 -> 1, the first one leaving too
+            self.assertTrue(wait(lambda: decoders() == c.decode_addrs[2:]), decoders())
+            before = len(done)
+            self.assertTrue(wait(lambda: len(done) >= before + 8), failures)
+            # The removed workers finish what they had and get nothing new.
+            left = [tokens(p) for p in c.decode_metrics_ports[:2]]
+            time.sleep(1)
+            self.assertEqual([tokens(p) for p in c.decode_metrics_ports[:2]], left)
+        finally:
+            stop = True
+            for f in clients:
+                f.result(timeout=120)
+            pool.shutdown()
+            codes = c.stop()
+        self.assertEqual(failures, [], c.log("router"))
+        self.assertGreater(len(done), 12)
+        for name, code in codes.items():
+            self.assertEqual(code, 0, c.log(name))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,98 @@
+// Where the router finds its workers: sources resolved (an address, a DNS name, a file of
+// either), and a registry that adds the workers its sources come to name and removes the ones
+// they stop naming, keeping what a source named last when it cannot be read.
+#include "router/worker_registry.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace sluice::router {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  return std::string(getenv("TEST_TMPDIR")) + "/" + name;
+}
+
+void WriteLines(const std::string& path, const std::vector<std::string>& lines) {
+  std::ofstream out(path + ".new");
+  for (const std::string& l : lines) out << l << "\n";
+  out.close();
+  std::rename((path + ".new").c_str(), path.c_str());  // atomically, as a ConfigMap update
+}
+
+TEST(WorkerRegistry, ResolvesAddressesNamesAndFiles) {
+  EXPECT_EQ(*WorkerRegistry::Resolve("10.0.0.7:50200"), std::vector<std::string>{"10.0.0.7:50200"});
+  auto local = WorkerRegistry::Resolve("dns:localhost:50200");
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_TRUE(std::count(local->begin(), local->end(), "127.0.0.1:50200") == 1 ||
+              std::count(local->begin(), local->end(), "[::1]:50200") == 1);
+  auto unknown = WorkerRegistry::Resolve("dns:no-such-host.invalid:1");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(unknown.status().message().find("no-such-host.invalid"), std::string::npos);
+  EXPECT_EQ(WorkerRegistry::Resolve("dns:noport").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::string list = TempPath("list");
+  WriteLines(list, {"# decode workers", "10.0.0.8:1", "", "dns:localhost:2  # by name"});
+  auto listed = WorkerRegistry::Resolve("file:" + list);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_GE(listed->size(), 2u);
+  EXPECT_EQ((*listed)[0], "10.0.0.8:1");
+  EXPECT_EQ(WorkerRegistry::Resolve("file:/no/such/list").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+std::set<std::string> Decoders(WorkerRegistry& r) {
+  std::set<std::string> out;
+  for (const auto& v : r.Snapshot()) {
+    if (v.role == "decode") out.insert(v.address);
+  }
+  return out;
+}
+
+// Polls until the registry's decode workers are `want` (5 s at most).
+bool Becomes(WorkerRegistry& r, const std::set<std::string>& want) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (Decoders(r) != want && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  return Decoders(r) == want;
+}
+
+TEST(WorkerRegistry, FollowsItsSources) {
+  // Nothing listens on these ports: the workers are down, but named and pickable.
+  const std::string list = TempPath("decode");
+  WriteLines(list, {"127.0.0.1:9"});
+  WorkerRegistry r({"127.0.0.1:7"}, {"file:" + list}, Placement::kRoundRobin,
+                   absl::Milliseconds(20));
+  EXPECT_EQ(Decoders(r), (std::set<std::string>{"127.0.0.1:9"}));  // the first poll named it
+  WriteLines(list, {"127.0.0.1:9", "127.0.0.1:11", "127.0.0.1:13"});
+  EXPECT_TRUE(Becomes(r, {"127.0.0.1:9", "127.0.0.1:11", "127.0.0.1:13"}));
+  Worker* added = nullptr;
+  std::set<Worker*> picked;
+  for (int i = 0; i < 3; ++i) picked.insert(r.Pick("decode", {}, {}));
+  EXPECT_EQ(picked.size(), 3u);  // round robin over all three
+  for (Worker* w : picked) {
+    if (w->address == "127.0.0.1:13") added = w;
+  }
+  ASSERT_NE(added, nullptr);
+
+  WriteLines(list, {"127.0.0.1:11"});
+  EXPECT_TRUE(Becomes(r, {"127.0.0.1:11"}));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(r.Pick("decode", {}, {})->address, "127.0.0.1:11");
+  EXPECT_EQ(added->address, "127.0.0.1:13");  // a removed worker stays valid for its requests
+
+  std::remove(list.c_str());  // unreadable: keep what it named last
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(Decoders(r), (std::set<std::string>{"127.0.0.1:11"}));
+  WriteLines(list, {"127.0.0.1:13"});  // named again: the same worker comes back
+  EXPECT_TRUE(Becomes(r, {"127.0.0.1:13"}));
+  EXPECT_EQ(r.Pick("decode", {}, {}), added);
+}
+
+}  // namespace
+}  // namespace sluice::router
