@@ -1,7 +1,7 @@
 """The Kubernetes manifests: each overlay of deploy/k8s builds with `kubectl kustomize`, every
 object validates (strictly: unknown fields are errors) against the API schemas of a pinned
 Kubernetes version, and the objects fit together: selectors select pods, named ports exist,
-the router's worker addresses name the StatefulSets' pods, every $(VAR) in a container's
+the router finds the StatefulSets' pods by their headless Services, autoscalers read metrics the adapter serves, every $(VAR) in a container's
 arguments is defined.
 
 Needs `kubectl` on PATH (Debian's kubernetes-client, or any later kubectl) and
@@ -34,7 +34,7 @@ from deploy import test_report  # noqa: E402
 
 # The Kubernetes version the manifests must be valid for.
 KUBERNETES_VERSION = "1.29.0"
-OVERLAYS = ("cpu", "gpu")
+OVERLAYS = ("cpu", "gpu", "gpu-autoscaling")
 # Kinds of the Prometheus Operator's CRDs, which kubernetes-validate has no schema for; their
 # fields are checked below against the objects they refer to.
 CUSTOM_KINDS = {("monitoring.coreos.com/v1", "PodMonitor")}
@@ -158,6 +158,26 @@ class Overlay:
                                 self.assertIn(port["port"], container_ports(t),
                                               o["metadata"]["name"])
 
+    def test_autoscalers_scale_workloads_on_metrics_the_adapter_serves(self):
+        hpas = by_kind(self.objects, "HorizontalPodAutoscaler")
+        if not hpas:
+            return  # an overlay without ../../autoscaling
+        workloads = {(o["kind"], o["metadata"]["name"]) for o in self.objects}
+        adapter = [c for c in by_kind(self.objects, "ConfigMap")
+                   if c["metadata"]["name"].startswith("sluice-prometheus-adapter")]
+        self.assertEqual(len(adapter), 1)
+        rules = yaml.safe_load(adapter[0]["data"]["config.yaml"])
+        served = {"Pods": {r["name"]["as"] for r in rules["rules"]},
+                  "External": {r["name"]["as"] for r in rules["externalRules"]}}
+        self.assertEqual({h["spec"]["scaleTargetRef"]["name"] for h in hpas},
+                         {"sluice-prefill", "sluice-decode"})
+        for h in hpas:
+            ref = h["spec"]["scaleTargetRef"]
+            self.assertIn((ref["kind"], ref["name"]), workloads)
+            for m in h["spec"]["metrics"]:
+                name = m[m["type"].lower()]["metric"]["name"]
+                self.assertIn(name, served[m["type"]], h["metadata"]["name"])
+
     def test_probes_use_ports_the_containers_declare(self):
         for w, t in pod_templates(self.objects):
             for c in t["spec"]["containers"]:
@@ -213,16 +233,18 @@ class Overlay:
                     for var in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", arg):
                         self.assertIn(var, defined, "%s: %s" % (c["name"], arg))
 
-    def test_router_addresses_name_every_worker_pod(self):
-        config = by_kind(self.objects, "ConfigMap")[0]["data"]
+    def test_router_finds_every_worker_pod_by_its_headless_service(self):
+        config = [c for c in by_kind(self.objects, "ConfigMap")
+                  if c["metadata"]["name"].startswith("sluice-config")][0]["data"]
         for role, port in (("prefill", "grpc"), ("decode", "grpc")):
             sts = named(self.objects, "StatefulSet", "sluice-" + role)
             svc = named(self.objects, "Service", sts["spec"]["serviceName"])
             self.assertEqual(svc["spec"]["clusterIP"], "None")
+            # Every pod, ready or not: the router's own polls decide which take requests.
+            self.assertTrue(svc["spec"]["publishNotReadyAddresses"])
             grpc = container_ports(sts["spec"]["template"])[port]
-            want = ["%s-%d.%s:%d" % (sts["metadata"]["name"], i, svc["metadata"]["name"], grpc)
-                    for i in range(sts["spec"]["replicas"])]
-            self.assertEqual(config["SLUICE_" + role.upper()].split(","), want)
+            self.assertEqual(config["SLUICE_" + role.upper()],
+                             "dns:%s:%d" % (svc["metadata"]["name"], grpc))
 
     def test_one_image_for_every_role(self):
         images = {c["image"] for _, t in pod_templates(self.objects)
@@ -290,6 +312,15 @@ class GpuOverlay(Overlay, unittest.TestCase):
             self.assertEqual(vol["emptyDir"]["medium"], "Memory")
         router = named(self.objects, "Deployment", "sluice-router")["spec"]["template"]
         self.assertNotIn("nvidia.com/gpu", router["spec"]["containers"][0]["resources"]["limits"])
+
+
+class GpuAutoscalingOverlay(Overlay, unittest.TestCase):
+    overlay = "gpu-autoscaling"
+
+    def test_both_worker_roles_autoscale(self):
+        hpas = by_kind(self.objects, "HorizontalPodAutoscaler")
+        self.assertEqual(sorted(h["metadata"]["name"] for h in hpas),
+                         ["sluice-decode", "sluice-prefill"])
 
 
 if __name__ == "__main__":

@@ -105,6 +105,30 @@ def alert_names():
         return re.findall(r"(?m)^\s*- alert: (\w+)", f.read())
 
 
+def adapter_queries():
+    """(metric, metricsQuery) of every rule in deploy/k8s/autoscaling/prometheus-adapter.yaml
+    (the file's own layout: `as: "NAME"`, then `metricsQuery:` inline or folded with `>-`)."""
+    path = os.path.join(ROOT, "deploy", "k8s", "autoscaling", "prometheus-adapter.yaml")
+    lines = open(path).read().splitlines()
+    out, name = [], None
+    for i, line in enumerate(lines):
+        m = re.match(r'\s+as: "(\w+)"', line)
+        if m:
+            name = m.group(1)
+        m = re.match(r"(\s+)metricsQuery: (.*)", line)
+        if m:
+            query = m.group(2)
+            if query == ">-":
+                parts = []
+                for follow in lines[i + 1:]:
+                    if len(follow) - len(follow.lstrip()) <= len(m.group(1)):
+                        break
+                    parts.append(follow.strip())
+                query = " ".join(parts)
+            out.append((name, query))
+    return out
+
+
 def regex_value(value):
     """A variable's value in a =~ matcher, escaped as Grafana escapes it."""
     return re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\\\1", value)
@@ -371,6 +395,27 @@ class LiveMonitoring(unittest.TestCase):
                                  % (window, window)), 1)
         # Every page went back once the load was over.
         self.assertEqual(value("sum(sluice_kv_pages_used)"), 0)
+
+    def test_autoscaling_metrics_evaluate_on_the_cluster(self):
+        # The Prometheus adapter's templates as it fills them for one pod of a role (here the
+        # scrape target stands for the pod): a series per worker, finite, and a utilization in
+        # [0, 1] that the load moved.
+        jobs = {"sluice_kv_pool_utilization": "sluice-decode",
+                "sluice_prefill_queued_tokens": "sluice-prefill",
+                "sluice_requests_waiting": "sluice-router"}
+        queries = adapter_queries()
+        self.assertEqual(sorted(name for name, _ in queries), sorted(jobs))
+        for name, template in queries:
+            query = (template.replace("<<.GroupBy>>", "instance")
+                     .replace("<<.LabelMatchers>>", 'job="%s"' % jobs[name]))
+            result = self.query(query, self.now)
+            self.assertEqual(len(result), 1, query)  # one worker of each role here
+            value = float(result[0]["value"][1])
+            self.assertTrue(math.isfinite(value), query)
+            if name == "sluice_kv_pool_utilization":
+                self.assertTrue(0 <= value <= 1, value)
+                peak = self.query("max_over_time((%s)[%s:1s])" % (query, self.window()), self.now)
+                self.assertGreater(float(peak[0]["value"][1]), 0, "the load used no pages")
 
     def test_alert_rules_stay_quiet_on_a_healthy_cluster(self):
         _, r = self.prom.api("alerts")
