@@ -1,7 +1,8 @@
 // sluice up: a local cluster on this machine: N prefill workers, M decode workers and the
 // router, serving the bundled model. Prints the URL and a curl example once the router says it
-// is healthy; Ctrl-C (SIGINT) or SIGTERM stops every process, and if any process dies the rest
-// are stopped too.
+// is healthy; Ctrl-C (SIGINT) or SIGTERM stops every process. It supervises them: one that dies
+// is started again with the same flags after a backoff (1 s doubling to 30 s) and rejoins,
+// while the others keep serving. A process that dies while the cluster starts stops them all.
 //
 //   ./sluice up [--prefill 1] [--decode 1] [--preset sluice] [--port 8000] [--backend auto]
 #include <signal.h>
@@ -9,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -56,6 +58,11 @@ namespace {
 struct Child {
   std::string name;
   pid_t pid = 0;
+  std::vector<std::string> argv;  // to start it again
+  // Supervision once the cluster is up: when it may start again, and how long the wait after
+  // its next exit is (1 s, doubling to 30 s; back to 1 s after a minute up).
+  std::chrono::steady_clock::time_point restart_at, started_at;
+  std::chrono::seconds backoff{1};
 };
 
 pid_t Spawn(const std::vector<std::string>& argv) {
@@ -97,18 +104,19 @@ void StopAll(std::vector<Child>& children) {
   }
 }
 
-// The child that has exited, if any (reaped); empty otherwise.
-std::string Exited(std::vector<Child>& children) {
+// The child that has exited, if any (reaped; its pid set to 0), and how in `why`; null otherwise.
+Child* Exited(std::vector<Child>& children, std::string* why) {
   for (Child& c : children) {
     int status = 0;
     if (c.pid > 0 && waitpid(c.pid, &status, WNOHANG) == c.pid) {
       c.pid = 0;
-      return WIFEXITED(status)
+      *why = WIFEXITED(status)
                  ? absl::StrFormat("%s exited with status %d", c.name, WEXITSTATUS(status))
                  : absl::StrFormat("%s was killed by signal %d", c.name, WTERMSIG(status));
+      return &c;
     }
   }
-  return "";
+  return nullptr;
 }
 
 // The cluster's token file: `given`, or a fresh token written to a new file only this user can
@@ -184,7 +192,8 @@ int Run(const char* argv0) {
       std::cerr << "sluice up: cannot start " << argv[0] << "\n";
       return false;
     }
-    children.push_back({name, pid});
+    children.push_back(
+        {.name = name, .pid = pid, .argv = argv, .started_at = std::chrono::steady_clock::now()});
     return true;
   };
   bool ok = true;
@@ -230,7 +239,7 @@ int Run(const char* argv0) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   std::string model_id;
   for (;;) {
-    if (std::string gone = Exited(children); !gone.empty()) {
+    if (std::string gone; Exited(children, &gone) != nullptr) {
       std::cerr << "sluice up: " << gone << " while starting; stopping the others\n";
       StopAll(children);
       return 1;
@@ -269,7 +278,9 @@ int Run(const char* argv0) {
       absl::StrJoin(metrics, ", "));
   std::cout.flush();
 
-  // Wait for a signal or a dead child.
+  // Supervise until a signal: a process that exits is started again with the same flags after a
+  // backoff, and rejoins (the router's channels reconnect to the same port; the router itself
+  // comes back on its port). The others keep serving meanwhile.
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
@@ -283,10 +294,26 @@ int Run(const char* argv0) {
       std::cerr << "sluice up: every process stopped\n";
       return 0;
     }
-    if (std::string gone = Exited(children); !gone.empty()) {
-      std::cerr << "sluice up: " << gone << "; stopping the others\n";
-      StopAll(children);
-      return 1;
+    const auto now = std::chrono::steady_clock::now();
+    std::string gone;
+    while (Child* c = Exited(children, &gone)) {
+      if (now - c->started_at > std::chrono::minutes(1)) c->backoff = std::chrono::seconds(1);
+      c->restart_at = now + c->backoff;
+      std::cerr << "sluice up: " << gone << "; starting it again in " << c->backoff.count()
+                << " s\n";
+      c->backoff = std::min<std::chrono::seconds>(2 * c->backoff, std::chrono::seconds(30));
+    }
+    for (Child& c : children) {
+      if (c.pid != 0 || c.restart_at > now) continue;
+      c.pid = Spawn(c.argv);
+      c.started_at = now;
+      if (c.pid < 0) {
+        c.pid = 0;
+        c.restart_at = now + c.backoff;
+        std::cerr << "sluice up: cannot start " << c.name << " again; trying later\n";
+      } else {
+        std::cerr << "sluice up: " << c.name << " started again (pid " << c.pid << ")\n";
+      }
     }
   }
 }
