@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ import urllib.request
 
 sys.path.insert(0, os.getcwd())
 from deploy import test_report  # noqa: E402
+from deploy.test_net import free_port, http, metrics_base  # noqa: E402
 
 MODEL = os.environ.get("SLUICE_MODEL", "")
 ROOT = os.getcwd()
@@ -40,41 +40,6 @@ LONG_PROMPT = ("Rivers carry water from the mountains to the sea, shaping valley
 # Grafana's $__rate_interval for a 1 s scrape interval is 4 s; a little more keeps every panel's
 # range query from falling between two slow requests.
 RATE_INTERVAL = "10s"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_is_free(port):
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def metrics_base():
-    """A base port B with B+1 (prefill 0's metrics) and B+101 (decode 0's) free, as `sluice up`
-    numbers them."""
-    for _ in range(100):
-        base = free_port()
-        if base + 101 < 65536 and port_is_free(base + 1) and port_is_free(base + 101):
-            return base
-    raise RuntimeError("no free metrics ports")
-
-
-def http(url, body=None, timeout=120):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 def dashboard_targets():

@@ -16,10 +16,9 @@ import sys
 import tempfile
 import time
 import unittest
-import urllib.error
-import urllib.request
 
 from deploy import test_report
+from deploy.test_net import http
 
 MODEL = os.environ.get("SLUICE_MODEL", "")
 CLIENT_PYTHON = os.environ.get("SLUICE_CLIENT_PYTHON", "")
@@ -214,21 +213,11 @@ class Cluster:
 
 
 def get(url):
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+    return http(url, timeout=10)
 
 
 def post(url, body, timeout=120):
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+    return http(url, body, timeout)
 
 
 def sse_events(text):

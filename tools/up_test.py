@@ -8,45 +8,18 @@ Needs SLUICE_MODEL (the GGUF); skips without it.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
-import urllib.error
-import urllib.request
 
 sys.path.insert(0, os.getcwd())
 from deploy import test_report  # noqa: E402
+from deploy.test_net import free_port, http, metrics_base  # noqa: E402
 
 MODEL = os.environ.get("SLUICE_MODEL", "")
 ROOT = os.getcwd()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_is_free(port):
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def http(url, body=None, timeout=60):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 def pids_of(binary, port):
@@ -69,8 +42,7 @@ class Supervision(unittest.TestCase):
             self.skipTest("SLUICE_MODEL is not set (./sluice test sets it)")
         logs = tempfile.mkdtemp(prefix="sluice-up-")
         http_port, decode_port = free_port(), free_port()
-        base = next(b for b in iter(free_port, None)
-                    if b + 101 < 65536 and port_is_free(b + 1) and port_is_free(b + 101))
+        base = metrics_base()
         log_path = os.path.join(logs, "up.log")
         out = open(log_path, "w")
         up = subprocess.Popen(
