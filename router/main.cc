@@ -28,6 +28,10 @@ ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the cluster token the workers require of gRPC calls (./sluice up writes "
           "one); empty: send none.");
 ABSL_FLAG(int, http_threads, 64, "HTTP worker threads (concurrent requests).");
+ABSL_FLAG(int, metrics_port, 0,
+          "A listener of its own for /health and /metrics (4 threads, 5 s to read a request), so "
+          "that probes and scrapes are answered while streams hold the API's threads; 0: none "
+          "(both stay on --port either way).");
 
 namespace sluice {
 namespace {
@@ -60,11 +64,31 @@ absl::Status Run() {
   if (!server.bind_to_port(host, port)) {
     return absl::UnavailableError(absl::StrFormat("cannot listen on %s:%d", host, port));
   }
+  httplib::Server probes;
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (metrics_port > 0) {
+    probes.new_task_queue = [] { return new httplib::ThreadPool(4); };
+    probes.set_read_timeout(5, 0);
+    (*router)->InstallProbes(probes);
+    if (!probes.bind_to_port(host, metrics_port)) {
+      return absl::UnavailableError(absl::StrFormat("cannot listen on %s:%d", host, metrics_port));
+    }
+  }
   std::thread http([&] { server.listen_after_bind(); });
+  std::thread probe_thread;
+  if (metrics_port > 0) probe_thread = std::thread([&] { probes.listen_after_bind(); });
   std::cerr << absl::StrFormat("router: serving the OpenAI API on http://%s:%d\n", host, port);
+  if (metrics_port > 0) {
+    std::cerr << absl::StrFormat("router: /health and /metrics also on http://%s:%d\n", host,
+                                 metrics_port);
+  }
   AwaitShutdown("router");
   server.stop();
   http.join();
+  if (probe_thread.joinable()) {
+    probes.stop();
+    probe_thread.join();
+  }
   return absl::OkStatus();
 }
 

@@ -192,6 +192,13 @@ void Router::Install(httplib::Server& server) {
              [this](const httplib::Request& q, httplib::Response& s) { HandleWorkers(q, s); });
 }
 
+void Router::InstallProbes(httplib::Server& server) {
+  server.Get("/health",
+             [this](const httplib::Request& q, httplib::Response& s) { HandleHealth(q, s); });
+  server.Get("/metrics",
+             [this](const httplib::Request& q, httplib::Response& s) { HandleMetrics(q, s); });
+}
+
 void Router::SendError(httplib::Response& res, const absl::Status& status) {
   const ApiError e = FromStatus(status);
   res.status = e.http_status;

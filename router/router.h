@@ -58,6 +58,9 @@ class Router {
 
   // Installs the routes on `server`.
   void Install(httplib::Server& server);
+  // Installs /health and /metrics alone: a listener of their own, so that probes and scrapes
+  // are answered however many streams hold the API's threads.
+  void InstallProbes(httplib::Server& server);
 
  private:
   explicit Router(RouterOptions options);

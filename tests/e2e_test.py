@@ -147,9 +147,11 @@ class Cluster:
             self.decode_list = os.path.join(self.logs, "decoders")
             self.set_decoders(decode[:1])
             decode_flag = "file:" + self.decode_list
+        self.router_metrics = free_port()
         self.start("router", [binary("router"), "--model=" + MODEL, "--port=%d" % self.http,
                               "--prefill=" + ",".join(prefill), "--decode=" + decode_flag,
-                              "--placement=" + placement, auth])
+                              "--placement=" + placement, auth,
+                              "--metrics_port=%d" % self.router_metrics])
         self.url = "http://127.0.0.1:%d" % self.http
         self.grpc = {"decode": decode[0], "prefill": prefill[0]}
         deadline = time.time() + 60
@@ -285,6 +287,26 @@ class EndToEnd(unittest.TestCase):
         self.assertEqual(calls["health"], "OK")  # probes carry no credential
         _, metrics = get("http://127.0.0.1:%d/metrics" % self.c.decode_metrics)
         self.assertIn('sluice_grpc_unauthenticated_total{method="Decode.Reserve"}', metrics)
+
+    def test_probes_answer_while_slow_clients_hold_every_api_thread(self):
+        # More half-sent requests than the API has threads (64): the API stops answering until
+        # they time out, but /health and /metrics on the router's own probe listener answer.
+        slow = []
+        try:
+            for _ in range(72):
+                s = socket.create_connection(("127.0.0.1", self.c.http), timeout=5)
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+                slow.append(s)
+            time.sleep(0.5)
+            probes = "http://127.0.0.1:%d" % self.c.router_metrics
+            for path in ("/health", "/metrics"):
+                start = time.time()
+                status, _ = http(probes + path, timeout=5)
+                self.assertEqual(status, 200, path)
+                self.assertLess(time.time() - start, 1.0, path)
+        finally:
+            for s in slow:
+                s.close()
 
     def test_model_is_optional(self):
         body = {"messages": [{"role": "user", "content": "What is the capital of France?"}],
