@@ -22,7 +22,9 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
   SLUICE_ASSIGN_OR_RETURN(rt->gguf_, model::GgufFile::Open(options.model_path));
   SLUICE_ASSIGN_OR_RETURN(
       rt->backend_, kernels::CreateNamedBackend(options.backend, options.threads, options.device));
-  SLUICE_ASSIGN_OR_RETURN(rt->model_, model::LlamaModel::Load(*rt->gguf_, *rt->backend_));
+  SLUICE_ASSIGN_OR_RETURN(rt->model_,
+                          model::LlamaModel::Load(*rt->gguf_, *rt->backend_,
+                                                  {.record_steps = rt->options_.record_steps}));
   SLUICE_ASSIGN_OR_RETURN(model::VocabSpec vocab, model::VocabFromGguf(*rt->gguf_));
   SLUICE_ASSIGN_OR_RETURN(auto tokenizer, model::Tokenizer::Create(std::move(vocab)));
   rt->stop_tokens_ = {tokenizer->eos_id()};

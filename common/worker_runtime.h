@@ -29,10 +29,13 @@ struct WorkerRuntimeOptions {
   std::string model_path;       // GGUF
   std::string backend = "cpu";  // kernels::CreateNamedBackend: auto, cpu, cuda or ref
   int device = 0;               // the GPU, for cuda and auto
-  int threads = 0;              // CPU threads; 0 = one per core
-  int64_t kv_pages = 0;         // pages of each preset's pool
-  std::string default_preset;   // for requests that name none
-  int max_presets = 4;          // caches alive at once
+  // On CUDA: a small step's dense ops replayed as graphs (LlamaLoadOptions::record_steps); off,
+  // every op is launched one by one (vLLM's --enforce-eager).
+  bool record_steps = true;
+  int threads = 0;             // CPU threads; 0 = one per core
+  int64_t kv_pages = 0;        // pages of each preset's pool
+  std::string default_preset;  // for requests that name none
+  int max_presets = 4;         // caches alive at once
   // Decode workers: each pool's memory comes from the transport, exposed, so that prefill
   // workers write pages straight into it. Otherwise the pools are registered as put sources.
   bool expose_pools = false;

@@ -28,6 +28,9 @@ ABSL_FLAG(int64_t, chunk_tokens, 512, "Prompt tokens per forward step (chunked p
 ABSL_FLAG(std::string, backend, "auto",
           "What computes: auto (CUDA where a GPU is usable, else the CPU), cpu or cuda.");
 ABSL_FLAG(int, device, 0, "GPU for --backend=cuda|auto, as CUDA numbers the visible ones.");
+ABSL_FLAG(bool, record_steps, true,
+          "On CUDA, replay a small decode step's dense ops as CUDA graphs (recorded once per "
+          "layer and row count); false launches every op one by one.");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the cluster token every gRPC call must carry (./sluice up writes one); "
@@ -64,6 +67,7 @@ absl::Status Run() {
   auto runtime = WorkerRuntime::Create({.model_path = path,
                                         .backend = absl::GetFlag(FLAGS_backend),
                                         .device = absl::GetFlag(FLAGS_device),
+                                        .record_steps = absl::GetFlag(FLAGS_record_steps),
                                         .threads = absl::GetFlag(FLAGS_threads),
                                         .kv_pages = absl::GetFlag(FLAGS_kv_pages),
                                         .default_preset = absl::GetFlag(FLAGS_preset),

@@ -44,6 +44,8 @@ ABSL_FLAG(std::string, backend, "auto",
           "What the workers compute on: auto (CUDA where a GPU is usable, else the CPU), cpu or "
           "cuda.");
 ABSL_FLAG(int, device, 0, "GPU every worker uses with --backend=cuda|auto.");
+ABSL_FLAG(bool, record_steps, true,
+          "Workers on CUDA replay small decode steps as CUDA graphs; false: every op launched.");
 ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else the cache).");
 ABSL_FLAG(std::string, bin_dir, "", "Where the prefill/, decode/ and router/ binaries are.");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports for the page streams; empty: UCX's choice.");
@@ -176,14 +178,16 @@ int Run(const char* argv0) {
     }
   } remove_token{token_file, made_token};
   const std::string auth_flag = "--auth_token_file=" + token_file;
-  const std::string common_flags[] = {"--model=" + model,
-                                      auth_flag,
-                                      "--host=" + host,
-                                      "--preset=" + absl::GetFlag(FLAGS_preset),
-                                      threads,
-                                      "--backend=" + absl::GetFlag(FLAGS_backend),
-                                      absl::StrCat("--device=", absl::GetFlag(FLAGS_device)),
-                                      "--ucx_tls=" + absl::GetFlag(FLAGS_ucx_tls)};
+  const std::string common_flags[] = {
+      "--model=" + model,
+      auth_flag,
+      "--host=" + host,
+      "--preset=" + absl::GetFlag(FLAGS_preset),
+      threads,
+      "--backend=" + absl::GetFlag(FLAGS_backend),
+      absl::StrCat("--device=", absl::GetFlag(FLAGS_device)),
+      absl::StrCat("--record_steps=", absl::GetFlag(FLAGS_record_steps) ? "true" : "false"),
+      "--ucx_tls=" + absl::GetFlag(FLAGS_ucx_tls)};
   std::vector<Child> children;
   std::vector<std::string> prefill_addrs, decode_addrs, metrics;
   auto start = [&](const std::string& name, std::vector<std::string> argv) {
