@@ -69,6 +69,7 @@ absl::StatusOr<GrpcAuth> GrpcAuth::FromFile(const std::string& path) {
         absl::StrFormat("the token in %s has %d characters; at least %d are needed", path,
                         auth.token_.size(), kMinTokenBytes));
   }
+  auth.header_ = absl::StrCat("Bearer ", auth.token_);
   return auth;
 }
 
@@ -106,8 +107,7 @@ grpc::Status GrpcAuth::Check(const grpc::ServerContext& ctx, const std::string& 
   const auto& metadata = ctx.client_metadata();
   const auto it = metadata.find(kHeader);
   if (it != metadata.end() &&
-      ConstantTimeEquals(std::string_view(it->second.data(), it->second.size()),
-                         absl::StrCat("Bearer ", token_))) {
+      ConstantTimeEquals(std::string_view(it->second.data(), it->second.size()), header_)) {
     return grpc::Status::OK;
   }
   if (refused_ != nullptr) refused_->Add({{"method", method}}).Increment();
@@ -123,7 +123,7 @@ std::shared_ptr<grpc::Channel> GrpcAuth::Channel(const std::string& target,
     return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
-  factories.push_back(std::make_unique<TokenInterceptorFactory>(absl::StrCat("Bearer ", token_)));
+  factories.push_back(std::make_unique<TokenInterceptorFactory>(header_));
   return grpc::experimental::CreateCustomChannelWithInterceptors(
       target, grpc::InsecureChannelCredentials(), args, std::move(factories));
 }

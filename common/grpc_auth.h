@@ -53,6 +53,7 @@ class GrpcAuth {
 
  private:
   std::string token_;
+  std::string header_;  // "Bearer <token>", what a call's authorization metadata must be
   prometheus::Family<prometheus::Counter>* refused_ = nullptr;
 };
 

@@ -18,7 +18,8 @@ namespace sluice {
 absl::Status ServeWorker(const WorkerServeOptions& options,
                          std::shared_ptr<prometheus::Registry> registry,
                          const std::vector<grpc::Service*>& services,
-                         std::function<WorkerHealth()> health, const std::function<void()>& drain) {
+                         std::function<rpc::StatsResponse()> stats,
+                         const std::function<void()>& drain) {
   std::unique_ptr<MetricsServer> metrics;
   if (options.metrics_port > 0) {
     auto m = MetricsServer::Start(options.host, options.metrics_port, std::move(registry));
@@ -38,8 +39,9 @@ absl::Status ServeWorker(const WorkerServeOptions& options,
   for (grpc::Service* s : services) builder.RegisterService(s);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) return absl::UnavailableError("cannot serve gRPC on " + address + " (port in use?)");
-  auto reporter = std::make_unique<WorkerHealthReporter>(server->GetHealthCheckService(),
-                                                         std::move(health), absl::Seconds(1));
+  auto reporter = std::make_unique<WorkerHealthReporter>(
+      server->GetHealthCheckService(),
+      [stats = std::move(stats)] { return HealthOf(stats(), absl::Now()); }, absl::Seconds(1));
   std::cerr << absl::StrFormat("%s: %s on %s\n", options.name, options.banner, address);
   AwaitShutdown(options.name);
   drain();

@@ -1,5 +1,6 @@
 // The serving loop every worker process shares: its gRPC services on host:port with gRPC's
-// standard health service beside them (liveness and readiness from `health`, worker_health.h),
+// standard health service beside them (liveness and readiness from the worker's `stats`,
+// worker_health.h),
 // its metrics on metrics_port (0: none), until SIGINT or SIGTERM; then it drains and stops.
 #ifndef SLUICE_COMMON_WORKER_SERVER_H_
 #define SLUICE_COMMON_WORKER_SERVER_H_
@@ -28,7 +29,8 @@ struct WorkerServeOptions {
 absl::Status ServeWorker(const WorkerServeOptions& options,
                          std::shared_ptr<prometheus::Registry> registry,
                          const std::vector<grpc::Service*>& services,
-                         std::function<WorkerHealth()> health, const std::function<void()>& drain);
+                         std::function<rpc::StatsResponse()> stats,
+                         const std::function<void()>& drain);
 
 }  // namespace sluice
 

@@ -80,8 +80,7 @@ absl::Status Run() {
        .host = absl::GetFlag(FLAGS_host),
        .port = absl::GetFlag(FLAGS_port),
        .metrics_port = absl::GetFlag(FLAGS_metrics_port)},
-      registry, {&decode_service, &admin}, [&] { return HealthOf(worker.Stats(), absl::Now()); },
-      [&] { worker.Drain(); });
+      registry, {&decode_service, &admin}, [&] { return worker.Stats(); }, [&] { worker.Drain(); });
 }
 
 }  // namespace

@@ -94,8 +94,7 @@ absl::Status Run() {
        .host = absl::GetFlag(FLAGS_host),
        .port = absl::GetFlag(FLAGS_port),
        .metrics_port = absl::GetFlag(FLAGS_metrics_port)},
-      registry, {&service, &admin}, [&] { return HealthOf(worker.Stats(), absl::Now()); },
-      [&] { worker.Drain(); });
+      registry, {&service, &admin}, [&] { return worker.Stats(); }, [&] { worker.Drain(); });
 }
 
 }  // namespace
