@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "grpcpp/create_channel.h"
@@ -127,5 +128,20 @@ std::shared_ptr<grpc::Channel> GrpcAuth::Channel(const std::string& target,
   return grpc::experimental::CreateCustomChannelWithInterceptors(
       target, grpc::InsecureChannelCredentials(), args, std::move(factories));
 }
+
+std::string PeerHost(const std::string& peer) {
+  if (!absl::StartsWith(peer, "ipv4:") && !absl::StartsWith(peer, "ipv6:")) return peer;
+  const size_t colon = peer.rfind(':');
+  if (colon <= 4) return peer;
+  const std::string host = peer.substr(0, colon);
+  // "ipv6:[::1]:443" (or with the brackets escaped, %5B::1%5D): the port follows the bracket.
+  if (absl::StartsWith(peer, "ipv6:") && !absl::EndsWith(host, "]") &&
+      !absl::EndsWith(host, "%5D")) {
+    return peer;
+  }
+  return host;
+}
+
+std::string PeerHost(const grpc::ServerContext& ctx) { return PeerHost(ctx.peer()); }
 
 }  // namespace sluice

@@ -57,6 +57,12 @@ class GrpcAuth {
   prometheus::Family<prometheus::Counter>* refused_ = nullptr;
 };
 
+// The caller of a server call as workers bound what one client may hold: the host of its peer
+// address without the port ("ipv4:10.1.2.3", "ipv6:[::1]"; a unix socket's peer as it is), so a
+// client's connections and reconnections count as one.
+std::string PeerHost(const grpc::ServerContext& ctx);
+std::string PeerHost(const std::string& peer);
+
 }  // namespace sluice
 
 #endif  // SLUICE_COMMON_GRPC_AUTH_H_

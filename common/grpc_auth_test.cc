@@ -40,6 +40,15 @@ double Refused(prometheus::Registry& registry, const std::string& method) {
   return 0;
 }
 
+TEST(PeerHost, DropsThePortOnly) {
+  EXPECT_EQ(PeerHost("ipv4:10.1.2.3:51234"), "ipv4:10.1.2.3");
+  EXPECT_EQ(PeerHost("ipv6:[::1]:443"), "ipv6:[::1]");
+  EXPECT_EQ(PeerHost("ipv6:%5B::1%5D:38476"), "ipv6:%5B::1%5D");
+  EXPECT_EQ(PeerHost("ipv6:::1"), "ipv6:::1");  // no bracket: no port to tell apart
+  EXPECT_EQ(PeerHost("unix:/tmp/s.sock"), "unix:/tmp/s.sock");
+  EXPECT_EQ(PeerHost(""), "");
+}
+
 TEST(GrpcAuth, TokenFilesAreReadOrRefusedByName) {
   auto none = GrpcAuth::FromFile("");
   ASSERT_TRUE(none.ok());

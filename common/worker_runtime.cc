@@ -58,28 +58,26 @@ absl::StatusOr<WorkerRuntime::Cache*> WorkerRuntime::CacheFor(const std::string&
                                        .preset = preset,
                                        .pages = options_.kv_pages};
   const size_t bytes = static_cast<size_t>(options_.kv_pages * preset.high.page_bytes);
-  cache.staged = options_.stage_pools || backend_->memory_space() != kernels::MemorySpace::kHost;
-  if (transport_ != nullptr && options_.expose_pools) {
-    SLUICE_ASSIGN_OR_RETURN(cache.region, transport_->AllocateAndExpose(bytes));
-    cache.transport_pages = static_cast<uint8_t*>(cache.region->base());
-    if (!cache.staged) {  // peers write into the pool itself
-      options.arena = cache.transport_pages;
-      options.arena_bytes = cache.region->size();
-    }
-  }
   SLUICE_ASSIGN_OR_RETURN(cache.cache, kvstore::PagedKvCache::Create(options, *backend_));
-  if (cache.transport_pages == nullptr) {
+  if (transport_ != nullptr && !options_.receiver) {
+    cache.staged = options_.stage_pools || backend_->memory_space() != kernels::MemorySpace::kHost;
     if (cache.staged) {
       cache.owned_copy.reset(new uint8_t[bytes]);  // not zeroed: pages are copied in whole
       cache.transport_pages = cache.owned_copy.get();
     } else {
       cache.transport_pages = cache.cache->mutable_pool().data(0);
     }
-  }
-  if (transport_ != nullptr && !options_.expose_pools) {
     SLUICE_RETURN_IF_ERROR(transport_->RegisterSource(cache.transport_pages, bytes));
   }
   return &caches_.emplace(name, std::move(cache)).first->second;
+}
+
+absl::StatusOr<std::unique_ptr<transport::ExposedRegion>> WorkerRuntime::ReceiveWindow(
+    size_t bytes) {
+  if (transport_ == nullptr) {
+    return absl::FailedPreconditionError("this worker has no transport to receive pages through");
+  }
+  return transport_->AllocateAndExpose(bytes);
 }
 
 rpc::GeneratedToken TokenWithLogprobs(absl::Span<const float> logits, int32_t token, int top) {

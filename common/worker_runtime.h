@@ -1,8 +1,10 @@
 // What a prefill or decode worker process holds: the model on its backend (the CPU, or a GPU
 // with --backend=cuda|auto), its tokenizer's stop tokens, and one compressed KV cache per preset
-// it has been asked for, each with its own page pool exposed to the transport. A pool in device
-// memory reaches the transport through a host copy of the same layout (the transport has no
-// CUDA memory type yet): pages go to it before a put and come from it after a peer's puts.
+// it has been asked for, each with its own page pool. A sender's pools are registered with the
+// transport as put sources; a pool in device memory reaches the transport through a host copy of
+// the same layout (the transport has no CUDA memory type yet), which pages go to before a put.
+// A receiver's pools are never exposed: each reservation receives through a window of its own
+// (ReceiveWindow), whose pages the receiver moves into its pool once they are checked.
 //
 // Not thread-safe: the worker's scheduler thread owns it (model, caches and pools alike).
 #ifndef SLUICE_COMMON_WORKER_RUNTIME_H_
@@ -36,11 +38,11 @@ struct WorkerRuntimeOptions {
   int64_t kv_pages = 0;        // pages of each preset's pool
   std::string default_preset;  // for requests that name none
   int max_presets = 4;         // caches alive at once
-  // Decode workers: each pool's memory comes from the transport, exposed, so that prefill
-  // workers write pages straight into it. Otherwise the pools are registered as put sources.
-  bool expose_pools = false;
-  // A host copy between each pool and the transport even when the pool is host memory: the
-  // path a device pool takes, checkable without a GPU (tests).
+  // Decode workers: peers write into per-reservation windows (ReceiveWindow), never into a
+  // pool. Otherwise the pools are registered as put sources.
+  bool receiver = false;
+  // Senders: a host copy between each pool and the transport even when the pool is host
+  // memory: the path a device pool takes, checkable without a GPU (tests).
   bool stage_pools = false;
 };
 
@@ -58,12 +60,10 @@ class WorkerRuntime {
   const std::vector<int32_t>& stop_tokens() const { return stop_tokens_; }
 
   struct Cache {
-    // The memory peers write pages into (expose_pools); outlives the cache.
-    std::unique_ptr<transport::ExposedRegion> region;
     std::unique_ptr<kvstore::PagedKvCache> cache;
-    // Where the transport reads (prefill) and writes (decode) the pool's pages, page id i at
-    // i * page_bytes: the pool itself, or a host copy of it (`staged`: the pool is device
-    // memory, or stage_pools) that is the region or `owned_copy`.
+    // Senders: where the transport reads the pool's pages, page id i at i * page_bytes: the
+    // pool itself, or a host copy of it (`staged`: the pool is device memory, or stage_pools)
+    // held in `owned_copy`. Receivers: nullptr.
     uint8_t* transport_pages = nullptr;
     std::unique_ptr<uint8_t[]> owned_copy;
     bool staged = false;
@@ -75,11 +75,14 @@ class WorkerRuntime {
     absl::Status ToTransport(absl::Span<const kvstore::PageId> ids) const {
       return staged ? cache->CopyPagesToHost(ids, transport_pages) : absl::OkStatus();
     }
-    // Pages a peer put into the transport's copy, into the pool (nothing when unstaged).
-    absl::Status FromTransport(absl::Span<const kvstore::PageId> ids) {
-      return staged ? cache->CopyPagesFromHost(ids, transport_pages) : absl::OkStatus();
-    }
   };
+  // Memory of `bytes` bytes that peers may put into, for one reservation; unexposed (and freed)
+  // when the region is destroyed. FailedPrecondition without a transport.
+  absl::StatusOr<std::unique_ptr<transport::ExposedRegion>> ReceiveWindow(size_t bytes);
+  // "ucx", "loopback", or "" without a transport.
+  std::string transport_name() const {
+    return transport_ == nullptr ? "" : std::string(transport_->name());
+  }
   // The cache of `spec` (the default preset when empty), made on first use: NotFound /
   // InvalidArgument for a bad spec, ResourceExhausted beyond max_presets caches.
   absl::StatusOr<Cache*> CacheFor(const std::string& spec);

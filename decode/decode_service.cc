@@ -11,7 +11,7 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* context,
                                     const rpc::ReserveRequest* request,
                                     rpc::ReserveResponse* response) {
   if (grpc::Status st = auth_.Check(*context, "Decode.Reserve"); !st.ok()) return st;
-  auto r = worker_.Reserve(*request);
+  auto r = worker_.Reserve(*request, PeerHost(*context));
   if (!r.ok()) return ToGrpc(r.status());
   *response = *std::move(r);
   return grpc::Status::OK;
@@ -20,7 +20,7 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* context,
 grpc::Status DecodeService::Renew(grpc::ServerContext* context, const rpc::RenewRequest* request,
                                   rpc::RenewResponse* response) {
   if (grpc::Status st = auth_.Check(*context, "Decode.Renew"); !st.ok()) return st;
-  auto r = worker_.Renew(request->reservation_id());
+  auto r = worker_.Renew(request->reservation_id(), PeerHost(*context));
   if (!r.ok()) return ToGrpc(r.status());
   *response = *std::move(r);
   return grpc::Status::OK;
@@ -29,14 +29,14 @@ grpc::Status DecodeService::Renew(grpc::ServerContext* context, const rpc::Renew
 grpc::Status DecodeService::Release(grpc::ServerContext* context,
                                     const rpc::ReleaseRequest* request, rpc::ReleaseResponse*) {
   if (grpc::Status st = auth_.Check(*context, "Decode.Release"); !st.ok()) return st;
-  return ToGrpc(worker_.Release(request->reservation_id()));
+  return ToGrpc(worker_.Release(request->reservation_id(), PeerHost(*context)));
 }
 
 grpc::Status DecodeService::Generate(grpc::ServerContext* context,
                                      const rpc::GenerateRequest* request,
                                      grpc::ServerWriter<rpc::GenerateResponse>* writer) {
   if (grpc::Status st = auth_.Check(*context, "Decode.Generate"); !st.ok()) return st;
-  auto stream = worker_.Generate(*request);
+  auto stream = worker_.Generate(*request, PeerHost(*context));
   if (!stream.ok()) return ToGrpc(stream.status());
   // An empty first message says the KV is in and the sequence runs: until it arrives the
   // router may still place the request elsewhere.

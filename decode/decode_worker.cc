@@ -117,6 +117,12 @@ DecodeWorker::DecodeWorker(WorkerRuntime& runtime, prometheus::Registry& registr
                            .Help("Sequences whose received KV failed its checks.")
                            .Register(registry)
                            .Add({})),
+      client_bound_refusals_(
+          prometheus::BuildCounter()
+              .Name("sluice_kv_client_bound_refusals_total")
+              .Help("Reservations refused because the client held its share of the pool.")
+              .Register(registry)
+              .Add({})),
       step_seconds_(prometheus::BuildHistogram()
                         .Name("sluice_decode_step_seconds")
                         .Help("Time of one decode step over the batch.")
@@ -192,7 +198,8 @@ void DecodeWorker::Loop() {
   while (!reservations_.empty()) FreeReservation(reservations_.begin());
 }
 
-absl::StatusOr<rpc::ReserveResponse> DecodeWorker::Reserve(const rpc::ReserveRequest& request) {
+absl::StatusOr<rpc::ReserveResponse> DecodeWorker::Reserve(const rpc::ReserveRequest& request,
+                                                           const std::string& client) {
   if (draining_) return absl::UnavailableError(options_.name + " is draining");
   if (request.prompt_tokens() <= 0 || request.max_tokens() <= 0) {
     return absl::InvalidArgumentError(
@@ -217,37 +224,66 @@ absl::StatusOr<rpc::ReserveResponse> DecodeWorker::Reserve(const rpc::ReserveReq
         SLUICE_ASSIGN_OR_RETURN(int64_t room_pages,
                                 kvstore::PagesForSequence(preset, c.layers, c.kv_heads, room));
         kvstore::PagePool& pool = cache->cache->mutable_pool();
-        // The KV state (full-precision window, scores, codebooks) lands in pages of the same
-        // pool until Generate reads it.
-        const int64_t state_pages =
-            (cache->cache->StateBytesBound(request.prompt_tokens()) + pool.page_bytes() - 1) /
-            pool.page_bytes();
         const int64_t available = pool.free_pages() - GrowthPages(cache);
-        if (room_pages + state_pages > available) {
-          return absl::ResourceExhaustedError(absl::StrFormat(
-              "%s: the KV pool (preset %s) has %d pages to spare, the request may need %d (and "
-              "%d for its state while it arrives)",
-              options_.name, preset.name, available, room_pages, state_pages));
+        if (room_pages > available) {
+          return absl::ResourceExhaustedError(
+              absl::StrFormat("%s: the KV pool (preset %s) has %d pages to spare, the request "
+                              "may need %d",
+                              options_.name, preset.name, available, room_pages));
         }
-        Reservation r{.preset = preset.name, .expires = absl::Now() + options_.reservation_ttl};
+        SLUICE_RETURN_IF_ERROR(CheckClientBound(client, *cache, prompt_pages));
+        // The window: the prompt's pages, then room for the KV state (full-precision window,
+        // scores, codebooks). Only this reservation's sender can reach it.
+        const int64_t page_bytes = pool.page_bytes();
+        const int64_t state_bytes = cache->cache->StateBytesBound(request.prompt_tokens());
+        Reservation r{.preset = preset.name,
+                      .client = client,
+                      .state_bytes = state_bytes,
+                      .expires = absl::Now() + options_.reservation_ttl};
+        SLUICE_ASSIGN_OR_RETURN(
+            r.window,
+            rt_.ReceiveWindow(static_cast<size_t>(prompt_pages * page_bytes + state_bytes)));
         std::vector<int64_t> offsets;
         SLUICE_RETURN_IF_ERROR(
-            pool.Allocate({static_cast<int32_t>(prompt_pages), static_cast<int32_t>(state_pages)},
-                          &offsets, &r.pages));
-        r.state_pages.assign(r.pages.begin() + offsets[1], r.pages.end());
-        r.pages.resize(offsets[1]);
+            pool.Allocate({static_cast<int32_t>(prompt_pages)}, &offsets, &r.pages));
         uint64_t id = 0;  // random, never 0, never one that is live
         while (id == 0 || reservations_.contains(id)) id = absl::Uniform<uint64_t>(id_bits_);
         rpc::ReserveResponse out;
         out.set_reservation_id(id);
-        out.mutable_page_ids()->Add(r.pages.begin(), r.pages.end());
-        out.mutable_state_page_ids()->Add(r.state_pages.begin(), r.state_pages.end());
-        out.set_page_bytes(pool.page_bytes());
-        if (cache->region) out.set_region(cache->region->descriptor());
+        out.set_pages(static_cast<int32_t>(prompt_pages));
+        out.set_state_bytes(state_bytes);
+        out.set_page_bytes(page_bytes);
+        out.set_region(r.window->descriptor());
+        out.set_transport(rt_.transport_name());
         out.set_expires_in_seconds(absl::ToDoubleSeconds(options_.reservation_ttl));
         reservations_.emplace(id, std::move(r));
         return out;
       });
+}
+
+absl::Status DecodeWorker::CheckClientBound(const std::string& client,
+                                            const WorkerRuntime::Cache& cache,
+                                            int64_t pages) const {
+  // A client's first reservation always counts as within its bound, so one prompt larger than
+  // the bound still runs; beyond it, the client waits for its own reservations to end.
+  int64_t held = 0, count = 0;
+  for (const auto& [id, r] : reservations_) {
+    if (r.client != client) continue;
+    ++count;
+    if (r.preset == cache.cache->preset().name) held += static_cast<int64_t>(r.pages.size());
+  }
+  if (count == 0) return absl::OkStatus();
+  const int64_t bound = static_cast<int64_t>(options_.max_client_reserved_fraction *
+                                             static_cast<double>(cache.cache->pool().num_pages()));
+  if (count >= options_.max_client_reservations || held + pages > bound) {
+    client_bound_refusals_.Increment();
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s: client %s holds %d reservations of %d pages (preset %s); a client may hold at "
+        "most %d reservations and %d pages",
+        options_.name, client.empty() ? "(in-process)" : client, count, held,
+        cache.cache->preset().name, options_.max_client_reservations, bound));
+  }
+  return absl::OkStatus();
 }
 
 int64_t DecodeWorker::GrowthPages(const WorkerRuntime::Cache* cache) const {
@@ -268,21 +304,26 @@ int64_t DecodeWorker::GrowthPages(const WorkerRuntime::Cache* cache) const {
 void DecodeWorker::FreeReservation(std::map<uint64_t, Reservation>::iterator it) {
   auto cache = rt_.caches().find(it->second.preset);
   if (cache != rt_.caches().end()) {
-    kvstore::PagePool& pool = cache->second.cache->mutable_pool();
-    pool.Free(it->second.pages).IgnoreError();
-    pool.Free(it->second.state_pages).IgnoreError();
+    cache->second.cache->mutable_pool().Free(it->second.pages).IgnoreError();
   }
-  reservations_.erase(it);
+  reservations_.erase(it);  // unexposes the window: late puts land nowhere
 }
 
-absl::StatusOr<rpc::RenewResponse> DecodeWorker::Renew(uint64_t reservation_id) {
+absl::StatusOr<std::map<uint64_t, DecodeWorker::Reservation>::iterator>
+DecodeWorker::FindReservation(uint64_t id, const std::string& client) {
+  auto it = reservations_.find(id);
+  // Another client's reservation reads as unknown: its holder is not told apart from a guess.
+  if (it == reservations_.end() || it->second.client != client) {
+    return absl::NotFoundError(absl::StrFormat("reservation %d is unknown or has expired", id));
+  }
+  return it;
+}
+
+absl::StatusOr<rpc::RenewResponse> DecodeWorker::Renew(uint64_t reservation_id,
+                                                       const std::string& client) {
   return OnScheduler<absl::StatusOr<rpc::RenewResponse>>(
       [&]() -> absl::StatusOr<rpc::RenewResponse> {
-        auto it = reservations_.find(reservation_id);
-        if (it == reservations_.end()) {
-          return absl::NotFoundError(
-              absl::StrFormat("reservation %d is unknown or has expired", reservation_id));
-        }
+        SLUICE_ASSIGN_OR_RETURN(auto it, FindReservation(reservation_id, client));
         it->second.expires = absl::Now() + options_.reservation_ttl;
         rpc::RenewResponse out;
         out.set_expires_in_seconds(absl::ToDoubleSeconds(options_.reservation_ttl));
@@ -290,13 +331,9 @@ absl::StatusOr<rpc::RenewResponse> DecodeWorker::Renew(uint64_t reservation_id) 
       });
 }
 
-absl::Status DecodeWorker::Release(uint64_t reservation_id) {
+absl::Status DecodeWorker::Release(uint64_t reservation_id, const std::string& client) {
   return OnScheduler<absl::Status>([&]() -> absl::Status {
-    auto it = reservations_.find(reservation_id);
-    if (it == reservations_.end()) {
-      return absl::NotFoundError(
-          absl::StrFormat("reservation %d is unknown or has expired", reservation_id));
-    }
+    SLUICE_ASSIGN_OR_RETURN(auto it, FindReservation(reservation_id, client));
     FreeReservation(it);
     return absl::OkStatus();
   });
@@ -314,38 +351,27 @@ void DecodeWorker::ExpireReservations() {
   }
 }
 
-absl::StatusOr<std::string> DecodeWorker::TakeState(WorkerRuntime::Cache& cache, Reservation& r,
+absl::StatusOr<std::string> DecodeWorker::TakeState(const Reservation& r,
                                                     const rpc::GenerateRequest& request) {
-  kvstore::PagePool& pool = cache.cache->mutable_pool();
-  const int64_t page_bytes = pool.page_bytes();
   const int64_t bytes = request.state_bytes();
-  const int64_t room = static_cast<int64_t>(r.state_pages.size()) * page_bytes;
-  std::string state;
-  absl::Status st;
-  if (bytes <= 0 || bytes > room) {
-    st = absl::InvalidArgumentError(absl::StrFormat(
-        "KV sequence state: %d bytes announced, the reservation's state pages hold %d", bytes,
-        room));
-  } else {
-    state.resize(bytes);
-    for (int64_t off = 0; off < bytes; off += page_bytes) {
-      std::memcpy(state.data() + off, cache.TransportPage(r.state_pages[off / page_bytes]),
-                  std::min(page_bytes, bytes - off));
-    }
-    const uint32_t crc = kvstore::Crc32c(state.data(), state.size());
-    if (crc != request.state_crc32c()) {
-      st = absl::DataLossError(absl::StrFormat(
-          "KV sequence state: CRC32C %08x, the sender's was %08x", crc, request.state_crc32c()));
-    }
+  if (bytes <= 0 || bytes > r.state_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("KV sequence state: %d bytes announced, the reservation's window holds %d",
+                        bytes, r.state_bytes));
   }
-  pool.Free(r.state_pages).IgnoreError();
-  r.state_pages.clear();
-  if (!st.ok()) return st;
+  const auto* window = static_cast<const uint8_t*>(r.window->base());
+  std::string state(reinterpret_cast<const char*>(window + r.window->size() - r.state_bytes),
+                    static_cast<size_t>(bytes));
+  const uint32_t crc = kvstore::Crc32c(state.data(), state.size());
+  if (crc != request.state_crc32c()) {
+    return absl::DataLossError(absl::StrFormat(
+        "KV sequence state: CRC32C %08x, the sender's was %08x", crc, request.state_crc32c()));
+  }
   return state;
 }
 
 absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
-    const rpc::GenerateRequest& request) {
+    const rpc::GenerateRequest& request, const std::string& client) {
   model::SamplingParams params;
   const rpc::SamplingParams& sp = request.sampling();
   params.temperature = sp.temperature();
@@ -360,11 +386,7 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
   if (request.prompt().empty()) return absl::InvalidArgumentError("the prompt is empty");
   return OnScheduler<absl::StatusOr<std::shared_ptr<TokenStream>>>(
       [&]() -> absl::StatusOr<std::shared_ptr<TokenStream>> {
-        auto it = reservations_.find(request.reservation_id());
-        if (it == reservations_.end()) {
-          return absl::NotFoundError(absl::StrFormat("reservation %d is unknown or has expired",
-                                                     request.reservation_id()));
-        }
+        SLUICE_ASSIGN_OR_RETURN(auto it, FindReservation(request.reservation_id(), client));
         WorkerRuntime::Cache* cache = &rt_.caches().find(it->second.preset)->second;
         if (rt_.PresetName(request.compression().preset()) != it->second.preset) {
           FreeReservation(it);
@@ -372,9 +394,17 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
               absl::StrFormat("the request names preset '%s', its reservation was for '%s'",
                               request.compression().preset(), it->second.preset));
         }
-        // The state the prefill worker wrote into the state pages, checked against its CRC32C;
-        // the state pages go back to the pool at once.
-        absl::StatusOr<std::string> state = TakeState(*cache, it->second, request);
+        // The state the prefill worker wrote after the pages, checked against its CRC32C; the
+        // pages it put move from the window into the pool, where the import checks each one.
+        Reservation& reserved = it->second;
+        const int64_t sent = request.pages();
+        absl::StatusOr<std::string> state = TakeState(reserved, request);
+        // A prompt that fits the full-precision window sends no page at all.
+        if (state.ok() && (sent < 0 || sent > static_cast<int64_t>(reserved.pages.size()))) {
+          state = absl::InvalidArgumentError(absl::StrFormat(
+              "the request announces %d pages sent, the reservation's window holds %d", sent,
+              reserved.pages.size()));
+        }
         if (!state.ok()) {
           import_failures_.Increment();
           FreeReservation(it);
@@ -383,30 +413,30 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
         const int64_t prompt = request.prompt_size();
         const int64_t room = prompt + params.max_tokens;
         const uint64_t seq = next_id_++;
-        // Pages the prefill worker put into the transport's copy of a device pool go into it.
-        const absl::Status staged = cache->FromTransport(it->second.pages);
+        const absl::Span<const kvstore::PageId> pages =
+            absl::MakeConstSpan(reserved.pages).subspan(0, static_cast<size_t>(sent));
+        const absl::Status moved = cache->cache->CopyPagesFromHost(
+            pages, static_cast<const uint8_t*>(reserved.window->base()),
+            kvstore::PagedKvCache::HostLayout::kPacked);
+        reserved.window.reset();  // unexposed: nothing reaches these pages any more
         absl::StatusOr<int64_t> imported =
-            staged.ok() ? cache->cache->ImportSequence(static_cast<int64_t>(seq), room, *state,
-                                                       it->second.pages)
-                        : absl::StatusOr<int64_t>(staged);
+            moved.ok()
+                ? cache->cache->ImportSequence(static_cast<int64_t>(seq), room, *state, pages)
+                : absl::StatusOr<int64_t>(moved);
         if (!imported.ok()) {
           import_failures_.Increment();
           FreeReservation(it);
           return imported.status();
         }
+        // The sequence owns the pages it imported; the reservation's other pages go back.
+        reserved.pages.erase(reserved.pages.begin(), reserved.pages.begin() + *imported);
         if (auto length = cache->cache->Length(seq); !length.ok() || *length != prompt) {
           cache->cache->RemoveSequence(seq).IgnoreError();
-          const std::vector<kvstore::PageId> rest(it->second.pages.begin() + *imported,
-                                                  it->second.pages.end());
-          cache->cache->mutable_pool().Free(rest).IgnoreError();
-          reservations_.erase(it);
+          FreeReservation(it);
           return absl::InvalidArgumentError(absl::StrFormat(
               "the KV state holds %d tokens, the prompt has %d", length.value_or(-1), prompt));
         }
-        const std::vector<kvstore::PageId> rest(it->second.pages.begin() + *imported,
-                                                it->second.pages.end());
-        cache->cache->mutable_pool().Free(rest).IgnoreError();
-        reservations_.erase(it);
+        FreeReservation(it);
 
         Running r;
         r.request_id = request.request_id();
@@ -527,7 +557,7 @@ void DecodeWorker::UpdateGauges() {
   int64_t used = 0, free = 0, reserved = 0;
   double ratio = 0;
   for (const auto& [seq, r] : reservations_) {
-    reserved += static_cast<int64_t>(r.pages.size() + r.state_pages.size());
+    reserved += static_cast<int64_t>(r.pages.size());
   }
   for (const auto& [name, cache] : rt_.caches()) {
     const kvstore::KvCacheStats s = cache.cache->Stats();

@@ -1,13 +1,17 @@
-// The decode worker: takes a sequence's compressed KV from a prefill worker (pages written
-// straight into pages it reserved in its pool, plus the sequence's state), runs every live
+// The decode worker: takes a sequence's compressed KV from a prefill worker (pages and the
+// sequence's state, written into a window exposed for that reservation alone, then checked and
+// moved into pages it reserved in its pool), runs every live
 // sequence in one continuous batch (sequences join and leave at every step), applies the
 // preset's generation-phase policy inside the cache, and streams tokens back.
 //
 // One scheduler thread owns the model, the caches and their pools; gRPC threads hand it work
 // through a task queue and wait on futures or token streams.
 //
-//   Reserve   pages for a prompt's KV, freed if Generate does not come within the expiry
-//   Generate  imports the KV (checking every page's checksum) and joins the batch
+//   Reserve   pages for a prompt's KV and a window to receive them, freed if Generate does not
+//             come within the expiry; a client (the peer's host) holds a bounded share of the
+//             pool in reservations, and only it may renew, release or use them
+//   Generate  moves the window's pages into the pool, imports the KV (checking every page's
+//             checksum) and joins the batch
 //   Cancel    (the client went away) removes the sequence at the next step: its pages go back
 //             to the pool at once
 #ifndef SLUICE_DECODE_DECODE_WORKER_H_
@@ -69,6 +73,9 @@ struct DecodeWorkerOptions {
   std::string name = "decode-0";
   int max_batch = 64;                                  // sequences in one forward step
   absl::Duration reservation_ttl = absl::Seconds(60);  // unused reservations are freed after
+  // What one client may hold in reservations at once (its first is always admitted):
+  double max_client_reserved_fraction = 0.5;  // of the pool's pages
+  int max_client_reservations = 1024;
 };
 
 class DecodeWorker {
@@ -77,12 +84,17 @@ class DecodeWorker {
   DecodeWorker(WorkerRuntime& runtime, prometheus::Registry& registry, DecodeWorkerOptions options);
   ~DecodeWorker();  // stops the thread; live sequences end with "abort"
 
-  absl::StatusOr<rpc::ReserveResponse> Reserve(const rpc::ReserveRequest& request);
+  // `client` names the caller (common/grpc_auth.h's PeerHost; empty in-process): reservations
+  // are bounded per client, and another client's reservation reads as unknown (NotFound).
+  // ResourceExhausted when the pool or the client's bound has no room for the request.
+  absl::StatusOr<rpc::ReserveResponse> Reserve(const rpc::ReserveRequest& request,
+                                               const std::string& client = "");
   // Restarts the expiry of a reservation; NotFound once it has expired or been used.
-  absl::StatusOr<rpc::RenewResponse> Renew(uint64_t reservation_id);
-  absl::Status Release(uint64_t reservation_id);
-  // Imports the request's KV into its reservation and adds the sequence to the batch.
-  absl::StatusOr<std::shared_ptr<TokenStream>> Generate(const rpc::GenerateRequest& request);
+  absl::StatusOr<rpc::RenewResponse> Renew(uint64_t reservation_id, const std::string& client = "");
+  absl::Status Release(uint64_t reservation_id, const std::string& client = "");
+  // Imports the request's KV from its reservation's window and adds the sequence to the batch.
+  absl::StatusOr<std::shared_ptr<TokenStream>> Generate(const rpc::GenerateRequest& request,
+                                                        const std::string& client = "");
   // Ends the generation feeding `stream` and frees its pages.
   void Cancel(const std::shared_ptr<TokenStream>& stream);
   rpc::StatsResponse Stats();
@@ -92,8 +104,11 @@ class DecodeWorker {
  private:
   struct Reservation {
     std::string preset;
-    std::vector<kvstore::PageId> pages;
-    std::vector<kvstore::PageId> state_pages;  // where the prefill worker writes the KV state
+    std::string client;
+    std::vector<kvstore::PageId> pages;  // pool pages the window's pages move into
+    // Exposed for this reservation alone: pages.size() pages, then state_bytes for the state.
+    std::unique_ptr<transport::ExposedRegion> window;
+    int64_t state_bytes = 0;
     absl::Time expires;
   };
   struct Running {
@@ -120,11 +135,17 @@ class DecodeWorker {
   void StepGroup(WorkerRuntime::Cache* cache, std::vector<Running*>& group);
   // Removes `r` from the batch and its cache, ending its stream.
   void Finish(uint64_t seq, const std::string& reason, absl::Status error = absl::OkStatus());
-  // The KV state a prefill worker wrote into r's state pages, as `request` announces it (size,
-  // CRC32C); frees the state pages whatever the outcome. InvalidArgument for a size the pages
-  // cannot hold, DataLoss for a checksum that does not match.
-  absl::StatusOr<std::string> TakeState(WorkerRuntime::Cache& cache, Reservation& r,
-                                        const rpc::GenerateRequest& request);
+  // The KV state a prefill worker wrote into r's window after the pages, as `request`
+  // announces it (size, CRC32C). InvalidArgument for a size the window cannot hold, DataLoss
+  // for a checksum that does not match.
+  absl::StatusOr<std::string> TakeState(const Reservation& r, const rpc::GenerateRequest& request);
+  // The reservation `id` if `client` holds it; NotFound otherwise.
+  absl::StatusOr<std::map<uint64_t, Reservation>::iterator> FindReservation(
+      uint64_t id, const std::string& client);
+  // ResourceExhausted when reserving `pages` more of `cache`'s pool would take `client` past
+  // its bound.
+  absl::Status CheckClientBound(const std::string& client, const WorkerRuntime::Cache& cache,
+                                int64_t pages) const;
   void ExpireReservations();
   void FreeReservation(std::map<uint64_t, Reservation>::iterator it);
   void UpdateGauges();
@@ -162,6 +183,7 @@ class DecodeWorker {
   prometheus::Counter& generation_tokens_;
   prometheus::Counter& reservations_expired_;
   prometheus::Counter& import_failures_;
+  prometheus::Counter& client_bound_refusals_;
   prometheus::Histogram& step_seconds_;
   prometheus::Histogram& batch_size_;
 

@@ -1,5 +1,6 @@
 // sluice-decode: the decode worker process. Serves the Decode and Admin gRPC services on
-// --port, receives KV pages over UCX into its page pools, and exports Prometheus metrics on
+// --port, receives KV pages over UCX (into a window per reservation, then its page pools), and
+// exports Prometheus metrics on
 // --metrics_port.
 #include <memory>
 #include <string>
@@ -38,6 +39,10 @@ ABSL_FLAG(int, max_presets, 4, "KV presets (each with its own page pool) kept at
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (UCX_TLS), e.g. \"shm,tcp\"; empty: UCX's.");
 ABSL_FLAG(double, reservation_ttl, 60,
           "Seconds a reservation waits for its pages (the prompt's prefill queue included).");
+ABSL_FLAG(double, max_client_reserved_fraction, 0.5,
+          "Share of a pool's pages one client (a peer host) may hold in reservations at once; "
+          "its first reservation is always admitted.");
+ABSL_FLAG(int, max_client_reservations, 1024, "Reservations one client may hold at once.");
 
 namespace sluice {
 namespace {
@@ -45,6 +50,15 @@ namespace {
 absl::Status Run() {
   const std::string path =
       absl::GetFlag(FLAGS_model).empty() ? model::DefaultModelPath() : absl::GetFlag(FLAGS_model);
+  if (const double f = absl::GetFlag(FLAGS_max_client_reserved_fraction); !(f > 0 && f <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--max_client_reserved_fraction=%g: must be in (0, 1]", f));
+  }
+  if (absl::GetFlag(FLAGS_max_client_reservations) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--max_client_reservations=%d: must be at least 1",
+                        absl::GetFlag(FLAGS_max_client_reservations)));
+  }
   auto transport = transport::CreateUcxTransport({.transports = absl::GetFlag(FLAGS_ucx_tls)});
   if (!transport.ok()) return transport.status();
   auto runtime = WorkerRuntime::Create({.model_path = path,
@@ -55,7 +69,7 @@ absl::Status Run() {
                                         .kv_pages = absl::GetFlag(FLAGS_kv_pages),
                                         .default_preset = absl::GetFlag(FLAGS_preset),
                                         .max_presets = absl::GetFlag(FLAGS_max_presets),
-                                        .expose_pools = true},
+                                        .receiver = true},
                                        transport->get());
   if (!runtime.ok()) return runtime.status();
   auto registry = std::make_shared<prometheus::Registry>();
@@ -66,7 +80,9 @@ absl::Status Run() {
       **runtime, *registry,
       {.name = absl::GetFlag(FLAGS_name),
        .max_batch = absl::GetFlag(FLAGS_max_batch),
-       .reservation_ttl = absl::Seconds(absl::GetFlag(FLAGS_reservation_ttl))});
+       .reservation_ttl = absl::Seconds(absl::GetFlag(FLAGS_reservation_ttl)),
+       .max_client_reserved_fraction = absl::GetFlag(FLAGS_max_client_reserved_fraction),
+       .max_client_reservations = absl::GetFlag(FLAGS_max_client_reservations)});
   decode::DecodeService decode_service(worker, *auth);
   AdminService admin(
       *auth, absl::GetFlag(FLAGS_name), "decode", ServedModelName(path),

@@ -119,8 +119,11 @@ absl::StatusOr<rpc::PrefillResponse> PrefillWorker::Prefill(const rpc::PrefillRe
           absl::StrFormat("prompt token %d is outside the vocabulary [0, %d)", t, c.vocab));
     }
   }
-  if (request.page_ids().empty()) {
-    return absl::InvalidArgumentError("the request reserves no pages for the KV");
+  if (request.pages() <= 0 || request.state_bytes() <= 0 || request.page_bytes() <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the request's window holds pages=%d of page_bytes=%d and state_bytes=%d; each must be "
+        "> 0",
+        request.pages(), request.page_bytes(), request.state_bytes()));
   }
   SLUICE_RETURN_IF_ERROR(ToSampling(request.sampling()).Validate());
   auto job = std::make_shared<Job>();
@@ -308,15 +311,15 @@ void PrefillWorker::Complete(JobPtr job, absl::Span<const float> logits) {
     Fail(std::move(job), exported.status());
     return;
   }
-  if (exported->pages.size() > static_cast<size_t>(req.page_ids_size())) {
+  if (exported->pages.size() > static_cast<size_t>(req.pages())) {
     Fail(std::move(job), absl::ResourceExhaustedError(absl::StrFormat(
                              "the prompt's KV takes %d pages, the decode worker reserved %d",
-                             exported->pages.size(), req.page_ids_size())));
+                             exported->pages.size(), req.pages())));
     return;
   }
   const model::LlamaConfig& c = rt_.config();
   const int64_t page_bytes = job->cache->cache->pool().page_bytes();
-  const int64_t state_room = int64_t{req.state_page_ids_size()} * page_bytes;
+  const int64_t state_room = req.state_bytes();
   if (static_cast<int64_t>(exported->state.size()) > state_room) {
     Fail(std::move(job), absl::ResourceExhaustedError(absl::StrFormat(
                              "the prompt's KV state takes %d bytes, the decode worker reserved %d",
@@ -353,6 +356,7 @@ void PrefillWorker::SendLoop() {
       if (!job.send_error.ok() && send.error.ok()) transfer_failures_.Increment();
     }
     if (!send.last) continue;
+    job.sender.reset();  // a failed job's connection too
     // The scheduler owns the cache: it frees the pages and answers.
     Post([this, send = std::move(send)]() mutable {
       --sending_;
@@ -371,48 +375,34 @@ void PrefillWorker::SendLoop() {
 absl::Status PrefillWorker::SendPages(Send& send) {
   Job& job = *send.job;
   const rpc::PrefillRequest& req = job.request;
-  const std::string& region = req.region();
-  auto it = senders_.find(region);
-  if (it == senders_.end()) {
-    auto sender = transport_.Connect(region);
+  if (job.sender == nullptr) {
+    auto sender = transport_.Connect(req.region());
     if (!sender.ok()) {
       return absl::AbortedError(
           absl::StrFormat("connecting to %s: %s", req.decode_worker(), sender.status().message()));
     }
-    it = senders_.emplace(region, *std::move(sender)).first;
+    job.sender = *std::move(sender);
   }
-  transport::Sender& sender = *it->second;
+  transport::Sender& sender = *job.sender;
   const size_t page_bytes = static_cast<size_t>(job.cache->cache->pool().page_bytes());
   if (job.send_start == absl::InfinitePast()) job.send_start = absl::Now();
+  // The window: page i of the export at i * page_bytes, then the KV state (Complete checked
+  // that both fit); the decode worker checks the state against the CRC32C the response carries.
   absl::Status st;
   for (size_t i = 0; i < send.pages.size() && st.ok(); ++i) {
-    const int64_t index = send.first + static_cast<int64_t>(i);
-    if (index >= req.page_ids_size() || req.page_ids(static_cast<int>(index)) < 0) {
-      st = absl::InvalidArgumentError(
-          absl::StrFormat("page %d has no reserved page id to go to", index));
-      break;
-    }
-    st = sender.Put(job.cache->TransportPage(send.pages[i]), page_bytes,
-                    static_cast<uint64_t>(req.page_ids(static_cast<int>(index))) * page_bytes);
+    const uint64_t index = static_cast<uint64_t>(send.first) + i;
+    st = sender.Put(job.cache->TransportPage(send.pages[i]), page_bytes, index * page_bytes);
     job.sent_bytes += static_cast<int64_t>(page_bytes);
   }
-  // The KV state follows the pages into the reservation's state pages (Complete checked that
-  // it fits); the decode worker checks it against the CRC32C the response carries.
-  for (size_t off = 0; send.last && off < send.state.size() && st.ok(); off += page_bytes) {
-    const int32_t id = req.state_page_ids(static_cast<int>(off / page_bytes));
-    if (id < 0) {
-      st = absl::InvalidArgumentError(absl::StrFormat("state page id %d is negative", id));
-      break;
-    }
-    const size_t n = std::min(page_bytes, send.state.size() - off);
-    st = sender.Put(send.state.data() + off, n, static_cast<uint64_t>(id) * page_bytes);
-    job.sent_bytes += static_cast<int64_t>(n);
+  if (st.ok() && send.last && !send.state.empty()) {
+    st = sender.Put(send.state.data(), send.state.size(),
+                    static_cast<uint64_t>(req.pages()) * page_bytes);
+    job.sent_bytes += static_cast<int64_t>(send.state.size());
   }
   if (st.ok() && send.last) st = sender.Flush(options_.transfer_timeout);
+  if (send.last || !st.ok()) job.sender.reset();
   if (!st.ok()) {
-    // A broken connection is not reused; the next request to that worker reconnects. The
-    // router tells Aborted (the pages did not reach the decode worker) from other failures.
-    senders_.erase(it);
+    // The router tells Aborted (the pages did not reach the decode worker) from other failures.
     return absl::AbortedError(
         absl::StrFormat("sending KV pages to %s: %s", req.decode_worker(), st.message()));
   }

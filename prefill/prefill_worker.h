@@ -1,7 +1,7 @@
 // The prefill worker: runs prompts through the model in chunks, compresses their KV into pages
 // as the preset says (prompt-phase policy, quantization, Huffman coding, all inside the cache),
-// samples the first token, and writes the pages straight into the pages a decode worker
-// reserved, over the transport.
+// samples the first token, and writes the pages and the sequence's state into the window a
+// decode worker exposed for the reservation, over the transport.
 //
 // One scheduler thread owns the model and the caches. It takes waiting prompts first come,
 // first served, and runs up to `chunk_tokens` prompt tokens a step, from one prompt or several
@@ -67,7 +67,8 @@ class PrefillWorker {
     absl::Duration compute;
     rpc::PrefillResponse response;
     int64_t streamed = 0;  // pages handed to the sender by layer, in export order
-    // Sender thread only: the transfer so far.
+    // Sender thread only: the connection to the reservation's window, the transfer so far.
+    std::unique_ptr<transport::Sender> sender;
     absl::Status send_error;
     absl::Time send_start = absl::InfinitePast();
     int64_t sent_bytes = 0;
@@ -79,7 +80,7 @@ class PrefillWorker {
   struct Send {
     JobPtr job;
     std::vector<kvstore::PageId> pages;
-    int64_t first = 0;  // index of pages[0] in export order (and in the reserved ids)
+    int64_t first = 0;  // index of pages[0] in export order (and in the window)
     bool last = false;
     std::string state;
     absl::Status error;
@@ -121,7 +122,6 @@ class PrefillWorker {
   std::condition_variable send_cv_;
   std::deque<Send> sends_;
   bool send_stop_ = false;
-  std::map<std::string, std::unique_ptr<transport::Sender>> senders_;  // by region descriptor
 
   prometheus::Counter& prompt_tokens_;
   prometheus::Counter& transfer_bytes_;

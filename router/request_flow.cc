@@ -135,8 +135,8 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowReq
     pre.mutable_compression()->set_preset(r.preset);
     pre.set_decode_worker(d->address);
     pre.set_region(reserved->region());
-    *pre.mutable_page_ids() = reserved->page_ids();
-    *pre.mutable_state_page_ids() = reserved->state_page_ids();
+    pre.set_pages(reserved->pages());
+    pre.set_state_bytes(reserved->state_bytes());
     pre.set_page_bytes(reserved->page_bytes());
     // The prompt may wait in the prefill worker's queue longer than the reservation lives.
     const absl::Duration period =
@@ -167,8 +167,9 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowReq
     gen.mutable_prompt()->Add(r.prompt.begin(), r.prompt.end());
     *gen.mutable_sampling() = r.sampling;
     gen.mutable_compression()->set_preset(r.preset);
-    // The KV state is in the reservation's state pages; the generation names its size and
-    // checksum.
+    // The pages and the KV state are in the reservation's window; the generation names how
+    // many pages, and the state's size and checksum.
+    gen.set_pages(static_cast<int32_t>(prefilled->pages()));
     gen.set_state_bytes(prefilled->state_bytes());
     gen.set_state_crc32c(prefilled->state_crc32c());
     *gen.mutable_first() = prefilled->first();

@@ -1,6 +1,7 @@
 // A request's choreography across the workers: reserve KV pages on a decode worker, have a
-// prefill worker compute the prompt into them (its pages and its KV state go straight into
-// the decode worker's memory; only ids, sizes and checksums pass here), open the generation;
+// prefill worker compute the prompt into them (its pages and its KV state go into the window
+// the decode worker exposed for the reservation; only ids, sizes and checksums pass here),
+// open the generation;
 // retry on other workers while nothing has reached the client, wait for pages while every
 // decode worker's pool is busy, and renew the reservation while the prompt queues for prefill.
 //

@@ -70,8 +70,8 @@ class FakeDecode final : public DecodeCalls {
     rpc::ReserveResponse r;
     r.set_reservation_id(++next_id_);
     r.set_expires_in_seconds(expires_in_seconds);
-    r.add_page_ids(7);
-    r.add_state_page_ids(8);
+    r.set_pages(7);
+    r.set_state_bytes(8);
     r.set_region(name_);
     std::lock_guard<std::mutex> lock(mu_);
     live_.insert(r.reservation_id());
@@ -121,6 +121,7 @@ class FakePrefill final : public PrefillCalls {
     if (!st.ok()) return st;
     rpc::PrefillResponse r;
     r.mutable_first()->set_token(42);
+    r.set_pages(5);
     r.set_state_bytes(100);
     r.set_state_crc32c(0xfeed);
     return r;
@@ -231,11 +232,12 @@ TEST(RequestFlowTest, ReservesPrefillsAndGenerates) {
   EXPECT_EQ(workers.worker("p0").in_flight, 0);
   // The prefill writes pages and state into the reservation; the generation names the state.
   EXPECT_EQ(p.last.region(), "d0");
-  EXPECT_THAT(p.last.page_ids(), ElementsAre(7));
+  EXPECT_EQ(p.last.pages(), 7);
   EXPECT_EQ(p.last.decode_worker(), "d0");
   EXPECT_EQ(p.last.compression().preset(), "int8");
   EXPECT_EQ(d.last_generate.reservation_id(), 1u);
-  EXPECT_THAT(p.last.state_page_ids(), ElementsAre(8));
+  EXPECT_EQ(p.last.state_bytes(), 8);
+  EXPECT_EQ(d.last_generate.pages(), 5);
   EXPECT_EQ(d.last_generate.state_bytes(), 100);
   EXPECT_EQ(d.last_generate.state_crc32c(), 0xfeedu);
   EXPECT_EQ(d.last_generate.first().token(), 42);

@@ -1,7 +1,9 @@
 // A prefill worker and a decode worker in one process, joined by the loopback transport, on the
 // real model, driven by the router's request choreography (router/request_flow.h) through
 // in-process calls: generation split across them gives exactly the tokens one process gives
-// with the same preset; reservations expire, cancellation and damaged pages free everything.
+// with the same preset; reservations expire, cancellation and damaged pages free everything;
+// a put reaches only the window of the reservation it serves, and a client holds a bounded
+// share of the pool.
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -140,8 +142,7 @@ class Disaggregated : public testing::Test {
                                     .kv_pages = 4096,
                                     .default_preset = "sluice",
                                     .max_presets = 8,
-                                    .expose_pools = true,
-                                    .stage_pools = stage_pools_},
+                                    .receiver = true},
                                    transport_.get());
     ASSERT_TRUE(d.ok()) << d.status();
     prefill_rt_ = *std::move(p);
@@ -309,7 +310,8 @@ TEST_F(Disaggregated, ReservationsExpireAndTheirPagesReturn) {
   reserve.set_max_tokens(10);
   auto r = decode_->Reserve(reserve);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_GT(r->page_ids_size(), 0);
+  EXPECT_GT(r->pages(), 0);
+  EXPECT_GT(r->state_bytes(), 0);
   auto kept = decode_->Reserve(reserve);
   ASSERT_TRUE(kept.ok()) << kept.status();
   for (int i = 0; i < 6; ++i) {  // renewed, it outlives the other
@@ -344,38 +346,136 @@ TEST_F(Disaggregated, CancelFreesThePagesAtOnce) {
   ExpectNothingHeld();
 }
 
+// Writes `bytes` at `offset` of the window `reserved` names, as a peer holding its descriptor
+// may; the status of the put and its flush.
+absl::Status PutIntoWindow(transport::Transport& t, const rpc::ReserveResponse& reserved,
+                           uint64_t offset, std::string_view bytes) {
+  auto sender = t.Connect(reserved.region());
+  if (!sender.ok()) return sender.status();
+  absl::Status st = (*sender)->Put(bytes.data(), bytes.size(), offset);
+  if (st.ok()) st = (*sender)->Flush(absl::Seconds(5));
+  return st;
+}
+
 TEST_F(Disaggregated, DamagedPagesAreRefusedAndFreed) {
-  // A bit flips in the first page that landed in the decode worker's pool, after the prefill:
-  // the generation refuses the state, the request fails with DATA_LOSS and is not retried.
+  // Bytes change in the first page of the reservation's window after the prefill put it there:
+  // the generation refuses the page, the request fails with DATA_LOSS and is not retried.
   auto run = Start("int8", Greedy(8), [&] {
-    kvstore::PagedKvCache& cache = *decode_rt_->caches().at("int8").cache;
-    for (kvstore::PageId id = 0; id < cache.pool().num_pages(); ++id) {
-      if (cache.pool().refcount(id) > 0) {
-        cache.mutable_pool().data(id)[77] ^= 0x40;
-        break;
-      }
-    }
+    EXPECT_TRUE(
+        PutIntoWindow(*transport_, workers_->last_reserved(), 72, "\xde\xad\xbe\xef\x01").ok());
   });
   EXPECT_EQ(run.status().code(), absl::StatusCode::kDataLoss) << run.status();
   ExpectNothingHeld();
 }
 
 TEST_F(Disaggregated, ADamagedStateIsRefusedAndFreed) {
-  // The KV state travels into state pages of the decode worker's pool, checksummed: a bit that
-  // flips there fails the generation with DATA_LOSS, and every page returns.
+  // The KV state travels after the pages in the window, checksummed: bytes that change there
+  // fail the generation with DATA_LOSS, and every page returns.
   auto run = Start("sluice", Greedy(8), [&] {
     const rpc::ReserveResponse& r = workers_->last_reserved();
-    ASSERT_GT(r.state_page_ids_size(), 0);
-    decode_rt_->caches().at("sluice").cache->mutable_pool().data(r.state_page_ids(0))[5] ^= 0x10;
+    EXPECT_TRUE(PutIntoWindow(*transport_, r, r.pages() * r.page_bytes() + 5, "\x10\x20").ok());
   });
   EXPECT_EQ(run.status().code(), absl::StatusCode::kDataLoss) << run.status();
   EXPECT_NE(std::string(run.status().message()).find("state"), std::string::npos) << run.status();
   ExpectNothingHeld();
 }
 
-// The path of a pool in device memory, on the CPU: each worker's pool is apart from the memory
-// the transport reads and writes, so a page the prefill worker did not copy out, or the decode
-// worker did not copy in, would change the tokens.
+TEST_F(Disaggregated, PutsReachOnlyTheWindowOfTheirReservation) {
+  // While a request waits to generate, another client of the decode worker tries what a peer
+  // with network access tried before windows existed: release or use the request's
+  // reservation, and have the prefill worker put a long prompt's pages through a reservation
+  // made for a short one. Every attempt fails; the request's tokens are those of an
+  // undisturbed run, and every page returns.
+  const std::string attacker = "ipv4:10.0.0.66";
+  std::vector<int32_t> undisturbed;
+  {
+    auto run = Start("sluice", Greedy(12));
+    ASSERT_TRUE(run.ok()) << run.status();
+    std::string reason;
+    undisturbed = Drain(*(*run)->stream, &reason);
+  }
+  rpc::ReserveResponse victim;
+  absl::Status overflow;
+  auto run = Start("sluice", Greedy(12), [&] {
+    victim = workers_->last_reserved();
+    EXPECT_EQ(decode_->Release(victim.reservation_id(), attacker).code(),
+              absl::StatusCode::kNotFound);
+    EXPECT_EQ(decode_->Renew(victim.reservation_id(), attacker).status().code(),
+              absl::StatusCode::kNotFound);
+    rpc::GenerateRequest steal;
+    steal.set_reservation_id(victim.reservation_id());
+    steal.add_prompt(1);
+    steal.set_pages(1);
+    steal.set_state_bytes(1);
+    *steal.mutable_sampling() = Greedy(4);
+    EXPECT_EQ(decode_->Generate(steal, attacker).status().code(), absl::StatusCode::kNotFound);
+    // A reservation for 8 tokens; the prefill request claims room for far more pages.
+    rpc::ReserveRequest small;
+    small.set_prompt_tokens(8);
+    small.set_max_tokens(1);
+    small.mutable_compression()->set_preset("sluice");
+    auto own = decode_->Reserve(small, attacker);
+    ASSERT_TRUE(own.ok()) << own.status();
+    rpc::PrefillRequest pre;
+    pre.mutable_prompt()->Add(prompt_.begin(), prompt_.end());
+    *pre.mutable_sampling() = Greedy(1);
+    pre.mutable_compression()->set_preset("sluice");
+    pre.set_decode_worker("decode-0");
+    pre.set_region(own->region());
+    pre.set_page_bytes(own->page_bytes());
+    pre.set_pages(victim.pages() + own->pages() + 600);
+    pre.set_state_bytes(victim.state_bytes());
+    overflow = prefill_->Prefill(pre).status();
+    EXPECT_TRUE(decode_->Release(own->reservation_id(), attacker).ok());
+  });
+  ASSERT_TRUE(run.ok()) << run.status();
+  std::string reason;
+  EXPECT_EQ(Drain(*(*run)->stream, &reason), undisturbed);
+  EXPECT_EQ(overflow.code(), absl::StatusCode::kAborted) << overflow;
+  EXPECT_NE(std::string(overflow.message()).find("leaves"), std::string::npos) << overflow;
+  // Once the generation began, the request's window is gone: its descriptor reaches nothing.
+  EXPECT_FALSE(PutIntoWindow(*transport_, victim, 0, "x").ok());
+  run->reset();
+  ExpectNothingHeld();
+}
+
+TEST_F(Disaggregated, AClientHoldsABoundedShareOfThePool) {
+  decode_.reset();
+  decode_ = std::make_unique<decode::DecodeWorker>(
+      *decode_rt_, registry_,
+      decode::DecodeWorkerOptions{
+          .name = "decode-1", .max_client_reserved_fraction = 0.25, .max_client_reservations = 3});
+  rpc::ReserveRequest big;  // about 15% of the 4096 pages
+  big.set_prompt_tokens(1300);
+  big.set_max_tokens(8);
+  auto first = decode_->Reserve(big, "ipv4:10.0.0.1");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_GT(first->pages() * 2, 4096 / 4) << first->pages();
+  ASSERT_LT(first->pages(), 4096 / 4) << first->pages();
+  // A second one would take the client past a quarter of the pool; another client's fits.
+  auto second = decode_->Reserve(big, "ipv4:10.0.0.1");
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted) << second.status();
+  EXPECT_NE(std::string(second.status().message()).find("ipv4:10.0.0.1"), std::string::npos);
+  auto other = decode_->Reserve(big, "ipv4:10.0.0.2");
+  EXPECT_TRUE(other.ok()) << other.status();
+  // Small ones, up to the count.
+  rpc::ReserveRequest small;
+  small.set_prompt_tokens(8);
+  small.set_max_tokens(8);
+  EXPECT_TRUE(decode_->Reserve(small, "ipv4:10.0.0.1").ok());
+  EXPECT_TRUE(decode_->Reserve(small, "ipv4:10.0.0.1").ok());
+  EXPECT_EQ(decode_->Reserve(small, "ipv4:10.0.0.1").status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Counter("sluice_kv_client_bound_refusals_total"), 2);
+  // Released, the client's share is back.
+  ASSERT_TRUE(decode_->Release(first->reservation_id(), "ipv4:10.0.0.1").ok());
+  EXPECT_TRUE(decode_->Reserve(big, "ipv4:10.0.0.1").ok());
+}
+
+// The path of a pool in device memory, on the CPU: the prefill worker's pool is apart from the
+// memory the transport reads (and the decode worker's always is, behind its windows), so a page
+// the prefill worker did not copy out, or the decode worker did not copy in, would change the
+// tokens.
 class DisaggregatedThroughHostCopies : public Disaggregated {
  protected:
   void SetUp() override {
@@ -385,26 +485,12 @@ class DisaggregatedThroughHostCopies : public Disaggregated {
 };
 
 TEST_F(DisaggregatedThroughHostCopies, SplitGenerationGivesTheSameTokensAsOneProcess) {
-  for (const auto& [name, cache] : decode_rt_->caches()) {
+  for (const auto& [name, cache] : prefill_rt_->caches()) {
     ASSERT_TRUE(cache.staged) << name;
     EXPECT_NE(cache.transport_pages, cache.cache->pool().data(0)) << name;
   }
   // Pages streamed by layer (fp16, sluice) and sent after the commit (h2o).
   for (const char* preset : {"fp16", "sluice", "h2o"}) ExpectSameTokensAsOneProcess(*this, preset);
-}
-
-TEST_F(DisaggregatedThroughHostCopies, PagesDamagedInTheHostCopyAreRefused) {
-  // The bit flips where the prefill worker put the page, before the decode worker copies it
-  // into its pool.
-  auto run = Start("int8", Greedy(8), [&] {
-    WorkerRuntime::Cache& cache = decode_rt_->caches().at("int8");
-    const rpc::ReserveResponse& r = workers_->last_reserved();
-    ASSERT_GT(r.page_ids_size(), 0);
-    cache.transport_pages[static_cast<size_t>(r.page_ids(0)) * cache.cache->pool().page_bytes() +
-                          77] ^= 0x40;
-  });
-  EXPECT_EQ(run.status().code(), absl::StatusCode::kDataLoss) << run.status();
-  ExpectNothingHeld();
 }
 
 TEST_F(Disaggregated, BadRequestsNameTheProblem) {
@@ -418,7 +504,9 @@ TEST_F(Disaggregated, BadRequestsNameTheProblem) {
   EXPECT_EQ(decode_->Reserve(reserve).status().code(), absl::StatusCode::kOutOfRange);
   rpc::PrefillRequest pre;
   pre.add_prompt(1 << 30);
-  pre.add_page_ids(0);
+  pre.set_pages(1);
+  pre.set_page_bytes(1);
+  pre.set_state_bytes(1);
   auto r = prefill_->Prefill(pre);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(r.status().message()).find("vocabulary"), std::string::npos);

@@ -233,6 +233,84 @@ def sse_events(text):
     return events
 
 
+# A client holding the cluster token attacks from the network, as a peer that learned the
+# token might: releases reservations by guessing ids, then reserves room for an 8-token prompt
+# and asks the prefill worker to put a 1,500-token prompt's pages through it, claiming room for
+# 5,000 pages. Messages are encoded by hand (protobuf wire format). Prints the status codes.
+GRPC_ATTACK = r"""
+import json, sys
+import grpc
+decode, prefill, token = sys.argv[1:4]
+md = [("authorization", "Bearer " + token)]
+raw = dict(request_serializer=lambda b: b, response_deserializer=lambda b: b)
+
+def varint(v):
+    out = b""
+    while True:
+        b = v & 0x7f
+        v >>= 7
+        if v:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+def field(n, v):  # int or bytes
+    if isinstance(v, int):
+        return varint(n << 3) + varint(v)
+    return varint(n << 3 | 2) + varint(len(v)) + v
+
+def fields(b):
+    out, i = {}, 0
+    while i < len(b):
+        key, i = read_varint(b, i)
+        n, kind = key >> 3, key & 7
+        if kind == 0:
+            v, i = read_varint(b, i)
+        elif kind == 2:
+            size, i = read_varint(b, i)
+            v, i = b[i:i + size], i + size
+        elif kind == 5:
+            v, i = b[i:i + 4], i + 4
+        else:
+            v, i = b[i:i + 8], i + 8
+        out[n] = v
+    return out
+
+def read_varint(b, i):
+    v = shift = 0
+    while True:
+        v |= (b[i] & 0x7f) << shift
+        shift += 7
+        i += 1
+        if not b[i - 1] & 0x80:
+            return v, i
+
+def call(target, path, body):
+    channel = grpc.insecure_channel(target)
+    try:
+        return "OK", channel.unary_unary(path, **raw)(body, metadata=md, timeout=120)
+    except grpc.RpcError as e:
+        return e.code().name, e.details()
+    finally:
+        channel.close()
+
+out = {"release": []}
+for rid in list(range(1, 50)) + [2**63 + 5]:
+    out["release"].append(call(decode, "/sluice.rpc.Decode/Release", field(1, rid))[0])
+code, body = call(decode, "/sluice.rpc.Decode/Reserve", field(3, 8) + field(4, 1))
+out["reserve"] = code
+own = fields(body)
+one = bytes.fromhex("0000803f")  # 1.0f, little-endian
+sampling = varint(3 << 3 | 5) + one + varint(5 << 3 | 5) + one + field(7, 1)  # top_p, penalty
+prompt = b"".join(varint(t) for t in range(200, 1700))
+pre = (field(1, 7) + field(2, prompt) + field(3, sampling) + field(5, b"decode-0") +
+       field(6, own[4]) + field(8, own[3]) + field(10, 5000) + field(11, 1 << 30))
+code, detail = call(prefill, "/sluice.rpc.Prefill/Prefill", pre)
+out["prefill"] = [code, detail if isinstance(detail, str) else ""]
+out["release_own"] = call(decode, "/sluice.rpc.Decode/Release", field(1, own[1]))[0]
+print(json.dumps(out))
+"""
+
 class EndToEnd(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -287,6 +365,36 @@ class EndToEnd(unittest.TestCase):
         self.assertEqual(calls["health"], "OK")  # probes carry no credential
         _, metrics = get("http://127.0.0.1:%d/metrics" % self.c.decode_metrics)
         self.assertIn('sluice_grpc_unauthenticated_total{method="Decode.Reserve"}', metrics)
+
+    @unittest.skipUnless(CLIENT_PYTHON, "needs SLUICE_CLIENT_PYTHON (grpcio)")
+    def test_a_token_holder_cannot_write_into_another_requests_pages(self):
+        # While a greedy stream runs, a client with the token guesses reservation ids and has the
+        # prefill worker put a long prompt's pages through a reservation made for 8 tokens: the
+        # releases find nothing, the put fails (ABORTED, it leaves the reservation's window), and
+        # the stream's text is that of an undisturbed run.
+        with open(self.c.token_file) as f:
+            token = f.read().strip()
+        body = {"model": self.c.model, "prompt": LONG_PROMPT, "temperature": 0, "max_tokens": 48}
+        status, undisturbed = post(self.c.url + "/v1/completions", body)
+        self.assertEqual(status, 200, undisturbed)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            victim = pool.submit(post, self.c.url + "/v1/completions", dict(body, stream=True))
+            time.sleep(0.3)
+            out = subprocess.run([CLIENT_PYTHON, "-c", GRPC_ATTACK, self.c.grpc["decode"],
+                                  self.c.grpc["prefill"], token],
+                                 capture_output=True, text=True, timeout=300)
+            status, streamed = victim.result(timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        attack = json.loads(out.stdout)
+        self.assertEqual(set(attack["release"]), {"NOT_FOUND"}, attack)
+        self.assertEqual(attack["reserve"], "OK", attack)
+        self.assertEqual(attack["prefill"][0], "ABORTED", attack)
+        self.assertIn("leaves the peer's region", attack["prefill"][1])
+        self.assertEqual(attack["release_own"], "OK", attack)
+        self.assertEqual(status, 200, streamed)
+        chunks = [json.loads(e) for e in sse_events(streamed) if e != "[DONE]"]
+        text = "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
+        self.assertEqual(text, json.loads(undisturbed)["choices"][0]["text"])
 
     def test_probes_answer_while_slow_clients_hold_every_api_thread(self):
         # More half-sent requests than the API has threads (64): the API stops answering until
@@ -394,6 +502,7 @@ class EndToEnd(unittest.TestCase):
         body = json.dumps({"model": self.c.model, "stream": True, "max_tokens": 400,
                            "temperature": 0.8, "seed": 5, "ignore_eos": True,
                            "messages": [{"role": "user", "content": LONG_PROMPT}]})
+        failures = self.c.metric(self.c.prefill_metrics, "sluice_kv_transfer_failures_total")
         s = socket.create_connection(("127.0.0.1", self.c.http))
         s.sendall(("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                    "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
@@ -406,7 +515,7 @@ class EndToEnd(unittest.TestCase):
         s.close()
         self.wait_for_no_pages()
         self.assertEqual(self.c.metric(self.c.prefill_metrics, "sluice_kv_transfer_failures_total"),
-                         0)
+                         failures)
 
     def test_bad_requests_get_openai_errors(self):
         url = self.c.url + "/v1/chat/completions"

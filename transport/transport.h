@@ -1,12 +1,12 @@
 // Moving compressed KV pages between workers: one interface, two implementations.
 //
-// The receiving worker (decode) exposes one memory region, its page pool's arena, and hands
-// the region's descriptor to senders over the control plane (gRPC). A sender (prefill)
-// connects with that descriptor and writes page bytes straight into the region at the offsets
-// of the pages the receiver reserved for it: no staging buffer, no copy on the receiving side.
-// Flush() returns once everything put so far sits in the receiver's memory; only then does the
-// sender tell the receiver (over gRPC) that the pages are there, and the receiver checks each
-// page's checksum before it uses it.
+// The receiving worker (decode) exposes a memory region per reservation, a window only that
+// reservation's sender can reach, and hands the region's descriptor to senders over the control
+// plane (gRPC). A sender (prefill) connects with that descriptor and writes page bytes into the
+// region. Flush() returns once everything put so far sits in the receiver's memory; only then
+// does the sender tell the receiver (over gRPC) that the pages are there, and the receiver
+// checks each page's checksum, moves the pages into its pool and unexposes the window.
+// Connecting to another region of a peer already connected reuses the connection.
 //
 //   UcxTransport       UCX RMA put with the region's packed rkey (shared memory, TCP, RDMA,
 //                      whatever UCX picks; UCX_TLS narrows it), a progress thread per worker,

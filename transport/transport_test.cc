@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -145,6 +146,37 @@ TEST_P(TransportTest, PutsLandAtTheirOffsetsAndNothingElseChanges) {
   }
 }
 
+// A receiver exposing a region per reservation: senders to one peer's regions come and go
+// (sharing the connection to it, for UCX) and each put lands in its own region only.
+TEST_P(TransportTest, RegionsOfOnePeerComeAndGo) {
+  constexpr size_t kRegion = 256 << 10;
+  std::vector<uint8_t> zeros(kRegion, 0);
+  Exposed a = ExposeBytes(*receiver_, Memory::kAllocated, zeros);
+  ASSERT_NE(a.region, nullptr);
+  for (int round = 0; round < 20; ++round) {
+    SCOPED_TRACE(round);
+    Exposed b = ExposeBytes(*receiver_, Memory::kAllocated, zeros);
+    ASSERT_NE(b.region, nullptr);
+    auto to_a = sender_->Connect(a.region->descriptor());
+    auto to_b = sender_->Connect(b.region->descriptor());
+    ASSERT_TRUE(to_a.ok()) << to_a.status();
+    ASSERT_TRUE(to_b.ok()) << to_b.status();
+    const std::vector<uint8_t> pa = RandomBytes(4096, 2 * round),
+                               pb = RandomBytes(4096, 2 * round + 1);
+    ASSERT_TRUE((*to_a)->Put(pa.data(), pa.size(), 8192).ok());
+    ASSERT_TRUE((*to_b)->Put(pb.data(), pb.size(), 8192).ok());
+    to_a->reset();  // the other sender to the same peer goes on
+    ASSERT_TRUE((*to_b)->Flush(absl::Seconds(10)).ok());
+    EXPECT_EQ(std::memcmp(b.data() + 8192, pb.data(), pb.size()), 0);
+    EXPECT_TRUE(std::all_of(b.data(), b.data() + 8192, [](uint8_t v) { return v == 0; }));
+    // a's put was flushed with b's (one connection) or before its sender went.
+    auto again = sender_->Connect(a.region->descriptor());
+    ASSERT_TRUE(again.ok()) << again.status();
+    ASSERT_TRUE((*again)->Flush(absl::Seconds(10)).ok());
+    EXPECT_EQ(std::memcmp(a.data() + 8192, pa.data(), pa.size()), 0);
+  }
+}
+
 TEST_P(TransportTest, PutFromRegisteredSource) {
   std::vector<uint8_t> region(1 << 20, 0);
   std::vector<uint8_t> arena = RandomBytes(4 << 20, 7);
@@ -222,7 +254,11 @@ TEST_P(TransportTest, MalformedDescriptorsAreInvalidArgument) {
   }
   for (const std::string& d : bad) {
     const auto sender = sender_->Connect(d);
-    EXPECT_TRUE(absl::IsInvalidArgument(sender.status()))
+    // A loopback descriptor cut short may still be well formed ("loopback:12" -> "loopback:1"),
+    // naming a region that is not exposed.
+    const bool named_another =
+        !GetParam().ucx && absl::IsNotFound(sender.status()) && good.substr(0, d.size()) == d;
+    EXPECT_TRUE(absl::IsInvalidArgument(sender.status()) || named_another)
         << "descriptor of " << d.size() << " bytes: " << sender.status();
   }
   // The good one still works after all that.

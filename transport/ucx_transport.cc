@@ -12,6 +12,11 @@
 // Regions and senders hold the shared core; the core (thread, worker, context) goes away with
 // the last of them.
 //
+// Endpoints. A transport keeps one endpoint per peer worker and every sender to that peer's
+// regions shares it: a receiver that exposes a region per reservation costs a sender one rkey
+// unpack per region, not a connection. An endpoint whose peer failed is dropped at the next
+// Connect to that peer (which connects afresh); idle endpoints beyond kMaxIdleEndpoints go.
+//
 // Peer failure. A peer on another host is connected with UCP_ERR_HANDLING_MODE_PEER, and the
 // endpoint's error handler marks the sender failed. UCX 1.13's shared-memory transports (posix,
 // sysv) support no error handling mode but NONE, and PEER mode would exclude them, so a peer on
@@ -60,6 +65,8 @@
 namespace sluice::transport {
 namespace {
 
+// Endpoints kept to peers no sender uses at the moment.
+constexpr size_t kMaxIdleEndpoints = 64;
 // How long Connect waits for the connection to the peer to come up.
 constexpr absl::Duration kConnectTimeout = absl::Seconds(5);
 // How long a sender's destructor waits for its endpoint to close.
@@ -292,10 +299,11 @@ class PeerState {
   bool known_failed() const { return failed_.load(std::memory_order_acquire); }
 
   // UCX's verdict, and for a same-host peer whether its process still runs (read from /proc;
-  // `force` reads it now, otherwise at most every kLivenessInterval). One thread at a time.
+  // `force` reads it now, otherwise at most every kLivenessInterval).
   bool Failed(bool force) {
     if (known_failed()) return true;
     if (!same_host_) return false;
+    absl::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
     if (!force && now - last_check_ < kLivenessInterval) return false;
     last_check_ = now;
@@ -306,6 +314,7 @@ class PeerState {
   }
 
   std::string Describe() const {
+    absl::MutexLock lock(&mu_);
     if (exited_) return absl::StrFormat("process %u on this host exited", process_.pid);
     return ucs_status_string(status_.load(std::memory_order_relaxed));
   }
@@ -315,8 +324,9 @@ class PeerState {
   const bool same_host_;
   std::atomic<bool> failed_{false};
   std::atomic<ucs_status_t> status_{UCS_OK};
-  absl::Time last_check_ = absl::InfinitePast();
-  bool exited_ = false;
+  mutable absl::Mutex mu_;  // senders sharing an endpoint may ask at once
+  absl::Time last_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool exited_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 void OnPeerError(void* arg, ucp_ep_h, ucs_status_t status) {
@@ -604,26 +614,42 @@ bool CloseEndpoint(UcxCore& core, ucp_ep_h ep, bool force) {
   return !absl::IsDeadlineExceeded(st);
 }
 
+// One endpoint to one peer worker, shared by the senders to its regions; closed with the last.
+class UcxEndpoint {
+ public:
+  UcxEndpoint(std::shared_ptr<UcxCore> core, std::shared_ptr<PeerState> peer, ucp_ep_h ep)
+      : core_(std::move(core)), peer_(std::move(peer)), ep_(ep) {}
+  UcxEndpoint(const UcxEndpoint&) = delete;
+  UcxEndpoint& operator=(const UcxEndpoint&) = delete;
+  ~UcxEndpoint() {
+    if (!CloseEndpoint(*core_, ep_, /*force=*/peer_->Failed(/*force=*/true))) {
+      LOG(WARNING) << "closing a UCX endpoint timed out after " << kCloseTimeout
+                   << "; it is released with the worker";
+      core_->Retire(peer_);
+    }
+  }
+  ucp_ep_h ep() const { return ep_; }
+  PeerState& peer() const { return *peer_; }
+
+ private:
+  const std::shared_ptr<UcxCore> core_;
+  const std::shared_ptr<PeerState> peer_;  // UCX's error handler writes it
+  const ucp_ep_h ep_;
+};
+
 class UcxSender final : public Sender {
  public:
-  UcxSender(std::shared_ptr<UcxCore> core, std::shared_ptr<PeerState> peer, ucp_ep_h ep,
-            ucp_rkey_h rkey, uint64_t base, uint64_t length)
+  UcxSender(std::shared_ptr<UcxCore> core, std::shared_ptr<UcxEndpoint> endpoint, ucp_rkey_h rkey,
+            uint64_t base, uint64_t length)
       : core_(std::move(core)),
-        peer_(std::move(peer)),
-        ep_(ep),
+        endpoint_(std::move(endpoint)),
+        peer_(&endpoint_->peer()),
+        ep_(endpoint_->ep()),
         rkey_(rkey),
         base_(base),
         length_(length) {}
 
-  ~UcxSender() override {
-    ucp_rkey_destroy(rkey_);
-    if (!CloseEndpoint(*core_, ep_, /*force=*/peer_->Failed(/*force=*/true))) {
-      LOG(WARNING) << "closing the UCX endpoint to region " << absl::StrFormat("%#x", base_)
-                   << " timed out after " << kCloseTimeout << "; it is released with the worker";
-      core_->Retire(peer_);
-    }
-  }
-
+  ~UcxSender() override { ucp_rkey_destroy(rkey_); }
   absl::Status Put(const void* src, size_t bytes, uint64_t offset) override {
     if (bytes > length_ || offset > length_ - bytes) {
       return absl::InvalidArgumentError(
@@ -660,8 +686,8 @@ class UcxSender final : public Sender {
   absl::Status Flush(absl::Duration timeout) override {
     if (peer_->Failed(/*force=*/true)) return PeerFailed();
     ucp_request_param_t p = {};
-    const absl::Status st = core_->Wait(ucp_ep_flush_nbx(ep_, &p), absl::Now() + timeout,
-                                        peer_.get(), "ucp_ep_flush_nbx");
+    const absl::Status st =
+        core_->Wait(ucp_ep_flush_nbx(ep_, &p), absl::Now() + timeout, peer_, "ucp_ep_flush_nbx");
     if (peer_->Failed(/*force=*/!st.ok())) return PeerFailed();
     return st;
   }
@@ -675,7 +701,8 @@ class UcxSender final : public Sender {
   }
 
   const std::shared_ptr<UcxCore> core_;
-  const std::shared_ptr<PeerState> peer_;
+  const std::shared_ptr<UcxEndpoint> endpoint_;
+  PeerState* const peer_;  // the endpoint's
   const ucp_ep_h ep_;
   const ucp_rkey_h rkey_;
   const uint64_t base_;
@@ -743,51 +770,64 @@ class UcxTransport final : public Transport {
   absl::StatusOr<std::unique_ptr<Sender>> Connect(std::string_view descriptor) override {
     absl::StatusOr<ParsedDescriptor> d = ParseDescriptor(descriptor);
     if (!d.ok()) return d.status();
-    auto peer = std::make_shared<PeerState>(d->process);
+    const bool same_host = d->process.host == Self().host;
     auto unreachable = [&](absl::string_view why) {
       return absl::UnavailableError(absl::StrFormat(
           "cannot reach the peer (process %u%s) exposing region %#x: %s", d->process.pid,
-          peer->same_host() ? " on this host" : " on another host", d->base, why));
+          same_host ? " on this host" : " on another host", d->base, why));
     };
-    if (peer->Failed(/*force=*/true)) return unreachable("the process is not running");
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<std::shared_ptr<UcxEndpoint>> endpoint = EndpointTo(*d);
+    if (!endpoint.ok()) return unreachable(endpoint.status().message());
+    ucp_rkey_h rkey = nullptr;
+    const ucs_status_t st = ucp_ep_rkey_unpack((*endpoint)->ep(), d->rkey.data(), &rkey);
+    if (st != UCS_OK)
+      return unreachable(absl::StrCat("ucp_ep_rkey_unpack: ", ucs_status_string(st)));
+    return std::make_unique<UcxSender>(core_, *std::move(endpoint), rkey, d->base, d->length);
+  }
 
+ private:
+  // The endpoint to the worker `d` names: the one kept for it while its peer has not failed,
+  // else a new one, connected before it is returned (so an unreachable peer shows up here
+  // rather than on Flush).
+  absl::StatusOr<std::shared_ptr<UcxEndpoint>> EndpointTo(const ParsedDescriptor& d)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (auto it = endpoints_.find(d.address); it != endpoints_.end()) {
+      if (!it->second->peer().Failed(/*force=*/true)) return it->second;
+      endpoints_.erase(it);
+    }
+    auto peer = std::make_shared<PeerState>(d.process);
+    if (peer->Failed(/*force=*/true)) return absl::UnavailableError("the process is not running");
     ucp_ep_params_t ep_params = {};
     ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                            UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep_params.address = reinterpret_cast<const ucp_address_t*>(d->address.data());
+    ep_params.address = reinterpret_cast<const ucp_address_t*>(d.address.data());
     // See the top of this file: PEER would rule out shared memory on this host.
     ep_params.err_mode =
         peer->same_host() ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
     ep_params.err_handler.cb = OnPeerError;
     ep_params.err_handler.arg = peer.get();
     ucp_ep_h ep = nullptr;
-    ucs_status_t st = ucp_ep_create(core_->worker(), &ep_params, &ep);
+    const ucs_status_t st = ucp_ep_create(core_->worker(), &ep_params, &ep);
     if (st != UCS_OK) {
-      return unreachable(absl::StrCat("ucp_ep_create: ", ucs_status_string(st),
-                                      " (do both sides allow a common transport in UCX_TLS?)"));
+      return absl::UnavailableError(
+          absl::StrCat("ucp_ep_create: ", ucs_status_string(st),
+                       " (do both sides allow a common transport in UCX_TLS?)"));
     }
-    ucp_rkey_h rkey = nullptr;
-    st = ucp_ep_rkey_unpack(ep, d->rkey.data(), &rkey);
-    if (st != UCS_OK) {
-      if (!CloseEndpoint(*core_, ep, /*force=*/true)) core_->Retire(peer);
-      return unreachable(absl::StrCat("ucp_ep_rkey_unpack: ", ucs_status_string(st)));
-    }
-    // Wait for the connection, so an unreachable peer shows up here rather than on Flush.
+    auto endpoint = std::make_shared<UcxEndpoint>(core_, peer, ep);
     ucp_request_param_t p = {};
     absl::Status connected = core_->Wait(ucp_ep_flush_nbx(ep, &p), absl::Now() + kConnectTimeout,
                                          peer.get(), "ucp_ep_flush_nbx");
-    if (peer->Failed(/*force=*/true)) {
-      connected = absl::UnavailableError(peer->Describe());
+    if (peer->Failed(/*force=*/true)) connected = absl::UnavailableError(peer->Describe());
+    if (!connected.ok()) return connected;  // the endpoint closes, forced, as it goes
+    for (auto it = endpoints_.begin();
+         endpoints_.size() >= kMaxIdleEndpoints && it != endpoints_.end();) {
+      it = it->second.use_count() == 1 ? endpoints_.erase(it) : std::next(it);
     }
-    if (!connected.ok()) {
-      ucp_rkey_destroy(rkey);
-      if (!CloseEndpoint(*core_, ep, /*force=*/true)) core_->Retire(peer);
-      return unreachable(connected.message());
-    }
-    return std::make_unique<UcxSender>(core_, std::move(peer), ep, rkey, d->base, d->length);
+    endpoints_[d.address] = endpoint;
+    return endpoint;
   }
 
- private:
   // Packs the rkey of mapped memory into a descriptor; unmaps the memory on failure.
   absl::StatusOr<std::unique_ptr<ExposedRegion>> MakeRegion(ucp_mem_h memh, void* base,
                                                             size_t bytes) {
@@ -806,6 +846,9 @@ class UcxTransport final : public Transport {
   }
 
   const std::shared_ptr<UcxCore> core_;
+  absl::Mutex mu_;
+  // By the peer worker's address.
+  std::map<std::string, std::shared_ptr<UcxEndpoint>> endpoints_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

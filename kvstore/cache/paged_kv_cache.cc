@@ -350,13 +350,17 @@ absl::Status PagedKvCache::CopyPagesToHost(absl::Span<const PageId> ids, uint8_t
   });
 }
 
-absl::Status PagedKvCache::CopyPagesFromHost(absl::Span<const PageId> ids, const uint8_t* host) {
+absl::Status PagedKvCache::CopyPagesFromHost(absl::Span<const PageId> ids, const uint8_t* host,
+                                             HostLayout layout) {
   SLUICE_RETURN_IF_ERROR(CheckPageIds(ids));
   const size_t page_bytes = static_cast<size_t>(pool_->page_bytes());
+  auto source = [&](size_t k) {
+    const size_t slot = layout == HostLayout::kPacked ? k : static_cast<size_t>(ids[k]);
+    return host + slot * page_bytes;
+  };
   if (!on_device_) {
-    for (PageId id : ids) {
-      const uint8_t* src = host + static_cast<size_t>(id) * page_bytes;
-      if (src != pool_->data(id)) std::memcpy(pool_->data(id), src, page_bytes);
+    for (size_t k = 0; k < ids.size(); ++k) {
+      if (source(k) != pool_->data(ids[k])) std::memcpy(pool_->data(ids[k]), source(k), page_bytes);
     }
     return absl::OkStatus();
   }
@@ -370,8 +374,7 @@ absl::Status PagedKvCache::CopyPagesFromHost(absl::Span<const PageId> ids, const
     const size_t n = std::min(batch, ids.size() - first);
     scatter.clear();
     for (size_t i = 0; i < n; ++i) {
-      std::memcpy(host_staging_.data() + i * page_bytes,
-                  host + static_cast<size_t>(ids[first + i]) * page_bytes, page_bytes);
+      std::memcpy(host_staging_.data() + i * page_bytes, source(first + i), page_bytes);
       scatter.push_back({.dst = pool_->data(ids[first + i]),
                          .src = page_staging_.as<uint8_t>() + i * page_bytes,
                          .bytes = page_bytes});

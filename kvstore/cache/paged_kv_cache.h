@@ -182,15 +182,17 @@ class PagedKvCache final : public model::KvCache {
   absl::StatusOr<int64_t> ImportSequence(int64_t seq, int64_t max_tokens, std::string_view state,
                                          absl::Span<const PageId> pages);
 
-  // The pages' bytes to and from host memory laid out as the pool is (page id i at
-  // i * page_bytes from `host`): for a transport that reaches host memory only, a device
-  // pool's pages go to a host copy before a put (a prefill worker's) and come from it after a
-  // peer's puts, before ImportSequence (a decode worker's). On a device, batches of pages move
-  // with one gather or scatter on the device and one host copy each. Nothing moves for a page
-  // whose host place is its pool place (a host backend's pool exposed as it is).
-  // InvalidArgument for an id outside the pool.
+  // The pages' bytes to and from host memory. kByPoolId lays the host memory out as the pool is
+  // (page id i at i * page_bytes from `host`): a device pool's pages go to such a host copy
+  // before a put (a prefill worker's). kPacked holds ids[k] at k * page_bytes: the pages a peer
+  // put into a reservation's receive window, moved into the pool before ImportSequence (a
+  // decode worker's). On a device, batches of pages move with one gather or scatter on the
+  // device and one host copy each. Nothing moves for a page whose host place is its pool place
+  // (a host backend's pool registered as it is). InvalidArgument for an id outside the pool.
+  enum class HostLayout { kByPoolId, kPacked };
   absl::Status CopyPagesToHost(absl::Span<const PageId> ids, uint8_t* host) const;
-  absl::Status CopyPagesFromHost(absl::Span<const PageId> ids, const uint8_t* host);
+  absl::Status CopyPagesFromHost(absl::Span<const PageId> ids, const uint8_t* host,
+                                 HostLayout layout = HostLayout::kByPoolId);
 
   // Streaming a prompt's KV layer by layer (a prefill worker's last chunk): during the next
   // forward pass of `seq`, each layer's tokens go into pages as soon as the layer is done
