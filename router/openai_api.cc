@@ -140,8 +140,11 @@ absl::Status ReadNumber(const Json& obj, const char* key, const Range& range, fl
   if (v == nullptr) return absl::OkStatus();
   if (!v->is_number()) return TypeError(key, "a number", *v);
   const double x = v->get<double>();
-  if (!range.Contains(x)) return ValueError(key, range.Describe(), *v);
-  *out = static_cast<float>(x);
+  // The float the workers get must be in range too: 1e-50 rounds to 0, 0.99999999999 to 1,
+  // 1e300 to infinity.
+  const float f = static_cast<float>(x);
+  if (!range.Contains(x) || !range.Contains(f)) return ValueError(key, range.Describe(), *v);
+  *out = f;
   return absl::OkStatus();
 }
 
@@ -678,8 +681,9 @@ absl::StatusOr<ApiRequest> ParseRequest(Endpoint endpoint, std::string_view body
   Json parsed;
   try {
     parsed = Json::parse(body);
-  } catch (const Json::parse_error& e) {
-    // e.what() is "[json.exception.parse_error.101] parse error at line 1, column 9: ...".
+  } catch (const Json::exception& e) {
+    // e.what() is "[json.exception.parse_error.101] parse error at line 1, column 9: ..." or,
+    // for a number no double holds, "[json.exception.out_of_range.406] number overflow ...".
     absl::string_view what = e.what();
     if (size_t bracket = what.find("] "); bracket != absl::string_view::npos) {
       what.remove_prefix(bracket + 2);

@@ -251,6 +251,8 @@ INSTANTIATE_TEST_SUITE_P(
         // Not a JSON object.
         BadCase{kCmpl, R"({"model": "m", "prompt": )", "", "not valid JSON"},
         BadCase{kCmpl, "", "", "not valid JSON"},
+        BadCase{kCmpl, Cmpl(R"("temperature": 1e400)"), "", "number overflow parsing '1e400'"},
+        BadCase{kCmpl, Cmpl(R"("seed": -1e999)"), "", "not valid JSON"},
         BadCase{kCmpl, "[1, 2]", "", "must be a JSON object"},
         BadCase{kCmpl, std::string(100, '[') + std::string(100, ']'), "", "levels deep"},
         // model
@@ -277,6 +279,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{kCmpl, Cmpl(R"("top_k": -2)"), "top_k", "-2"},
         BadCase{kCmpl, Cmpl(R"("top_k": 1.5)"), "top_k", "an integer"},
         BadCase{kCmpl, Cmpl(R"("min_p": 1)"), "min_p", "[0, 1)"},
+        // In range as doubles, out of range as the floats the workers get.
+        BadCase{kCmpl, Cmpl(R"("top_p": 1e-50)"), "top_p", "(0, 1]"},
+        BadCase{kCmpl, Cmpl(R"("min_p": 0.99999999999)"), "min_p", "[0, 1)"},
+        BadCase{kCmpl, Cmpl(R"("repetition_penalty": 1e300)"), "repetition_penalty", "> 0"},
         BadCase{kCmpl, Cmpl(R"("repetition_penalty": 0)"), "repetition_penalty", "> 0"},
         BadCase{kCmpl, Cmpl(R"("max_tokens": 0)"), "max_tokens", "got 0"},
         BadCase{kCmpl, Cmpl(R"("max_tokens": "10")"), "max_tokens", "got a string"},
