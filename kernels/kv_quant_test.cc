@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -477,6 +479,23 @@ TEST(KvPageLayout, RejectsUnsupportedFormats) {
               HasSubstr("fp8"));
   EXPECT_THAT(msg({.k = Int(8, KvGrouping::kPerChannel, 1024), .page_bytes = 4096}),
               HasSubstr("cannot hold"));
+}
+
+// A NaN or infinity among the values (a peer's full-precision window may hold any bits) gives
+// codes in range: NaN and -inf the lowest, +inf the highest, as the CUDA kernel's fmaxf/fminf.
+TEST(IntCode, NonFiniteValuesGetCodesInRange) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const ref::IntGroupParams g = ref::MakeIntGroupParams(-1.f, 2.f, 15);
+  EXPECT_EQ(ref::IntCode(nan, g, 15), 0);
+  EXPECT_EQ(ref::IntCode(-inf, g, 15), 0);
+  EXPECT_EQ(ref::IntCode(inf, g, 15), 15);
+  EXPECT_EQ(ref::IntCode(2.f, g, 15), 15);
+  // A group whose bounds are not finite has no scale: every value, finite or not, gets code 0.
+  for (const auto& [mn, mx] : {std::pair{nan, 1.f}, std::pair{-inf, inf}, std::pair{0.f, inf}}) {
+    const ref::IntGroupParams bad = ref::MakeIntGroupParams(mn, mx, 3);
+    for (float x : {nan, -inf, inf, 0.5f}) EXPECT_EQ(ref::IntCode(x, bad, 3), 0) << mn << " " << mx;
+  }
 }
 
 TEST(Fp8E4M3, EveryCodeRoundTripsAndRoundingIsToNearestEven) {

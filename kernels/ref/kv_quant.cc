@@ -158,7 +158,8 @@ IntGroupParams MakeIntGroupParams(float mn, float mx, int max_code) {
 
 int IntCode(float x, const IntGroupParams& g, int max_code) {
   const float levels = static_cast<float>(max_code);
-  const float t = std::clamp((x - g.zero) * g.inv_scale, 0.f, levels);
+  // fmax takes NaN (a NaN or infinite value in the group) to 0, as the CUDA kernel's fmaxf does.
+  const float t = std::fmin(std::fmax((x - g.zero) * g.inv_scale, 0.f), levels);
   return static_cast<int>(std::nearbyint(t));
 }
 
