@@ -534,50 +534,64 @@ void DecodeRows(const HuffmanCodebook& cb, const uint8_t* bits, const uint32_t* 
                                    out);
 }
 
-absl::Status DecodeRowChecked(const HuffmanCodebook& cb, std::string_view bits, uint64_t bit_offset,
-                              uint64_t bit_end, int64_t row_len, uint8_t* out) {
+absl::StatusOr<uint64_t> DecodeRowWithin(const HuffmanCodebook& cb, std::string_view bits,
+                                         uint64_t bit_offset, uint64_t bit_limit, int64_t row_len,
+                                         uint8_t* out) {
   if (cb.max_length < 1 || cb.max_length > kMaxHuffmanCodeLength ||
       cb.decode_table.size() != (size_t{1} << cb.max_length)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "codebook %d was not built by BuildHuffmanCodebook or ParseCodebook", cb.id));
   }
-  if (row_len < 0 || bit_offset > bit_end || bit_end > uint64_t{bits.size()} * 8) {
+  if (row_len < 0 || bit_offset > bit_limit || bit_limit > uint64_t{bits.size()} * 8) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "codebook %d: row of %d symbols at bits [%d, %d) is not inside a %d-byte buffer", cb.id,
-        row_len, bit_offset, bit_end, bits.size()));
+        row_len, bit_offset, bit_limit, bits.size()));
   }
   // Every code takes at least one bit.
-  if (static_cast<uint64_t>(row_len) > bit_end - bit_offset) {
+  if (static_cast<uint64_t>(row_len) > bit_limit - bit_offset) {
     return absl::DataLossError(
         absl::StrFormat("codebook %d: %d symbols cannot fit in the row's %d bits", cb.id, row_len,
-                        bit_end - bit_offset));
+                        bit_limit - bit_offset));
   }
-  // The decoder reads up to byte bit_end / 8 + 7. Near the end of `bits`, decode a zero-padded
-  // copy of the row instead.
+  // The decoder reads up to byte bit_limit / 8 + 7. Near the end of `bits`, decode a
+  // zero-padded copy of the row instead.
   const auto* data = reinterpret_cast<const uint8_t*>(bits.data());
-  uint64_t begin = bit_offset, end = bit_end;
+  uint64_t begin = bit_offset, limit = bit_limit;
   std::vector<uint8_t> copy;
-  if ((bit_end >> 3) + HuffmanPaddingBytes() > bits.size()) {
+  if ((bit_limit >> 3) + HuffmanPaddingBytes() > bits.size()) {
     const size_t first = bit_offset >> 3;
     copy.assign(bits.size() - first + HuffmanPaddingBytes(), 0);
     std::memcpy(copy.data(), data + first, bits.size() - first);
     data = copy.data();
     begin -= first * 8;
-    end -= first * 8;
+    limit -= first * 8;
   }
   bool ok = true;
   const uint64_t stop = kCheckedDecoders[cb.max_length - 1](cb.decode_table.data(), data, begin,
-                                                            row_len, out, end, &ok);
-  if (!ok && stop <= end) {
+                                                            row_len, out, limit, &ok);
+  if (!ok && stop <= limit) {
     return absl::DataLossError(absl::StrFormat(
         "codebook %d: row at bit %d holds a bit pattern that is no code", cb.id, bit_offset));
   }
-  if (stop != end) {
+  if (stop > limit) {
     return absl::DataLossError(
-        absl::StrFormat("codebook %d: row of %d symbols at bit %d should end at bit %d but %s",
-                        cb.id, row_len, bit_offset, bit_end,
-                        stop > end ? "runs past it"
-                                   : absl::StrFormat("ends at bit %d", stop - begin + bit_offset)));
+        absl::StrFormat("codebook %d: row of %d symbols at bit %d should end by bit %d but runs "
+                        "past it",
+                        cb.id, row_len, bit_offset, bit_limit));
+  }
+  return stop - begin + bit_offset;
+}
+
+absl::Status DecodeRowChecked(const HuffmanCodebook& cb, std::string_view bits, uint64_t bit_offset,
+                              uint64_t bit_end, int64_t row_len, uint8_t* out) {
+  const absl::StatusOr<uint64_t> stop =
+      DecodeRowWithin(cb, bits, bit_offset, bit_end, row_len, out);
+  if (!stop.ok()) return stop.status();
+  if (*stop != bit_end) {
+    return absl::DataLossError(
+        absl::StrFormat("codebook %d: row of %d symbols at bit %d should end at bit %d but ends "
+                        "at bit %d",
+                        cb.id, row_len, bit_offset, bit_end, *stop));
   }
   return absl::OkStatus();
 }

@@ -132,6 +132,12 @@ void DecodeRows(const HuffmanCodebook& codebook, const uint8_t* bits,
 absl::Status DecodeRowChecked(const HuffmanCodebook& codebook, std::string_view bits,
                               uint64_t bit_offset, uint64_t bit_end, int64_t row_len,
                               uint8_t* out);  // [row_len]
+// DecodeRowChecked for a row known only to end by `bit_limit` (one padded to a byte boundary):
+// returns the bit after its last code. DataLoss unless its row_len codes are valid and end by
+// bit_limit; InvalidArgument as DecodeRowChecked.
+absl::StatusOr<uint64_t> DecodeRowWithin(const HuffmanCodebook& codebook, std::string_view bits,
+                                         uint64_t bit_offset, uint64_t bit_limit, int64_t row_len,
+                                         uint8_t* out);  // [row_len]
 
 // Bits per symbol the codebook spends on data with this histogram (indexed by symbol); 0 for
 // an empty histogram, +infinity if a counted symbol has no code.

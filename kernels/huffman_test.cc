@@ -577,6 +577,31 @@ TEST(Huffman, CheckedDecodeCatchesRowsOfTheWrongLength) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A row known only to end by a limit (padded to a byte) decodes to where its codes end.
+TEST(Huffman, DecodeWithinALimitFindsTheRowsEnd) {
+  std::mt19937_64 rng(TestSeed());
+  const int64_t rows = 4, row_len = 48;
+  const auto symbols = GaussianCodes(16, 2.0, rows * row_len, rng);
+  auto cb = BuildHuffmanCodebook(5, Histogram(16, symbols));
+  ASSERT_TRUE(cb.ok());
+  const Encoded e = EncodeOrDie(*cb, symbols, rows, row_len);
+  const std::string_view data(reinterpret_cast<const char*>(e.bytes.data()), (e.bits + 7) / 8);
+  std::vector<uint8_t> out(row_len);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint32_t begin = e.offsets[r], end = e.offsets[r + 1];
+    for (uint64_t limit : {uint64_t{end}, std::min<uint64_t>(end + 7, data.size() * 8)}) {
+      absl::StatusOr<uint64_t> stop = DecodeRowWithin(*cb, data, begin, limit, row_len, out.data());
+      ASSERT_TRUE(stop.ok()) << stop.status();
+      EXPECT_EQ(*stop, end);
+      EXPECT_TRUE(std::equal(out.begin(), out.end(), symbols.begin() + r * row_len));
+    }
+    EXPECT_THAT(DecodeRowWithin(*cb, data, begin, end - 1, row_len, out.data()).status().message(),
+                HasSubstr("runs past it"));
+  }
+  EXPECT_EQ(DecodeRowWithin(*cb, data, 0, data.size() * 8 + 1, 1, out.data()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(Huffman, RowsDecodeAloneInAnyOrder) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(testing::Message() << "SLUICE_TEST_SEED=" << seed);

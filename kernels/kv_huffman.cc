@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -169,6 +170,56 @@ void KvDecodeUnitReference(const KvHuffmanTier& t, const KvCodebooks& cb, const 
     vd.Decode(bits, streams[kKvHuffmanStreams + i], n, unit + t.unit_layout.v_codes + i * n);
   }
   UnpackUnitMeta(t, page, index, unit);
+}
+
+absl::Status KvCheckUnits(const KvHuffmanTier& t, const KvCodebooks& cb, const uint8_t* page,
+                          int64_t units) {
+  const KvPageLayout& l = t.layout;
+  if (units < 0 || units * l.unit_tokens > l.tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%d units of %d tokens in a page of %d", units, l.unit_tokens, l.tokens));
+  }
+  if (units > 0 && (cb.k == nullptr || cb.v == nullptr)) {
+    return absl::InvalidArgumentError("Huffman-coded units without codebooks");
+  }
+  // The bits a row may occupy: the decoders read up to HuffmanPaddingBytes() past a row's end.
+  const int64_t code_bytes =
+      t.format.page_bytes - l.bitstream - static_cast<int64_t>(HuffmanPaddingBytes());
+  if (code_bytes < 0) return absl::InvalidArgumentError("a page with no room for codes");
+  const std::string_view bits(reinterpret_cast<const char*>(page + l.bitstream), code_bytes);
+  const uint32_t* streams = Streams(page, l);
+  const int64_t n = StreamSymbols(t);
+  std::vector<uint8_t> symbols(n);
+  for (int64_t u = 0; u < units; ++u) {
+    // Offsets [0, 2 * kKvHuffmanStreams) start the unit's rows; the one after them is where
+    // its codes end (the last unit) or the next unit starts, at the next byte.
+    const uint32_t* at = streams + u * kStreamsPerUnit;
+    if (u == 0 && at[0] != 0) {
+      return absl::DataLossError(absl::StrFormat("unit 0 starts at bit %d, not 0", at[0]));
+    }
+    for (int r = 0; r < kStreamsPerUnit; ++r) {
+      const uint64_t next = at[r + 1];
+      if (next < at[r] || next > uint64_t{bits.size()} * 8) {
+        return absl::DataLossError(
+            absl::StrFormat("unit %d row %d spans bits [%d, %d) of a %d-bit bitstream", u, r, at[r],
+                            next, bits.size() * 8));
+      }
+      absl::StatusOr<uint64_t> stop = DecodeRowWithin(r < kKvHuffmanStreams ? *cb.k : *cb.v, bits,
+                                                      at[r], next, n, symbols.data());
+      if (!stop.ok()) {
+        return absl::DataLossError(
+            absl::StrFormat("unit %d row %d: %s", u, r, stop.status().message()));
+      }
+      // Rows follow one another, but V's first row and the next unit start at a byte.
+      const uint64_t end = *stop;
+      const bool padded = r == kKvHuffmanStreams - 1 || r == kStreamsPerUnit - 1;
+      if (padded ? next - end >= 8 : end != next) {
+        return absl::DataLossError(absl::StrFormat(
+            "unit %d row %d ends at bit %d, the next row starts at bit %d", u, r, end, next));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status KvQuantizeHuffman(const KvQuantizeParams& p,

@@ -38,6 +38,14 @@ void KvDecodeUnit(const KvHuffmanTier& tier, const KvCodebooks& codebooks, const
 void KvDecodeUnitReference(const KvHuffmanTier& tier, const KvCodebooks& codebooks,
                            const uint8_t* page, int64_t index, uint8_t* unit);
 
+// Checks what KvDecodeUnit and KvDecodeUnitReference trust in a page made elsewhere (a peer's):
+// that each of its units [0, units) holds 2 * kKvHuffmanStreams rows of valid codes (K's, then
+// V's from the next byte) where its stream offsets say, one unit after another, inside the
+// page's bitstream with the decoders' padding after it. DataLoss naming the unit and row
+// otherwise; InvalidArgument for more units than the page holds or codebooks that are null.
+absl::Status KvCheckUnits(const KvHuffmanTier& tier, const KvCodebooks& codebooks,
+                          const uint8_t* page, int64_t units);
+
 // Backend::KvQuantize for a Huffman-coded tier: each unit is quantized by `quantize_unit` (the
 // backend's fixed-width quantizer, called on a unit page) and appended while it fits.
 absl::Status KvQuantizeHuffman(const KvQuantizeParams& p,

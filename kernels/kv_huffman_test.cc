@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "kernels/device_buffer.h"
 #include "kernels/ref/kv_quant.h"
@@ -339,6 +340,45 @@ TEST(KvCodedPages, TableAndBitAtATimeDecodersGiveTheSameUnitPages) {
                        .page = HostView(direct)});
       ASSERT_EQ(fast, direct) << "unit " << u;
     }
+  }
+}
+
+// A page from elsewhere is checked before the decoders, which trust its offsets and codes, run
+// on it: the quantizer's own pages pass; a moved stream offset, codes that run long, an offset
+// past the page and a unit count past the page's are refused.
+TEST(KvCodedPages, CheckAcceptsWrittenPagesAndRefusesDamagedOnes) {
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  for (const KvTierFormat& f : CodedFormats()) {
+    SCOPED_TRACE(::testing::Message() << KvTierFormatName(f) << " seed=" << seed);
+    const CodedPage c = MakeCodedPage(rng, f);
+    const KvHuffmanTier tier = MakeKvHuffmanTier(f).value();
+    const int64_t units = c.written / c.layout.unit_tokens;
+    ASSERT_GT(units, 1);
+    ASSERT_TRUE(KvCheckUnits(tier, c.books->view(), c.bytes.data(), units).ok());
+    ASSERT_TRUE(KvCheckUnits(tier, c.books->view(), c.bytes.data(), 1).ok());
+    EXPECT_EQ(KvCheckUnits(tier, c.books->view(), c.bytes.data(), c.layout.tokens + 1).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(KvCheckUnits(tier, {}, c.bytes.data(), units).code(),
+              absl::StatusCode::kInvalidArgument);
+
+    auto refused = [&](auto damage) {
+      std::vector<uint8_t> page = c.bytes;
+      damage(page.data(), reinterpret_cast<uint32_t*>(page.data() + c.layout.streams));
+      return KvCheckUnits(tier, c.books->view(), page.data(), units);
+    };
+    // The last unit's third K row starts a bit late, or far past the page.
+    const int64_t last = (units - 1) * 2 * kKvHuffmanStreams;
+    EXPECT_EQ(refused([&](uint8_t*, uint32_t* s) { s[last + 2] += 1; }).code(),
+              absl::StatusCode::kDataLoss);
+    const absl::Status far = refused([&](uint8_t*, uint32_t* s) { s[last + 2] = 0xFFFFFF00u; });
+    EXPECT_EQ(far.code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(far.message(), HasSubstr(absl::StrCat("unit ", units - 1, " row 1")));
+    // The first unit's codes are all ones: no row of them ends where the next begins.
+    EXPECT_EQ(refused([&](uint8_t* p, uint32_t* s) {
+                std::memset(p + c.layout.bitstream, 0xFF, s[2 * kKvHuffmanStreams] / 8);
+              }).code(),
+              absl::StatusCode::kDataLoss);
   }
 }
 

@@ -176,9 +176,11 @@ class PagedKvCache final : public model::KvCache {
   // is returned; the caller frees the pages after them. On error nothing changes and every page
   // stays the caller's. InvalidArgument naming the field for a state that does not parse or
   // does not fit this cache (another preset or shape, counts that do not add up, positions out
-  // of range, fewer pages than it lists); DataLoss for a page whose bytes fail their checksum;
-  // FailedPrecondition for a Huffman codebook other than the one this cache already uses for
-  // that layer; AlreadyExists for a live `seq`.
+  // of range, fewer pages than it lists, Huffman-coded pages without codebooks); DataLoss for a
+  // page whose bytes fail their checksum or, Huffman-coded, whose codes do not decode where its
+  // stream offsets say (kernels::KvCheckUnits: the decoders trust both); FailedPrecondition for
+  // a Huffman codebook other than the one this cache already uses for that layer;
+  // AlreadyExists for a live `seq`.
   absl::StatusOr<int64_t> ImportSequence(int64_t seq, int64_t max_tokens, std::string_view state,
                                          absl::Span<const PageId> pages);
 

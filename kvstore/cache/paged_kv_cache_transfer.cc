@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kernels/huffman.h"
+#include "kernels/kv_huffman.h"
 #include "kvstore/cache/paged_kv_cache.h"
 #include "kvstore/wire/crc32c.h"
 #include "kvstore/wire/kv_sequence_state.pb.h"
@@ -252,6 +253,34 @@ absl::StatusOr<int64_t> PagedKvCache::ImportSequence(int64_t seq, int64_t max_to
     pair->k = *std::move(k);
     pair->v = *std::move(v);
     adopted[l] = std::move(pair);
+  }
+  // Huffman-coded pages: the decoders trust each unit's stream offsets and codes, so a peer's
+  // are checked once, here, against the codebooks their layer decodes with.
+  if (coded) {
+    SLUICE_ASSIGN_OR_RETURN(const kernels::KvHuffmanTier tier,
+                            kernels::MakeKvHuffmanTier(options_.preset.high));
+    int64_t next = 0;
+    for (int64_t i = 0; i < lists; ++i) {
+      const int l = static_cast<int>(i / options_.kv_heads);
+      const KvCodebookPair* books = adopted[l] ? adopted[l].get() : codebooks_[l].get();
+      for (int t = 0; t < tiers_; ++t) {
+        const KvTierState& tier_state = st.lists(i).tiers(t);
+        for (int j = 0; j < tier_state.slots_size(); ++j, ++next) {
+          if (t != 0) continue;
+          if (books == nullptr) {
+            return Bad(absl::StrFormat("layer %d has Huffman-coded pages but no codebooks", l));
+          }
+          const int64_t units =
+              (tier_state.slots(j) + tier.layout.unit_tokens - 1) / tier.layout.unit_tokens;
+          if (absl::Status checked =
+                  kernels::KvCheckUnits(tier, books->view(), pool_->data(pages[next]), units);
+              !checked.ok()) {
+            return absl::DataLossError(absl::StrFormat("KV sequence state: page %d (id %d): %s",
+                                                       next, pages[next], checked.message()));
+          }
+        }
+      }
+    }
   }
 
   Seq s;

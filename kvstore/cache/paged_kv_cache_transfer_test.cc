@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kvstore/cache/paged_kv_cache.h"
+#include "kvstore/wire/crc32c.h"
 #include "kvstore/wire/kv_sequence_state.pb.h"
 
 namespace sluice::kvstore {
@@ -280,6 +281,38 @@ TEST(Transfer, BadStatesAndDamagedPagesAreRefused) {
   ASSERT_TRUE(e.b->ImportSequence(7, 500, e.ex.state, pages).ok());
   EXPECT_EQ(e.b->ImportSequence(7, 500, e.ex.state, pages).status().code(),
             absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(e.b->RemoveSequence(7).ok());
+  EXPECT_EQ(e.b->pool().used_pages(), 0);
+}
+
+// A peer's Huffman-coded pages are checked before anything decodes them (the decoders trust
+// their stream offsets and codes): a page damaged where its checksum cannot tell, as by a peer
+// that computes checksums after the damage, is refused, and so are coded pages that come
+// without codebooks to decode them.
+TEST(Transfer, HuffmanPagesAreCheckedBeyondTheirChecksums) {
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  Exported e = ExportOne(**cpu, "kvcomp");
+  const std::vector<PageId>& pages = e.landed.pages;
+  ASSERT_FALSE(pages.empty());
+  KvSequenceState st;
+  ASSERT_TRUE(st.ParseFromString(e.ex.state));
+  PagePool& pool = e.b->mutable_pool();
+  auto* streams = reinterpret_cast<uint32_t*>(pool.data(pages[0]) + e.b->layout().streams);
+  const uint32_t saved = streams[2];
+  streams[2] = 0xFFFFFF00u;  // the first unit's third K row, far past the page
+  st.set_page_crc32c(0, Crc32c(pool.data(pages[0]), pool.page_bytes()));
+  ExpectRefused(e, absl::StatusCode::kDataLoss, "page 0", st.SerializeAsString(), pages);
+  streams[2] = saved;
+
+  KvSequenceState bare;
+  ASSERT_TRUE(bare.ParseFromString(e.ex.state));
+  for (KvLayerCodebooks& books : *bare.mutable_codebooks()) books.Clear();
+  ExpectRefused(e, absl::StatusCode::kInvalidArgument, "no codebooks", bare.SerializeAsString(),
+                pages);
+
+  ASSERT_TRUE(e.b->ImportSequence(7, 500, e.ex.state, pages).ok());
+  Step(*e.b, 7, 1, 5);
   ASSERT_TRUE(e.b->RemoveSequence(7).ok());
   EXPECT_EQ(e.b->pool().used_pages(), 0);
 }
