@@ -1,70 +1,147 @@
 #!/usr/bin/env bash
 # Builds and runs sluice's libFuzzer targets under ASan and UBSan with clang.
-#   tools/fuzz.sh [SECONDS]      (default 60 per target)
-# The corpus persists in ${XDG_CACHE_HOME:-~/.cache}/sluice/fuzz/<target>/, seeded with valid
-# inputs. Exits non-zero on any finding; the crashing input is kept beside the corpus.
+#   tools/fuzz.sh [SECONDS] [TARGET...]   (default 60 s per target; every target)
+# A target NAME is DIR/NAME_fuzz.cc (LLVMFuzzerTestOneInput), built on the sources listed
+# below, and DIR/NAME_fuzz_seeds.cc, a program writing valid inputs into the directory it is
+# given. The corpus persists in ${XDG_CACHE_HOME:-~/.cache}/sluice/fuzz/NAME/corpus, seeded at
+# every run; a failing input is kept in NAME/findings/. Objects are compiled once into
+# fuzz/obj/ and again only when their source or a header they include changes. Exits
+# non-zero when any target finds a failure.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SECONDS_PER_TARGET=${1:-60}
+shift || true
 WORK="${XDG_CACHE_HOME:-$HOME/.cache}/sluice/fuzz"
 CXX=${CXX_FUZZ:-clang++}
-if ! command -v "$CXX" >/dev/null 2>&1; then
-  echo "fuzz: $CXX is not installed (run tools/setup.sh)" >&2
-  exit 1
-fi
+JOBS=$(nproc)
+for tool in "$CXX" g++ protoc; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "fuzz: $tool is not installed (run tools/setup.sh)" >&2
+    exit 1
+  fi
+done
 mkdir -p "$WORK"
-ABSL=$(pkg-config --cflags --libs absl_status absl_statusor absl_str_format absl_strings \
-  absl_raw_hash_set absl_hash)
-COMMON=(-std=c++20 -g -O1 -I"$ROOT" -Wno-unused-command-line-argument)
+LIBS=$(pkg-config --libs absl_status absl_statusor absl_str_format absl_strings absl_cord \
+  absl_raw_hash_set absl_hash absl_random_random protobuf icu-uc)
+SANITIZE=("-fsanitize=address,undefined" -fno-sanitize-recover=undefined)
+# Everything the targets run, instrumented for libFuzzer's coverage.
+FUZZ_FLAGS=(-std=c++20 -g -O1 -I"$ROOT" -I"$WORK/gen" "${SANITIZE[@]}" -fsanitize=fuzzer-no-link)
+# The CUDA compactor the paged KV cache links, under the project's CPU emulation of CUDA
+# (kernels/cuda/emu), as Bazel's _emu twins build it: linked, never run (the fuzzers' caches are
+# on the reference backend), so g++ without instrumentation.
+EMU_FLAGS=(-std=c++20 -O0 -I"$ROOT" -I"$ROOT/kernels/cuda/emu/include" -DSLUICE_CUDA_EMU
+  -include cuda_runtime.h -Wno-unknown-pragmas -x c++)
 
-# ---- gguf: the model file parser (a model file is input from outside) ----
-target=gguf
-srcs=("$ROOT/model/gguf.cc" "$ROOT/kernels/ggml_quant.cc")
-corpus="$WORK/$target/corpus"
-mkdir -p "$corpus" "$WORK/$target/findings"
-# Seeds: small valid files with metadata of every type and tensors of every element type,
-# written by the tests' GGUF writer.
-cat >"$WORK/$target/seed.cc" <<'CC'
-#include <fstream>
-#include <string>
-#include "model/test_util/gguf_writer.h"
-int main(int argc, char** argv) {
-  using namespace sluice;
-  using kernels::GgmlType;
-  for (int i = 0; i < 3; ++i) {
-    model::testing::GgufWriter w;
-    w.AddString("general.architecture", "llama");
-    w.AddUint32("llama.block_count", 2 + i);
-    w.AddInt32("signed", -7 * i);
-    w.AddUint64("big", uint64_t{1} << (20 + i));
-    w.AddFloat32("llama.rope.freq_base", 10000.f);
-    w.AddBool("tokenizer.ggml.add_bos_token", i % 2 == 0);
-    w.AddStringArray("tokenizer.ggml.tokens", {"a", "b", "<|im_end|>", ""});
-    w.AddInt32Array("tokenizer.ggml.token_type", {1, 1, 3, 1});
-    w.AddFloat32Array("scores", {0.5f, -1.f});
-    std::vector<float> ramp(128);
-    for (size_t j = 0; j < ramp.size(); ++j) ramp[j] = 0.25f * float(j) - 7.f;
-    const GgmlType types[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16,
-                              GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1};
-    for (GgmlType t : types) {
-      w.AddTensorFromFloats("t" + std::to_string(int(t)), {64, 2}, t, ramp);
-    }
-    std::ofstream(std::string(argv[1]) + "/seed" + std::to_string(i), std::ios::binary)
-        << w.Build(3, i == 2 ? 64 : 32);
-  }
+# Compiles each source with `compiler flags...` into $WORK/obj/<flags' hash>/, JOBS at a time,
+# skipping those whose object is newer than the source and every header it included; sets
+# OBJECTS to the objects, in order.
+OBJECTS=()
+compile() {
+  local compiler=$1
+  shift
+  local flags=() src obj dep stale
+  while [[ $1 != -- ]]; do
+    flags+=("$1")
+    shift
+  done
+  shift
+  local dir
+  dir="$WORK/obj/$(echo "$compiler ${flags[*]}" | md5sum | cut -c1-12)"
+  OBJECTS=()
+  for src in "$@"; do
+    obj="$src"
+    obj="${obj#"$ROOT"/}"
+    obj="$dir/${obj#"$WORK"/}"
+    obj="$obj.o"  # x.cc.o: x.cc and x.cu both have one
+    OBJECTS+=("$obj")
+    stale=0
+    if [[ -f $obj && -f $obj.d ]]; then
+      # shellcheck disable=SC2013  # a dependency file is words: the object, then its inputs
+      for dep in $(sed -e 's/^[^:]*://' -e 's/\\$//' "$obj.d"); do
+        if [[ ! -e $dep || $dep -nt $obj ]]; then stale=1 && break; fi
+      done
+    else
+      stale=1
+    fi
+    ((stale)) || continue
+    mkdir -p "$(dirname "$obj")"
+    rm -f "$obj"
+    while (($(jobs -rp | wc -l) >= JOBS)); do wait -n || true; done
+    nice "$compiler" "${flags[@]}" -MMD -MF "$obj.d" -c "$src" -o "$obj" &
+  done
+  wait
+  for obj in "${OBJECTS[@]}"; do
+    if [[ ! -f $obj ]]; then
+      echo "fuzz: compiling ${obj#"$dir"/} failed" >&2
+      return 1
+    fi
+  done
 }
-CC
-"$CXX" "${COMMON[@]}" "$WORK/$target/seed.cc" "$ROOT/model/test_util/gguf_writer.cc" \
-  "${srcs[@]}" $ABSL -o "$WORK/$target/seed"
-"$WORK/$target/seed" "$corpus"
-"$CXX" "${COMMON[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  "$ROOT/model/gguf_fuzz.cc" "${srcs[@]}" $ABSL -o "$WORK/$target/fuzzer"
-echo "fuzz: $target for ${SECONDS_PER_TARGET}s (ASan + UBSan)" >&2
-if ! "$WORK/$target/fuzzer" -max_total_time="$SECONDS_PER_TARGET" -print_final_stats=1 \
-    -artifact_prefix="$WORK/$target/findings/" "$corpus" >"$WORK/$target/log" 2>&1; then
-  tail -40 "$WORK/$target/log" >&2
-  echo "fuzz: $target found a failure; inputs in $WORK/$target/findings/" >&2
+
+# Builds target NAME of directory DIR on the library sources after them (paths from the root;
+# gen/... are protoc's, emu:... are compiled as the CUDA emulation's), writes its seeds into its
+# corpus and fuzzes it for SECONDS_PER_TARGET seconds. Returns non-zero on a finding or when
+# the target does not build.
+fuzz_target() {
+  local name=$1 dir=$2
+  shift 2
+  local work="$WORK/$name" srcs=() emu_srcs=() src
+  for src in "$@"; do
+    case $src in
+      gen/*) srcs+=("$WORK/$src") ;;
+      emu:*) emu_srcs+=("$ROOT/${src#emu:}") ;;
+      *) srcs+=("$ROOT/$src") ;;
+    esac
+  done
+  mkdir -p "$work/corpus" "$work/findings"
+  compile "$CXX" "${FUZZ_FLAGS[@]}" -- "$ROOT/$dir/${name}_fuzz.cc" \
+    "$ROOT/$dir/${name}_fuzz_seeds.cc" "${srcs[@]}" || return 1
+  local fuzzer_obj=${OBJECTS[0]} seeds_obj=${OBJECTS[1]} lib=("${OBJECTS[@]:2}")
+  if ((${#emu_srcs[@]})); then
+    compile g++ "${EMU_FLAGS[@]}" -- "${emu_srcs[@]}" || return 1
+    lib+=("${OBJECTS[@]}")
+  fi
+  # shellcheck disable=SC2086  # LIBS is a list of flags
+  if ! nice "$CXX" "${SANITIZE[@]}" "$seeds_obj" "${lib[@]}" $LIBS -o "$work/seeds" ||
+    ! nice "$CXX" "${SANITIZE[@]}" -fsanitize=fuzzer "$fuzzer_obj" "${lib[@]}" $LIBS \
+      -o "$work/fuzzer" ||
+    ! "$work/seeds" "$work/corpus"; then
+    echo "fuzz: $name does not build or its seeds fail" >&2
+    return 1
+  fi
+  echo "fuzz: $name for ${SECONDS_PER_TARGET}s (ASan + UBSan)" >&2
+  if ! "$work/fuzzer" -max_total_time="$SECONDS_PER_TARGET" -timeout=20 -print_final_stats=1 \
+    -artifact_prefix="$work/findings/" "$work/corpus" >"$work/log" 2>&1; then
+    tail -40 "$work/log" >&2
+    echo "fuzz: $name found a failure; inputs in $work/findings/" >&2
+    return 1
+  fi
+  local runs
+  runs=$(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$work/log" | grep -Eo '[0-9]+$' ||
+    echo "?")
+  echo "fuzz: $name clean after $runs executions" >&2
+}
+
+# ---- The targets: name, directory, the sources they run on ----
+run_target() {
+  case $1 in
+    # The model file parser (a model file is input from outside).
+    gguf) fuzz_target gguf model model/gguf.cc kernels/ggml_quant.cc \
+      model/test_util/gguf_writer.cc ;;
+    *)
+      echo "fuzz: unknown target $1" >&2
+      return 2
+      ;;
+  esac
+}
+
+targets=("$@")
+((${#targets[@]})) || targets=(gguf)
+failed=()
+for target in "${targets[@]}"; do
+  run_target "$target" || failed+=("$target")
+done
+if ((${#failed[@]})); then
+  echo "fuzz: failures in ${failed[*]}" >&2
   exit 1
 fi
-runs=$(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$WORK/$target/log" | grep -Eo '[0-9]+$' || echo "?")
-echo "fuzz: $target clean after $runs executions" >&2
