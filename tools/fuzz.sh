@@ -128,6 +128,10 @@ run_target() {
     # The model file parser (a model file is input from outside).
     gguf) fuzz_target gguf model model/gguf.cc kernels/ggml_quant.cc \
       model/test_util/gguf_writer.cc ;;
+    # Request bodies of the OpenAI API and what the router builds from them.
+    openai_request) fuzz_target openai_request router router/openai_api.cc \
+      model/chat_template.cc model/sampler.cc model/unicode_utf8.cc kvstore/kv_preset.cc \
+      kernels/kv_format.cc ;;
     *)
       echo "fuzz: unknown target $1" >&2
       return 2
@@ -136,7 +140,7 @@ run_target() {
 }
 
 targets=("$@")
-((${#targets[@]})) || targets=(gguf)
+((${#targets[@]})) || targets=(gguf openai_request)
 failed=()
 for target in "${targets[@]}"; do
   run_target "$target" || failed+=("$target")
