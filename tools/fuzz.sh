@@ -132,6 +132,10 @@ run_target() {
     openai_request) fuzz_target openai_request router router/openai_api.cc \
       model/chat_template.cc model/sampler.cc model/unicode_utf8.cc kvstore/kv_preset.cc \
       kernels/kv_format.cc ;;
+    # Generated tokens to streamed text: detokenization, UTF-8 holdback, stop strings.
+    sse_text) fuzz_target sse_text router router/openai_api.cc model/tokenizer.cc \
+      model/unicode_pretokenizer.cc model/unicode_utf8.cc model/gguf.cc kernels/ggml_quant.cc \
+      model/sampler.cc model/chat_template.cc ;;
     *)
       echo "fuzz: unknown target $1" >&2
       return 2
@@ -140,7 +144,7 @@ run_target() {
 }
 
 targets=("$@")
-((${#targets[@]})) || targets=(gguf openai_request)
+((${#targets[@]})) || targets=(gguf openai_request sse_text)
 failed=()
 for target in "${targets[@]}"; do
   run_target "$target" || failed+=("$target")
