@@ -122,6 +122,35 @@ fuzz_target() {
   echo "fuzz: $name clean after $runs executions" >&2
 }
 
+# The messages a worker accepts from the router and the KV state from a peer, as C++; a file
+# that did not change keeps its time, so that what includes it is not compiled again.
+rm -rf "$WORK/gen.new" && mkdir -p "$WORK/gen.new" "$WORK/gen"
+(cd "$ROOT" && protoc -I. --cpp_out="$WORK/gen.new" proto/sluice.proto \
+  kvstore/wire/kv_sequence_state.proto)
+(cd "$WORK/gen.new" && find . -type f) | while read -r f; do
+  if ! cmp -s "$WORK/gen.new/$f" "$WORK/gen/$f"; then
+    mkdir -p "$(dirname "$WORK/gen/$f")" && cp "$WORK/gen.new/$f" "$WORK/gen/$f"
+  fi
+done
+
+# The paged KV cache on the reference backend, with the CUDA compactor it links (emu:).
+KV_CACHE_SRCS=(kvstore/cache/paged_kv_cache.cc kvstore/cache/paged_kv_cache_transfer.cc
+  kvstore/cache/row_window.cc kvstore/cache/kv_codebooks.cc kvstore/kv_preset.cc
+  kvstore/policy/token_policy.cc kvstore/policy/snapkv.cc kvstore/policy/sinks.cc
+  kvstore/policy/leankv.cc kvstore/policy/h2o.cc kvstore/memory/slot_bitmap.cc
+  kvstore/memory/page_table.cc kvstore/memory/page_pool.cc kvstore/memory/kv_accounting.cc
+  kvstore/memory/compactor.cc kvstore/memory/compaction.cc kvstore/wire/crc32c.cc
+  kernels/kv_huffman.cc kernels/kv_format.cc kernels/huffman.cc kernels/ggml_quant.cc
+  kernels/device_buffer.cc kernels/backend.cc kernels/host_backend.cc kernels/ref/swiglu.cc
+  kernels/ref/softmax.cc kernels/ref/rope.cc kernels/ref/rmsnorm.cc kernels/ref/ref_backend.cc
+  kernels/ref/paged_attention.cc kernels/ref/matmul.cc kernels/ref/kv_quant.cc
+  kernels/ref/get_rows.cc kernels/ref/attention.cc gen/kvstore/wire/kv_sequence_state.pb.cc
+  emu:kvstore/memory/cuda/gpu_compaction.cc emu:kvstore/memory/cuda/gpu_compaction.cu
+  emu:kvstore/memory/cuda/device_scan.cu emu:kvstore/memory/cuda/gpu_page_allocator.cc
+  emu:kvstore/memory/cuda/gpu_page_allocator.cu emu:kernels/cuda/kv_slot_copy.cu
+  emu:kernels/cuda/cuda_status.cc emu:kernels/cuda/emu/cublas.cc emu:kernels/cuda/emu/fiber.cc
+  emu:kernels/cuda/emu/runtime.cc emu:kernels/cuda/emu/scheduler.cc)
+
 # ---- The targets: name, directory, the sources they run on ----
 run_target() {
   case $1 in
@@ -136,6 +165,10 @@ run_target() {
     sse_text) fuzz_target sse_text router router/openai_api.cc model/tokenizer.cc \
       model/unicode_pretokenizer.cc model/unicode_utf8.cc model/gguf.cc kernels/ggml_quant.cc \
       model/sampler.cc model/chat_template.cc ;;
+    # What a decode worker accepts from its peers: the KV sequence state and its pages, and the
+    # router's requests.
+    peer_state) fuzz_target peer_state tests "${KV_CACHE_SRCS[@]}" model/sampler.cc \
+      gen/proto/sluice.pb.cc ;;
     *)
       echo "fuzz: unknown target $1" >&2
       return 2
@@ -144,7 +177,7 @@ run_target() {
 }
 
 targets=("$@")
-((${#targets[@]})) || targets=(gguf openai_request sse_text)
+((${#targets[@]})) || targets=(gguf openai_request sse_text peer_state)
 failed=()
 for target in "${targets[@]}"; do
   run_target "$target" || failed+=("$target")
