@@ -14,6 +14,17 @@
 // Peer: ucx_perftest server and client on localhost with the same UCX_TLS, message size and
 // message count per run; the client's "Final:" line gives the overall bandwidth (MB/s, where
 // perftest's MB is 2^20 bytes).
+//
+// Handoff: what a reservation's pages cost from the sender's first put to the receiver having
+// them in its pool, per --handoff_sizes bytes of 16 KiB pages, two ways (median of
+// --handoff_repeats, control messages over the pipe to the receiver in both):
+//   pool    puts straight into the receiver's one exposed pool region, flush, tell the receiver
+//           (how pages travelled before reservations had windows: any sender could reach any
+//           page of the pool)
+//   window  the receiver exposes a window for the reservation (AllocateAndExpose); the sender
+//           connects to it (the connection to the peer is reused: an rkey unpack), puts,
+//           flushes; the receiver copies the window into its pool and unexposes it (what
+//           serving does now)
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -68,6 +79,9 @@ ABSL_FLAG(std::string, perftest_args, "",
           "Extra ucx_perftest arguments, space-separated (e.g. \"-O 8\" to cap its outstanding "
           "puts).");
 ABSL_FLAG(int, port, 13510, "First TCP port for ucx_perftest's handshake (one per run).");
+ABSL_FLAG(std::string, handoff_sizes, "262144,1048576,4194304,16777216",
+          "Bytes of one reservation's pages for the handoff rows; empty: no handoff rows.");
+ABSL_FLAG(int, handoff_repeats, 30, "Reservations per handoff case and way; the median is kept.");
 ABSL_FLAG(std::string, out, "", "Write the JSON here instead of stdout.");
 ABSL_FLAG(std::string, role, "", "Internal: 'receiver' runs the receiving side.");
 ABSL_FLAG(std::string, tls, "", "Internal: the receiver's UCX_TLS.");
@@ -207,9 +221,39 @@ absl::Status RunReceiver() {
       absl::string_view(region->descriptor().data(), region->descriptor().size()));
   std::printf("%s\n", hex.c_str());
   std::fflush(stdout);
+  // Handoff commands, one per line, until the sender closes our stdin:
+  //   "window N"  expose a fresh window of N bytes; answer its descriptor (hex)
+  //   "commit N"  copy the window's first N bytes into the pool region, unexpose the window;
+  //               answer the microseconds that took
+  //   "ping"      answer "ok"
+  std::unique_ptr<transport::ExposedRegion> window;
+  std::string line;
   char c;
   while (read(0, &c, 1) > 0) {
-  }  // until the sender closes our stdin
+    if (c != '\n') {
+      line.push_back(c);
+      continue;
+    }
+    const std::vector<std::string> words = absl::StrSplit(line, ' ');
+    line.clear();
+    int64_t n = 0;
+    if (words.size() == 2 && !absl::SimpleAtoi(words[1], &n)) n = -1;
+    std::string answer = "ok";
+    if (words[0] == "window" && n > 0) {
+      SLUICE_ASSIGN_OR_RETURN(window, t->AllocateAndExpose(static_cast<size_t>(n)));
+      answer = absl::BytesToHexString(window->descriptor());
+    } else if (words[0] == "commit" && window != nullptr && n >= 0 &&
+               static_cast<size_t>(n) <= std::min(window->size(), region->size())) {
+      const auto t0 = Clock::now();
+      std::memcpy(region->base(), window->base(), static_cast<size_t>(n));
+      window.reset();
+      answer = absl::StrCat(Seconds(t0, Clock::now()) * 1e6);
+    } else if (words[0] != "ping") {
+      return absl::InvalidArgumentError(absl::StrCat("receiver: bad command '", line, "'"));
+    }
+    std::printf("%s\n", answer.c_str());
+    std::fflush(stdout);
+  }
   return absl::OkStatus();
 }
 
@@ -256,8 +300,60 @@ class OursSide {
     return Seconds(t0, Clock::now());
   }
 
+  struct Handoff {
+    double total_us = 0;    // first command or put to the receiver's answer after the commit
+    double expose_us = 0;   // window: asking for it until its descriptor arrived
+    double connect_us = 0;  // window: Connect to it
+    double put_us = 0;      // the puts and the flush
+    double copy_us = 0;     // window: the receiver's copy into its pool and unexposing
+  };
+
+  // One reservation's `bytes` of kPage pages handed to the receiver, through its pool region
+  // or a window of its own.
+  absl::StatusOr<Handoff> HandOff(size_t bytes, bool window) {
+    constexpr size_t kPage = 16384;
+    Handoff h;
+    const auto t0 = Clock::now();
+    transport::Sender* sender = sender_.get();
+    std::unique_ptr<transport::Sender> to_window;
+    if (window) {
+      SLUICE_ASSIGN_OR_RETURN(std::string hex, Ask(absl::StrCat("window ", bytes)));
+      const auto t1 = Clock::now();
+      h.expose_us = Seconds(t0, t1) * 1e6;
+      SLUICE_ASSIGN_OR_RETURN(to_window, transport_->Connect(absl::HexStringToBytes(hex)));
+      sender = to_window.get();
+      h.connect_us = Seconds(t1, Clock::now()) * 1e6;
+    }
+    const auto t2 = Clock::now();
+    for (size_t off = 0; off < bytes; off += kPage) {
+      SLUICE_RETURN_IF_ERROR(sender->Put(arena_.get() + off, std::min(kPage, bytes - off), off));
+    }
+    SLUICE_RETURN_IF_ERROR(sender->Flush(absl::Seconds(60)));
+    to_window.reset();
+    h.put_us = Seconds(t2, Clock::now()) * 1e6;
+    SLUICE_ASSIGN_OR_RETURN(std::string answer,
+                            Ask(window ? absl::StrCat("commit ", bytes) : "ping"));
+    if (window && !absl::SimpleAtod(answer, &h.copy_us)) {
+      return absl::InternalError(absl::StrCat("receiver answered '", answer, "' to a commit"));
+    }
+    h.total_us = Seconds(t0, Clock::now()) * 1e6;
+    return h;
+  }
+
  private:
   OursSide() = default;
+
+  // Sends one command line to the receiver and reads its answer.
+  absl::StatusOr<std::string> Ask(const std::string& command) {
+    const std::string line = command + "\n";
+    if (write(receiver_->in, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+      return absl::UnavailableError(
+          absl::StrCat("writing to the receiver: ", std::strerror(errno)));
+    }
+    std::string answer = receiver_->ReadLine();
+    if (answer.empty()) return absl::UnavailableError("the receiver did not answer " + command);
+    return answer;
+  }
   std::unique_ptr<Child> receiver_;
   std::unique_ptr<transport::Transport> transport_;
   size_t bytes_ = 0;
@@ -367,6 +463,52 @@ absl::StatusOr<nlohmann::json> Measure(const std::string& tls, const std::vector
   return rows;
 }
 
+// The handoff rows of one UCX_TLS: pool and window, per size, alternating the two ways.
+absl::StatusOr<nlohmann::json> MeasureHandoff(const std::string& tls,
+                                              const std::vector<int>& sizes) {
+  nlohmann::json rows = nlohmann::json::array();
+  SLUICE_ASSIGN_OR_RETURN(auto ours, OursSide::Start(tls));
+  const int repeats = std::max(1, absl::GetFlag(FLAGS_handoff_repeats));
+  for (const int size : sizes) {
+    if (size <= 0 || size > absl::GetFlag(FLAGS_region_bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("handoff size %d: must be in (0, --region_bytes=%d]", size,
+                          absl::GetFlag(FLAGS_region_bytes)));
+    }
+    std::vector<OursSide::Handoff> pool, window;
+    for (int r = 0; r < repeats + 2; ++r) {  // the first two of each warm up
+      SLUICE_ASSIGN_OR_RETURN(OursSide::Handoff p, ours->HandOff(size, /*window=*/false));
+      SLUICE_ASSIGN_OR_RETURN(OursSide::Handoff w, ours->HandOff(size, /*window=*/true));
+      if (r < 2) continue;
+      pool.push_back(p);
+      window.push_back(w);
+    }
+    auto median = [](const std::vector<OursSide::Handoff>& v, double OursSide::Handoff::*f) {
+      std::vector<double> x;
+      for (const auto& h : v) x.push_back(h.*f);
+      return Median(x);
+    };
+    using H = OursSide::Handoff;
+    const double p = median(pool, &H::total_us), w = median(window, &H::total_us);
+    nlohmann::json row = {{"transport", tls},
+                          {"bytes", size},
+                          {"pool_us", p},
+                          {"window_us", w},
+                          {"window_over_pool", w / p},
+                          {"pool_put_us", median(pool, &H::put_us)},
+                          {"window_expose_us", median(window, &H::expose_us)},
+                          {"window_connect_us", median(window, &H::connect_us)},
+                          {"window_put_us", median(window, &H::put_us)},
+                          {"window_copy_us", median(window, &H::copy_us)}};
+    std::fprintf(stderr, "%-10s %9d %10.0f %10.0f %7.2f %10.0f %10.0f %10.0f %10.0f\n", tls.c_str(),
+                 size, p, w, w / p, row["window_expose_us"].get<double>(),
+                 row["window_connect_us"].get<double>(), row["window_put_us"].get<double>(),
+                 row["window_copy_us"].get<double>());
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
 absl::Status Run() {
   SLUICE_ASSIGN_OR_RETURN(std::vector<int> sizes, bench::ParseIntList(absl::GetFlag(FLAGS_sizes)));
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
@@ -396,6 +538,22 @@ absl::Status Run() {
     SLUICE_ASSIGN_OR_RETURN(nlohmann::json r, Measure(tls, sizes, repeats, &port));
     for (auto& row : r) rows.push_back(row);
   }
+  nlohmann::json handoff = nlohmann::json::array();
+  if (!absl::GetFlag(FLAGS_handoff_sizes).empty()) {
+    SLUICE_ASSIGN_OR_RETURN(std::vector<int> handoff_sizes,
+                            bench::ParseIntList(absl::GetFlag(FLAGS_handoff_sizes)));
+    std::fprintf(stderr,
+                 "\nhandoff of one reservation's pages (16 KiB puts), microseconds, median of %d\n"
+                 "%-10s %9s %10s %10s %7s %10s %10s %10s %10s\n",
+                 absl::GetFlag(FLAGS_handoff_repeats), "UCX_TLS", "bytes", "pool", "window",
+                 "ratio", "expose", "connect", "put+flush", "copy");
+    for (const absl::string_view entry :
+         absl::StrSplit(absl::GetFlag(FLAGS_transports), ',', absl::SkipEmpty())) {
+      const std::string tls = absl::StrReplaceAll(entry, {{":", ","}});
+      SLUICE_ASSIGN_OR_RETURN(nlohmann::json r, MeasureHandoff(tls, handoff_sizes));
+      for (auto& row : r) handoff.push_back(row);
+    }
+  }
   const nlohmann::json out = {
       {"system", "sluice"},
       {"benchmark", "transport"},
@@ -408,7 +566,8 @@ absl::Status Run() {
       {"flush_bytes", absl::GetFlag(FLAGS_flush_bytes)},
       {"repeats", repeats},
       {"gbps", "1e9 bytes per second"},
-      {"rows", rows}};
+      {"rows", rows},
+      {"handoff", handoff}};
   const std::string path = absl::GetFlag(FLAGS_out);
   if (path.empty()) {
     std::cout << out.dump(1) << "\n";

@@ -383,6 +383,10 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
   params.max_tokens = sp.max_tokens();
   params.stop_tokens.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
   SLUICE_RETURN_IF_ERROR(params.Validate());
+  if (sp.skip_samples() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("skip_samples=%d must be >= 0", sp.skip_samples()));
+  }
   if (request.prompt().empty()) return absl::InvalidArgumentError("the prompt is empty");
   return OnScheduler<absl::StatusOr<std::shared_ptr<TokenStream>>>(
       [&]() -> absl::StatusOr<std::shared_ptr<TokenStream>> {
@@ -444,7 +448,8 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
         r.cache = cache;
         r.params = params;
         r.sampler = std::make_unique<model::Sampler>(params);
-        r.sampler->Skip(1);  // the prefill worker sampled the first token
+        // The prefill worker sampled the first token (after the ones a migrated request made).
+        r.sampler->Skip(1 + sp.skip_samples());
         r.history.assign(request.prompt().begin(), request.prompt().end());
         r.last = request.first().token();
         r.history.push_back(r.last);

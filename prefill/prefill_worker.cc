@@ -126,6 +126,10 @@ absl::StatusOr<rpc::PrefillResponse> PrefillWorker::Prefill(const rpc::PrefillRe
         request.pages(), request.page_bytes(), request.state_bytes()));
   }
   SLUICE_RETURN_IF_ERROR(ToSampling(request.sampling()).Validate());
+  if (request.sampling().skip_samples() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("skip_samples=%d must be >= 0", request.sampling().skip_samples()));
+  }
   auto job = std::make_shared<Job>();
   job->request = request;
   job->start = absl::Now();
@@ -296,6 +300,7 @@ void PrefillWorker::Step() {
 void PrefillWorker::Complete(JobPtr job, absl::Span<const float> logits) {
   const rpc::PrefillRequest& req = job->request;
   model::Sampler sampler(ToSampling(req.sampling()));
+  sampler.Skip(req.sampling().skip_samples());
   const std::vector<int32_t> prompt(req.prompt().begin(), req.prompt().end());
   const int32_t token = sampler.Sample(logits, prompt);
   rpc::PrefillResponse& out = job->response;

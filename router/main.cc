@@ -27,6 +27,12 @@ ABSL_FLAG(std::string, api_key, "", "Require 'Authorization: Bearer KEY'; empty:
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the cluster token the workers require of gRPC calls (./sluice up writes "
           "one); empty: send none.");
+ABSL_FLAG(int, max_migrations, 3,
+          "Times a generation moves to other workers when its decode worker fails or stalls "
+          "mid-stream (0: the stream ends with an error instead).");
+ABSL_FLAG(double, stall_timeout, 10,
+          "Seconds a generation may send nothing before it counts as stalled and migrates (at "
+          "least; 50 times the stream's inter-token time when that is longer).");
 ABSL_FLAG(int, http_threads, 64, "HTTP worker threads (concurrent requests).");
 ABSL_FLAG(int, metrics_port, 0,
           "A listener of its own for /health and /metrics (4 threads, 5 s to read a request), so "
@@ -47,13 +53,16 @@ std::vector<std::string> List(const std::string& s) {
 absl::Status Run() {
   const std::string path =
       absl::GetFlag(FLAGS_model).empty() ? model::DefaultModelPath() : absl::GetFlag(FLAGS_model);
-  auto router = router::Router::Create({.model_path = path,
-                                        .served_model_name = absl::GetFlag(FLAGS_served_model_name),
-                                        .prefill = List(absl::GetFlag(FLAGS_prefill)),
-                                        .decode = List(absl::GetFlag(FLAGS_decode)),
-                                        .placement = absl::GetFlag(FLAGS_placement),
-                                        .api_key = absl::GetFlag(FLAGS_api_key),
-                                        .auth_token_file = absl::GetFlag(FLAGS_auth_token_file)});
+  auto router =
+      router::Router::Create({.model_path = path,
+                              .served_model_name = absl::GetFlag(FLAGS_served_model_name),
+                              .prefill = List(absl::GetFlag(FLAGS_prefill)),
+                              .decode = List(absl::GetFlag(FLAGS_decode)),
+                              .placement = absl::GetFlag(FLAGS_placement),
+                              .api_key = absl::GetFlag(FLAGS_api_key),
+                              .auth_token_file = absl::GetFlag(FLAGS_auth_token_file),
+                              .max_migrations = absl::GetFlag(FLAGS_max_migrations),
+                              .stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stall_timeout))});
   if (!router.ok()) return router.status();
   httplib::Server server;
   const int threads = absl::GetFlag(FLAGS_http_threads);

@@ -9,9 +9,9 @@
 
 namespace sluice::router {
 
-Renewals::Renewals() : thread_([this] { Loop(); }) {}
+Timers::Timers() : thread_([this] { Loop(); }) {}
 
-Renewals::~Renewals() {
+Timers::~Timers() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -20,24 +20,31 @@ Renewals::~Renewals() {
   thread_.join();
 }
 
-uint64_t Renewals::Add(DecodeCalls* decode, uint64_t reservation_id, absl::Duration period) {
+uint64_t Timers::Add(absl::Duration period, bool repeat, std::function<void()> fire) {
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t handle = next_++;
-  entries_[handle] = {.decode = decode,
-                      .reservation_id = reservation_id,
-                      .period = period,
-                      .due = absl::Now() + period};
+  entries_[handle] = {
+      .fire = std::move(fire), .period = period, .repeat = repeat, .due = absl::Now() + period};
   cv_.notify_all();
   return handle;
 }
 
-void Renewals::Remove(uint64_t handle) {
-  std::unique_lock<std::mutex> lock(mu_);
-  entries_.erase(handle);
-  cv_.wait(lock, [&] { return renewing_ != handle; });
+void Timers::Reset(uint64_t handle, absl::Duration period) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(handle);
+  if (it == entries_.end()) return;
+  it->second.period = period;
+  it->second.due = absl::Now() + period;
+  cv_.notify_all();
 }
 
-void Renewals::Loop() {
+void Timers::Remove(uint64_t handle) {
+  std::unique_lock<std::mutex> lock(mu_);
+  entries_.erase(handle);
+  cv_.wait(lock, [&] { return firing_ != handle; });
+}
+
+void Timers::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     auto next =
@@ -53,15 +60,17 @@ void Renewals::Loop() {
       continue;
     }
     const uint64_t handle = next->first;
-    const Entry e = next->second;
-    next->second.due = now + e.period;
-    renewing_ = handle;
+    std::function<void()> fire = next->second.fire;
+    if (next->second.repeat) {
+      next->second.due = now + next->second.period;
+    } else {
+      entries_.erase(next);
+    }
+    firing_ = handle;
     lock.unlock();
-    // A failed renewal needs no action here: the generation that follows finds the
-    // reservation gone (NOT_FOUND) and the request starts over.
-    e.decode->Renew(e.reservation_id).IgnoreError();
+    fire();
     lock.lock();
-    renewing_ = 0;
+    firing_ = 0;
     cv_.notify_all();
   }
 }
@@ -142,9 +151,14 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowReq
     const absl::Duration period =
         std::max(options_.min_renew_period, absl::Seconds(reserved->expires_in_seconds() / 3.0));
     ++pf->in_flight;
-    const uint64_t renewal = renewals_.Add(d->decode.get(), reservation, period);
+    // A failed renewal needs no action: the generation that follows finds the reservation
+    // gone (NOT_FOUND) and the request starts over.
+    DecodeCalls* decode = d->decode.get();
+    const uint64_t renewal = timers_.Add(period, /*repeat=*/true, [decode, reservation] {
+      decode->Renew(reservation).IgnoreError();
+    });
     absl::StatusOr<rpc::PrefillResponse> prefilled = pf->prefill->Prefill(pre);
-    renewals_.Remove(renewal);
+    timers_.Remove(renewal);
     --pf->in_flight;
     if (!prefilled.ok()) {
       d->decode->Release(reservation).IgnoreError();
@@ -200,6 +214,23 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowReq
   }
   wait(false);
   return last;
+}
+
+absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Continue(
+    const FlowRequest& request, absl::Span<const int32_t> generated, Worker* failed,
+    const std::string& why) {
+  const int left = request.sampling.max_tokens() - static_cast<int>(generated.size());
+  if (left <= 0) {
+    return absl::OutOfRangeError(
+        absl::StrFormat("the request generated all its %d tokens", request.sampling.max_tokens()));
+  }
+  if (failed != nullptr) workers_.MarkDown(failed, why);
+  FlowRequest next = request;
+  next.prompt.insert(next.prompt.end(), generated.begin(), generated.end());
+  next.sampling.set_max_tokens(left);
+  next.sampling.set_skip_samples(request.sampling.skip_samples() +
+                                 static_cast<int>(generated.size()));
+  return Start(next);
 }
 
 }  // namespace sluice::router

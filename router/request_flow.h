@@ -15,7 +15,13 @@
 //
 // Attempts that fail on a gone worker mark it down (WorkerSet::MarkDown) and count against
 // max_attempts; a reservation whose prefill failed is released. Reservations are renewed by
-// one timer thread (Renewals), every third of their lifetime, while their prefill runs.
+// one timer thread (Timers), every third of their lifetime, while their prefill runs.
+//
+// A generation that fails or stalls after it began goes on elsewhere (Continue): the prompt and
+// the tokens generated so far are prefilled again on a healthy prefill worker and the rest is
+// generated on another decode worker, its sampler past the draws already made. The caller
+// (the router) reads the new stream as the old one's continuation; a stream's stall is noticed
+// by the same timer thread (the caller arms a timer that cancels the stream).
 #ifndef SLUICE_ROUTER_REQUEST_FLOW_H_
 #define SLUICE_ROUTER_REQUEST_FLOW_H_
 
@@ -31,26 +37,29 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "proto/sluice.pb.h"
 #include "router/worker_calls.h"
 
 namespace sluice::router {
 
-// Renews reservations on one thread: each every `period` from when it was added, until it is
-// removed.
-class Renewals {
+// Runs callbacks on one thread when their time comes: `period` after a timer was added (or
+// last reset), then every `period` again while it repeats; until it is removed.
+class Timers {
  public:
-  Renewals();
-  ~Renewals();
-  uint64_t Add(DecodeCalls* decode, uint64_t reservation_id, absl::Duration period);
-  // Once this returns, the renewal neither runs nor will run.
+  Timers();
+  ~Timers();
+  uint64_t Add(absl::Duration period, bool repeat, std::function<void()> fire);
+  // The timer's period starts again now, with `period`.
+  void Reset(uint64_t handle, absl::Duration period);
+  // Once this returns, the callback neither runs nor will run.
   void Remove(uint64_t handle);
 
  private:
   struct Entry {
-    DecodeCalls* decode;
-    uint64_t reservation_id;
+    std::function<void()> fire;
     absl::Duration period;
+    bool repeat;
     absl::Time due;
   };
   void Loop();
@@ -59,7 +68,7 @@ class Renewals {
   std::condition_variable cv_;
   std::map<uint64_t, Entry> entries_;
   uint64_t next_ = 1;
-  uint64_t renewing_ = 0;  // the handle whose Renew is in flight
+  uint64_t firing_ = 0;  // the handle whose callback runs
   bool stop_ = false;
   std::thread thread_;
 };
@@ -102,13 +111,22 @@ class RequestFlow {
   // Reserve, prefill and open the generation, retrying as above. The error of the last
   // attempt when every attempt failed (UNAVAILABLE when no worker was left to try).
   absl::StatusOr<std::unique_ptr<RunningRequest>> Start(const FlowRequest& request);
+  // `request`'s generation failed or stalled on `failed` (marked down here, with `why`) after
+  // `generated` tokens, the prefill's first included: starts it again with those tokens after
+  // the prompt, max_tokens less them and the samplers past their draws. The new run's first
+  // token is the request's next one. OutOfRange when no token is left to generate.
+  absl::StatusOr<std::unique_ptr<RunningRequest>> Continue(const FlowRequest& request,
+                                                           absl::Span<const int32_t> generated,
+                                                           Worker* failed, const std::string& why);
+  // The timer thread, for callers that watch their streams.
+  Timers& timers() { return timers_; }
 
  private:
   void Retry(const char* role);
 
   WorkerSet& workers_;
   const RequestFlowOptions options_;
-  Renewals renewals_;
+  Timers timers_;
 };
 
 }  // namespace sluice::router

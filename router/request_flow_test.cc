@@ -410,21 +410,57 @@ TEST(RequestFlowTest, ReservationsAreRenewedWhileThePromptWaitsAndNotAfter) {
   EXPECT_EQ(d.renewals, renewed);
 }
 
-TEST(RenewalsTest, OneThreadRenewsEveryReservation) {
+TEST(RequestFlowTest, ContinueCarriesTheGeneratedTokensElsewhere) {
+  FakeWorkers workers;
+  workers.AddDecode("d0");
+  FakeDecode& d1 = workers.AddDecode("d1");
+  FakePrefill& p = workers.AddPrefill("p0");
+  Counts c;
+  RequestFlow flow(workers, Options(c));
+  FlowRequest r = Request();
+  r.sampling.set_max_tokens(10);
+  r.sampling.set_skip_samples(2);
+  const std::vector<int32_t> prompt = r.prompt;
+  auto run = flow.Continue(r, {42, 7, 9}, &workers.worker("d0"), "stalled");
+  ASSERT_TRUE(run.ok()) << run.status();
+  // d0 was marked down: the rest runs on d1, its prompt followed by what was generated.
+  EXPECT_EQ((*run)->decode, &workers.worker("d1"));
+  std::vector<int32_t> want = prompt;
+  want.insert(want.end(), {42, 7, 9});
+  EXPECT_THAT(p.last.prompt(), ::testing::ElementsAreArray(want));
+  EXPECT_EQ(p.last.sampling().max_tokens(), 7);
+  EXPECT_EQ(p.last.sampling().skip_samples(), 5);
+  EXPECT_EQ(d1.last_generate.sampling().skip_samples(), 5);
+  // Nothing left to generate: OutOfRange, nothing started.
+  EXPECT_EQ(flow.Continue(r, std::vector<int32_t>(10, 1), nullptr, "failed").status().code(),
+            absl::StatusCode::kOutOfRange);
+}
+
+TEST(TimersTest, OneThreadFiresEveryTimer) {
   FakeDecode a("a"), b("b");
   rpc::ReserveRequest req;
   const uint64_t ra = a.Reserve(req)->reservation_id(), rb = b.Reserve(req)->reservation_id();
-  Renewals renewals;
-  const uint64_t ha = renewals.Add(&a, ra, absl::Milliseconds(10));
-  const uint64_t hb = renewals.Add(&b, rb, absl::Milliseconds(15));
-  absl::SleepFor(absl::Milliseconds(150));
-  renewals.Remove(ha);
+  Timers timers;
+  const uint64_t ha = timers.Add(absl::Milliseconds(10), true, [&] { a.Renew(ra).IgnoreError(); });
+  const uint64_t hb = timers.Add(absl::Milliseconds(15), true, [&] { b.Renew(rb).IgnoreError(); });
+  std::atomic<int> once{0}, reset{0};
+  timers.Add(absl::Milliseconds(5), false, [&] { ++once; });
+  // Reset more often than its period: it never fires until the resets stop.
+  const uint64_t hr = timers.Add(absl::Milliseconds(40), false, [&] { ++reset; });
+  for (int i = 0; i < 10; ++i) {
+    absl::SleepFor(absl::Milliseconds(15));
+    timers.Reset(hr, absl::Milliseconds(40));
+  }
+  EXPECT_EQ(reset, 0);
+  timers.Remove(ha);
   const int after = a.renewals;
   absl::SleepFor(absl::Milliseconds(60));
-  renewals.Remove(hb);
+  timers.Remove(hb);
   EXPECT_GE(after, 5);
   EXPECT_EQ(a.renewals, after);
   EXPECT_GE(b.renewals, 5);
+  EXPECT_EQ(once, 1);
+  EXPECT_EQ(reset, 1);
   std::set<std::thread::id> threads = a.renew_threads;
   threads.insert(b.renew_threads.begin(), b.renew_threads.end());
   EXPECT_EQ(threads.size(), 1u);

@@ -1,8 +1,10 @@
 #include "router/router.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <mutex>
 #include <random>
 #include <set>
@@ -46,6 +48,7 @@ struct Router::Prepared {
 
 struct Router::Session {
   std::shared_ptr<Prepared> p;
+  FlowRequest request;
   std::unique_ptr<RunningRequest> run;
 };
 
@@ -87,6 +90,12 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(const RouterOptions& opti
                      .Name("sluice_request_retries_total")
                      .Help("Requests placed again after a worker failed, by the failed role.")
                      .Register(*m);
+  r->migrations_ = &prometheus::BuildCounter()
+                        .Name("sluice_request_migrations_total")
+                        .Help(
+                            "Generations moved to other workers mid-stream, by why (failed, "
+                            "stalled).")
+                        .Register(*m);
   r->ttft_ = &prometheus::BuildHistogram()
                   .Name("sluice_time_to_first_token_seconds")
                   .Help("From the request's arrival to its first token.")
@@ -270,14 +279,13 @@ absl::StatusOr<std::shared_ptr<Router::Prepared>> Router::Prepare(Endpoint endpo
 }
 
 absl::StatusOr<std::shared_ptr<Router::Session>> Router::Start(const std::shared_ptr<Prepared>& p) {
-  SLUICE_ASSIGN_OR_RETURN(
-      std::unique_ptr<RunningRequest> run,
-      flow_->Start({.request_id = std::random_device{}() * uint64_t{0x100000001B3} ^
-                                  absl::ToUnixNanos(p->arrived),
-                    .prompt = p->prompt,
-                    .sampling = p->sampling,
-                    .preset = p->api.kv_compression,
-                    .arrived = p->arrived}));
+  FlowRequest request{.request_id = std::random_device{}() * uint64_t{0x100000001B3} ^
+                                    absl::ToUnixNanos(p->arrived),
+                      .prompt = p->prompt,
+                      .sampling = p->sampling,
+                      .preset = p->api.kv_compression,
+                      .arrived = p->arrived};
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<RunningRequest> run, flow_->Start(request));
   const rpc::PrefillResponse& prefilled = run->prefilled;
   transfer_bytes_->Increment(static_cast<double>(prefilled.transfer_bytes()));
   transfer_seconds_->Increment(prefilled.transfer_seconds());
@@ -285,6 +293,7 @@ absl::StatusOr<std::shared_ptr<Router::Session>> Router::Start(const std::shared
   kv_fp16_bytes_->Increment(static_cast<double>(prefilled.kv_fp16_bytes()));
   auto session = std::make_shared<Session>();
   session->p = p;
+  session->request = std::move(request);
   session->run = std::move(run);
   return session;
 }
@@ -483,46 +492,93 @@ void Router::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
 }
 
 absl::Status Router::Drive(Session& s, TextAssembler& a, const std::function<bool()>& progress) {
-  RunningRequest& run = *s.run;
-  absl::Time last = run.first_token_time;
-  generation_tokens_->Increment();
-  bool stop = a.Add(run.prefilled.first());
-  FinishReason finish = FinishReason::kNone;
-  bool gone = false;
-  if (!progress()) {
-    gone = true;
-  } else if (!stop) {
-    rpc::GenerateResponse msg;
-    while (run.stream->Read(&msg)) {
-      const absl::Time now = absl::Now();
-      const int n = msg.tokens_size();
-      for (int i = 0; i < n && !stop; ++i) {
-        itl_->Observe(absl::ToDoubleSeconds(now - last) / n);
-        generation_tokens_->Increment();
-        stop = a.Add(msg.tokens(i));
-      }
-      if (n > 0) last = now;
-      if (!msg.finish_reason().empty()) finish = ParseFinish(msg.finish_reason());
-      if (stop || finish != FinishReason::kNone) break;
-      if (!progress()) {
-        gone = true;
-        break;
+  // Every token the request generated, for a migration to carry over.
+  std::vector<int32_t> generated;
+  int migrations = 0;
+  absl::Duration itl = absl::ZeroDuration();  // the stream's smoothed inter-token time
+  auto stall_bound = [&] { return std::max(options_.stall_timeout, 50 * itl); };
+  for (;;) {
+    RunningRequest& run = *s.run;
+    absl::Time last = run.first_token_time;
+    generation_tokens_->Increment();
+    generated.push_back(run.prefilled.first().token());
+    bool stop = a.Add(run.prefilled.first());
+    FinishReason finish = FinishReason::kNone;
+    bool gone = false;
+    // The timer cancels a stream that sends nothing for its bound: Read then returns false.
+    std::atomic<bool> stalled{false};
+    GenerationStream* stream = run.stream.get();
+    const uint64_t watch = flow_->timers().Add(stall_bound(), /*repeat=*/false, [&stalled, stream] {
+      stalled = true;
+      stream->Cancel();
+    });
+    if (!progress()) {
+      gone = true;
+    } else if (!stop) {
+      rpc::GenerateResponse msg;
+      while (run.stream->Read(&msg)) {
+        const absl::Time now = absl::Now();
+        const int n = msg.tokens_size();
+        for (int i = 0; i < n && !stop; ++i) {
+          itl_->Observe(absl::ToDoubleSeconds(now - last) / n);
+          generation_tokens_->Increment();
+          generated.push_back(msg.tokens(i).token());
+          stop = a.Add(msg.tokens(i));
+        }
+        if (n > 0) {
+          itl = itl == absl::ZeroDuration() ? (now - last) / n : (itl * 7 + (now - last) / n) / 8;
+          last = now;
+          flow_->timers().Reset(watch, stall_bound());
+        }
+        if (!msg.finish_reason().empty()) finish = ParseFinish(msg.finish_reason());
+        if (stop || finish != FinishReason::kNone) break;
+        if (!progress()) {
+          gone = true;
+          break;
+        }
       }
     }
+    flow_->timers().Remove(watch);
+    if (gone || stop || finish == FinishReason::kNone) run.stream->Cancel();
+    const absl::Status st = run.stream->Finish();
+    if (gone) {
+      a.End(FinishReason::kAbort);
+      return absl::CancelledError("the client went away");
+    }
+    if (stop || finish != FinishReason::kNone) {
+      a.End(finish == FinishReason::kNone ? FinishReason::kStop : finish);
+      return absl::OkStatus();
+    }
+    // The decode worker failed or stalled mid-stream: the generation goes on elsewhere.
+    const char* why = stalled ? "stalled" : "failed";
+    const std::string what =
+        stalled ? absl::StrFormat("the decode worker %s sent nothing for %s", run.decode->address,
+                                  absl::FormatDuration(stall_bound()))
+                : absl::StrFormat("the decode worker %s failed mid-generation: %s",
+                                  run.decode->address, st.message());
+    if (migrations >= options_.max_migrations) {
+      a.End(FinishReason::kAbort);
+      return absl::UnavailableError(
+          absl::StrFormat("%s (after %d migrations, the most allowed)", what, migrations));
+    }
+    absl::StatusOr<std::unique_ptr<RunningRequest>> next =
+        flow_->Continue(s.request, generated, run.decode, what);
+    if (absl::IsOutOfRange(next.status())) {  // it had generated every token it may
+      a.End(FinishReason::kLength);
+      return absl::OkStatus();
+    }
+    if (!next.ok()) {
+      a.End(FinishReason::kAbort);
+      return absl::UnavailableError(absl::StrFormat(
+          "%s; moving the generation to another worker failed: %s", what, next.status().message()));
+    }
+    ++migrations;
+    migrations_->Add({{"reason", why}}).Increment();
+    std::fprintf(stderr,
+                 "router: %s; the generation continues on %s after %zu tokens (migration %d)\n",
+                 what.c_str(), (*next)->decode->address.c_str(), generated.size(), migrations);
+    s.run = *std::move(next);
   }
-  if (gone || stop || finish == FinishReason::kNone) run.stream->Cancel();
-  const absl::Status st = run.stream->Finish();
-  if (gone) {
-    a.End(FinishReason::kAbort);
-    return absl::CancelledError("the client went away");
-  }
-  if (stop || finish != FinishReason::kNone) {
-    a.End(finish == FinishReason::kNone ? FinishReason::kStop : finish);
-    return absl::OkStatus();
-  }
-  a.End(FinishReason::kAbort);
-  return absl::UnavailableError(absl::StrFormat("the decode worker %s failed mid-generation: %s",
-                                                run.decode->address, st.message()));
 }
 
 void Router::HandleModels(const httplib::Request& req, httplib::Response& res) {

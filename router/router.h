@@ -50,6 +50,11 @@ struct RouterOptions {
   int max_attempts = 3;                              // workers tried per request
   absl::Duration queue_timeout = absl::Seconds(60);  // waiting for KV pages on every decoder
   absl::Duration poll = absl::Seconds(1);
+  // A generation whose decode worker fails or stalls mid-stream continues on other workers
+  // (RequestFlow::Continue) at most this many times.
+  int max_migrations = 3;
+  // Stalled: nothing from the decode worker for this long, or 50 inter-token times if longer.
+  absl::Duration stall_timeout = absl::Seconds(10);
 };
 
 class Router {
@@ -98,6 +103,7 @@ class Router {
   std::shared_ptr<prometheus::Registry> metrics_;
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
   prometheus::Family<prometheus::Counter>* retries_ = nullptr;
+  prometheus::Family<prometheus::Counter>* migrations_ = nullptr;
   prometheus::Histogram* ttft_ = nullptr;
   prometheus::Histogram* itl_ = nullptr;
   prometheus::Histogram* e2e_ = nullptr;
