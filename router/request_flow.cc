@@ -1,6 +1,7 @@
 #include "router/request_flow.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -189,8 +190,23 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowReq
     *gen.mutable_first() = prefilled->first();
     running->stream = d->decode->Generate(gen);
     rpc::GenerateResponse accepted;
-    if (!running->stream->Read(&accepted)) {
+    // A decode worker that does not take the generation within open_timeout (stopped, or its
+    // loop stuck) has the stream cancelled under it, and counts as gone.
+    std::atomic<bool> stalled{false};
+    GenerationStream* opening = running->stream.get();
+    const uint64_t watch = timers_.Add(options_.open_timeout, /*repeat=*/false, [&] {
+      stalled = true;
+      opening->Cancel();
+    });
+    const bool opened = running->stream->Read(&accepted);
+    timers_.Remove(watch);
+    if (!opened) {
       last = running->stream->Finish();
+      if (stalled) {
+        last = absl::DeadlineExceededError(
+            absl::StrFormat("the decode worker %s did not begin the generation within %s",
+                            d->address, absl::FormatDuration(options_.open_timeout)));
+      }
       if (last.ok()) {
         last = absl::InternalError(absl::StrFormat(
             "the decode worker %s ended the generation before it began", d->address));

@@ -78,6 +78,9 @@ struct RequestFlowOptions {
   absl::Duration queue_timeout = absl::Seconds(60);     // waiting for KV pages on every decoder
   absl::Duration pages_retry = absl::Milliseconds(20);  // between reservations while waiting
   absl::Duration min_renew_period = absl::Seconds(1);
+  // A decode worker that has not begun a generation this long after it was asked counts as
+  // gone (the request moves to another one).
+  absl::Duration open_timeout = absl::Seconds(10);
   // Observers (each may be empty): a retry after `role` failed; the request starts (+1) or
   // stops (-1) waiting for pages; the reservation succeeded `queued` after the request began.
   std::function<void(const char* role)> on_retry;

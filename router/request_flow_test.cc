@@ -38,12 +38,15 @@ class Script {
   std::deque<T> answers_;
 };
 
-// A generation that sends its acceptance and `tokens` tokens, or fails at once with `error`.
+// A generation that sends its acceptance and `tokens` tokens, or fails at once with `error`,
+// or (`hang`) sends nothing until it is cancelled, as a stopped worker.
 class FakeGeneration final : public GenerationStream {
  public:
-  FakeGeneration(absl::Status error, int tokens, std::atomic<int>* cancels)
-      : error_(std::move(error)), tokens_(tokens), cancels_(cancels) {}
+  FakeGeneration(absl::Status error, int tokens, std::atomic<int>* cancels, bool hang = false)
+      : error_(std::move(error)), tokens_(tokens), cancels_(cancels), hang_(hang) {}
   bool Read(rpc::GenerateResponse* message) override {
+    while (hang_ && !cancelled_) absl::SleepFor(absl::Milliseconds(1));
+    if (cancelled_) error_ = absl::CancelledError("cancelled");
     if (!error_.ok() || sent_ > tokens_) return false;
     *message = rpc::GenerateResponse();
     if (sent_ > 0) message->add_tokens()->set_token(sent_);
@@ -52,12 +55,17 @@ class FakeGeneration final : public GenerationStream {
     return true;
   }
   absl::Status Finish() override { return error_; }
-  void Cancel() override { ++*cancels_; }
+  void Cancel() override {
+    ++*cancels_;
+    cancelled_ = true;
+  }
 
  private:
   absl::Status error_;
   int tokens_, sent_ = 0;
   std::atomic<int>* cancels_;
+  const bool hang_;
+  std::atomic<bool> cancelled_{false};
 };
 
 class FakeDecode final : public DecodeCalls {
@@ -94,10 +102,11 @@ class FakeDecode final : public DecodeCalls {
     absl::Status st = generate_script.Next(absl::OkStatus());
     std::lock_guard<std::mutex> lock(mu_);
     live_.erase(request.reservation_id());
-    return std::make_unique<FakeGeneration>(std::move(st), 3, &cancels);
+    return std::make_unique<FakeGeneration>(std::move(st), 3, &cancels, hang_generate);
   }
 
   Script<absl::Status> reserve_script, generate_script;
+  bool hang_generate = false;
   double expires_in_seconds = 30;
   std::atomic<int> reserves{0}, generates{0}, renewals{0}, cancels{0};
   std::mutex mu_;
@@ -408,6 +417,24 @@ TEST(RequestFlowTest, ReservationsAreRenewedWhileThePromptWaitsAndNotAfter) {
   EXPECT_GE(renewed, 3);
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_EQ(d.renewals, renewed);
+}
+
+TEST(RequestFlowTest, ADecodeWorkerThatNeverBeginsIsLeftForAnother) {
+  FakeWorkers workers;
+  FakeDecode& d0 = workers.AddDecode("d0");
+  workers.AddDecode("d1");
+  workers.AddPrefill("p0");
+  d0.hang_generate = true;
+  Counts c;
+  RequestFlowOptions options = Options(c);
+  options.open_timeout = absl::Milliseconds(100);
+  RequestFlow flow(workers, options);
+  auto run = flow.Start(Request());
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ((*run)->decode, &workers.worker("d1"));
+  EXPECT_EQ(d0.cancels, 1);
+  EXPECT_TRUE(workers.down.contains("d0"));
+  EXPECT_THAT(c.retries, ElementsAre("decode"));
 }
 
 TEST(RequestFlowTest, ContinueCarriesTheGeneratedTokensElsewhere) {

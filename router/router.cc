@@ -167,6 +167,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(const RouterOptions& opti
   r->flow_ = std::make_unique<RequestFlow>(
       *r->registry_, RequestFlowOptions{.max_attempts = options.max_attempts,
                                         .queue_timeout = options.queue_timeout,
+                                        .open_timeout = options.stall_timeout,
                                         .on_retry =
                                             [raw](const char* role) {
                                               raw->retries_->Add({{"role", role}}).Increment();

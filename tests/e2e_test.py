@@ -649,7 +649,7 @@ def streamed_text(body):
 
 
 class Migration(unittest.TestCase):
-    """Two workers of each role. A decode worker dies (-9) while it streams:
+    """Two workers of each role. A decode worker dies (-9) or stalls (-STOP) while it streams:
     its generations go on elsewhere, each client seeing one stream that ends well, with every
     token it asked for counted once. (Its text may part from an undisturbed run's: the moved
     tokens' KV is computed again by a prefill, and batches differ; see the README.)"""
@@ -696,6 +696,22 @@ class Migration(unittest.TestCase):
         c = self.check(lambda p: (p.kill(), p.wait()), "failed")
         codes = c.stop()
         for name in ("router", "prefill-0", "prefill-1", "decode-0"):
+            self.assertEqual(codes[name], 0, c.log(name))
+
+
+    def test_a_stalled_decode_worker_loses_no_stream(self):
+        c = self.check(lambda p: p.send_signal(signal.SIGSTOP), "stalled")
+        try:
+            # Woken, the stalled worker finds its generations cancelled and frees their pages.
+            c.procs["decode-1"].send_signal(signal.SIGCONT)
+            deadline = time.time() + 30
+            while (c.metric(c.decode_metrics_ports[1], "sluice_kv_pages_used") != 0 or
+                   c.metric(c.decode_metrics_ports[1], "sluice_requests_running") != 0):
+                self.assertLess(time.time(), deadline, c.log("decode-1"))
+                time.sleep(0.1)
+        finally:
+            codes = c.stop()
+        for name in ("router", "prefill-0", "prefill-1", "decode-0", "decode-1"):
             self.assertEqual(codes[name], 0, c.log(name))
 
 
