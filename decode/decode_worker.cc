@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "common/sampling.h"
 #include "common/status_macros.h"
 #include "kvstore/kv_preset.h"
 #include "kvstore/wire/crc32c.h"
@@ -372,21 +373,8 @@ absl::StatusOr<std::string> DecodeWorker::TakeState(const Reservation& r,
 
 absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
     const rpc::GenerateRequest& request, const std::string& client) {
-  model::SamplingParams params;
   const rpc::SamplingParams& sp = request.sampling();
-  params.temperature = sp.temperature();
-  params.top_k = sp.top_k();
-  params.top_p = sp.top_p();
-  params.min_p = sp.min_p();
-  params.repetition_penalty = sp.repetition_penalty();
-  params.seed = sp.seed();
-  params.max_tokens = sp.max_tokens();
-  params.stop_tokens.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
-  SLUICE_RETURN_IF_ERROR(params.Validate());
-  if (sp.skip_samples() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("skip_samples=%d must be >= 0", sp.skip_samples()));
-  }
+  SLUICE_ASSIGN_OR_RETURN(const model::SamplingParams params, CheckedSampling(sp));
   if (request.prompt().empty()) return absl::InvalidArgumentError("the prompt is empty");
   return OnScheduler<absl::StatusOr<std::shared_ptr<TokenStream>>>(
       [&]() -> absl::StatusOr<std::shared_ptr<TokenStream>> {

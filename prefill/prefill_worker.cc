@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "common/sampling.h"
 #include "common/status_macros.h"
 #include "kvstore/kv_preset.h"
 #include "kvstore/wire/crc32c.h"
@@ -14,19 +15,6 @@ namespace {
 
 const std::vector<double> kSecondsBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                              0.25,  0.5,    1.0,   2.5,  5.0,   10.0, 30.0};
-
-model::SamplingParams ToSampling(const rpc::SamplingParams& sp) {
-  model::SamplingParams p;
-  p.temperature = sp.temperature();
-  p.top_k = sp.top_k();
-  p.top_p = sp.top_p();
-  p.min_p = sp.min_p();
-  p.repetition_penalty = sp.repetition_penalty();
-  p.seed = sp.seed();
-  p.max_tokens = sp.max_tokens();
-  p.stop_tokens.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
-  return p;
-}
 
 }  // namespace
 
@@ -125,11 +113,7 @@ absl::StatusOr<rpc::PrefillResponse> PrefillWorker::Prefill(const rpc::PrefillRe
         "> 0",
         request.pages(), request.page_bytes(), request.state_bytes()));
   }
-  SLUICE_RETURN_IF_ERROR(ToSampling(request.sampling()).Validate());
-  if (request.sampling().skip_samples() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("skip_samples=%d must be >= 0", request.sampling().skip_samples()));
-  }
+  SLUICE_RETURN_IF_ERROR(CheckedSampling(request.sampling()).status());
   auto job = std::make_shared<Job>();
   job->request = request;
   job->start = absl::Now();
@@ -299,7 +283,7 @@ void PrefillWorker::Step() {
 
 void PrefillWorker::Complete(JobPtr job, absl::Span<const float> logits) {
   const rpc::PrefillRequest& req = job->request;
-  model::Sampler sampler(ToSampling(req.sampling()));
+  model::Sampler sampler(SamplingFromProto(req.sampling()));
   sampler.Skip(req.sampling().skip_samples());
   const std::vector<int32_t> prompt(req.prompt().begin(), req.prompt().end());
   const int32_t token = sampler.Sample(logits, prompt);

@@ -23,6 +23,7 @@
 #include "model/sampler.h"
 #include "nlohmann/json.hpp"
 #include "prometheus/text_serializer.h"
+#include "router/text_assembler.h"
 
 namespace sluice::router {
 namespace {
@@ -298,82 +299,6 @@ absl::StatusOr<std::shared_ptr<Router::Session>> Router::Start(const std::shared
   session->run = std::move(run);
   return session;
 }
-
-// Turns the token stream of one request into text: detokenizes, cuts at stop strings, holds
-// back what may be the start of one, and keeps logprobs.
-class TextAssembler {
- public:
-  TextAssembler(const model::Tokenizer& tokenizer, const model::SamplingParams& stops,
-                const rpc::SamplingParams& sampling)
-      : tokenizer_(tokenizer),
-        decoder_(tokenizer),
-        stops_(stops),
-        checker_(stops),
-        sampling_(sampling) {}
-
-  // Adds one token; true when the text must end here (a stop string or stop token).
-  bool Add(const rpc::GeneratedToken& t) {
-    ++tokens_;
-    const bool stop_token =
-        std::find(sampling_.stop_token_ids().begin(), sampling_.stop_token_ids().end(),
-                  t.token()) != sampling_.stop_token_ids().end();
-    if (stop_token) {
-      finish_ = FinishReason::kStop;
-      return true;
-    }
-    if (sampling_.logprobs()) {
-      TokenLogprob lp{.token = std::string(tokenizer_.TokenBytes(t.token())),
-                      .logprob = t.logprob()};
-      for (const rpc::TopLogprob& top : t.top()) {
-        lp.top.emplace_back(std::string(tokenizer_.TokenBytes(top.token())), top.logprob());
-      }
-      logprobs_.push_back(std::move(lp));
-    }
-    text_ += decoder_.Push(t.token());
-    size_t end = 0;
-    if (checker_.Check(t.token(), tokens_, text_, &end) ==
-        model::StopChecker::Reason::kStopString) {
-      for (const std::string& s : stops_.stop_strings) {
-        if (text_.compare(end, s.size(), s) == 0) stop_reason_ = s;
-      }
-      text_.resize(end);
-      finish_ = FinishReason::kStop;
-      stopped_ = true;
-      return true;
-    }
-    return false;
-  }
-  void End(FinishReason reason) {
-    if (!stopped_) text_ += decoder_.Flush();
-    if (finish_ == FinishReason::kNone) finish_ = reason;
-  }
-  // Text that can go out now (all of it once ended).
-  std::string Ready(bool ended) {
-    const size_t end = ended ? text_.size() : text_.size() - checker_.HoldBack(text_);
-    std::string out = end > sent_ ? text_.substr(sent_, end - sent_) : "";
-    sent_ = std::max(sent_, end);
-    return out;
-  }
-  std::vector<TokenLogprob> TakeLogprobs() { return std::exchange(logprobs_, {}); }
-
-  const std::string& text() const { return text_; }
-  FinishReason finish() const { return finish_; }
-  const std::string& stop_reason() const { return stop_reason_; }
-  int tokens() const { return tokens_; }
-
- private:
-  const model::Tokenizer& tokenizer_;
-  model::StreamDecoder decoder_;
-  const model::SamplingParams& stops_;  // stop strings only
-  model::StopChecker checker_;
-  const rpc::SamplingParams& sampling_;
-  std::string text_, stop_reason_;
-  size_t sent_ = 0;
-  int tokens_ = 0;
-  bool stopped_ = false;
-  FinishReason finish_ = FinishReason::kNone;
-  std::vector<TokenLogprob> logprobs_;
-};
 
 namespace {
 

@@ -4,8 +4,7 @@
 // each piece goes out as a chat chunk event. A tokenizer's pieces, the stop strings and the
 // tokens all come from the input; tokens may be outside the vocabulary.
 //
-// The loop below is the router's TextAssembler (router/router.cc), which the router keeps to
-// itself; it differs in one place, End, marked there.
+// The stream is the router's own TextAssembler (router/text_assembler.h).
 //
 // Properties:
 //   - the decoder's pieces are UTF-8 and add up to Tokenizer::Decode of the same tokens;
@@ -31,7 +30,9 @@
 #include "model/tokenizer.h"
 #include "model/unicode_utf8.h"
 #include "nlohmann/json.hpp"
+#include "proto/sluice.pb.h"
 #include "router/openai_api.h"
+#include "router/text_assembler.h"
 
 namespace sluice::router {
 namespace {
@@ -85,64 +86,6 @@ std::string Lossy(std::string_view bytes) {
   return out;
 }
 
-// The router's TextAssembler without logprobs.
-class TextAssembler {
- public:
-  TextAssembler(const model::Tokenizer& tokenizer, const model::SamplingParams& stops,
-                const std::vector<int32_t>& stop_token_ids)
-      : decoder_(tokenizer), stops_(stops), checker_(stops), stop_token_ids_(stop_token_ids) {}
-
-  // Adds one token; true when the text must end here (a stop string or stop token).
-  bool Add(int32_t token) {
-    ++tokens_;
-    for (int32_t id : stop_token_ids_) {
-      if (id == token) return true;
-    }
-    text_ += decoder_.Push(token);
-    return CutAtStop();
-  }
-  void End() {
-    if (stopped_) return;
-    text_ += decoder_.Flush();
-    // The router appends the flushed text unchecked (router.cc, TextAssembler::End), so a
-    // stop string that a cut-off character's U+FFFD completes goes out; here it is cut.
-    CutAtStop();
-  }
-  // Text that can go out now (all of it once ended).
-  std::string Ready(bool ended) {
-    const size_t end = ended ? text_.size() : text_.size() - checker_.HoldBack(text_);
-    std::string out = end > sent_ ? text_.substr(sent_, end - sent_) : "";
-    sent_ = std::max(sent_, end);
-    return out;
-  }
-  const std::string& text() const { return text_; }
-  const std::string& stop_reason() const { return stop_reason_; }
-  bool stopped() const { return stopped_; }
-
- private:
-  bool CutAtStop() {
-    size_t end = 0;
-    if (checker_.Check(-1, tokens_, text_, &end) != model::StopChecker::Reason::kStopString) {
-      return false;
-    }
-    for (const std::string& s : stops_.stop_strings) {
-      if (text_.compare(end, s.size(), s) == 0) stop_reason_ = s;
-    }
-    text_.resize(end);
-    stopped_ = true;
-    return true;
-  }
-
-  model::StreamDecoder decoder_;
-  const model::SamplingParams& stops_;
-  model::StopChecker checker_;
-  const std::vector<int32_t>& stop_token_ids_;
-  std::string text_, stop_reason_;
-  size_t sent_ = 0;
-  int tokens_ = 0;
-  bool stopped_ = false;
-};
-
 // The delta a chat chunk event carries.
 std::string DeltaOf(const std::string& event) {
   Check(event.rfind("data: ", 0) == 0 && event.size() >= 8, "not an SSE event");
@@ -180,8 +123,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!s.empty()) stops.stop_strings.push_back(std::move(s));
   }
   stops.max_tokens = 1 << 30;
-  std::vector<int32_t> stop_token_ids;
-  for (int n = in.Byte() % 3; n > 0; --n) stop_token_ids.push_back(in.Byte() % (vocab + 2) - 1);
+  rpc::SamplingParams sampling;  // the stop token ids
+  for (int n = in.Byte() % 3; n > 0; --n) sampling.add_stop_token_ids(in.Byte() % (vocab + 2) - 1);
   std::vector<int32_t> ids;  // a few hundred: the router's stop check rescans the whole text
   while (!in.done() && ids.size() < 384) ids.push_back(in.Byte() % (vocab + 2) - 1);
 
@@ -198,7 +141,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Check(pieces + tail == tok.Decode(ids), "the decoder's pieces do not add up to Decode");
 
   // The stream, as the router sends it.
-  TextAssembler assembler(tok, stops, stop_token_ids);
+  TextAssembler assembler(tok, stops, sampling);
   const StreamInfo stream{.id = "chatcmpl-0", .created = 1, .model = "m"};
   std::string sent = DeltaOf(ChunkEvent(Endpoint::kChatCompletions, stream, {.first = true}));
   size_t taken = 0;
@@ -211,16 +154,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   };
   bool stop = false;
   while (taken < ids.size() && !stop) {
-    stop = assembler.Add(ids[taken]);
-    if (!stop || assembler.stopped()) ++taken;  // a stop token is not taken
+    rpc::GeneratedToken token;
+    token.set_token(ids[taken]);
+    stop = assembler.Add(token);
+    if (!stop || assembler.stopped_at_string()) ++taken;  // a stop token is not taken
     send(assembler.Ready(false));
   }
-  assembler.End();
+  assembler.End(FinishReason::kLength);
   send(assembler.Ready(true));
   Check(sent == assembler.text(), "the deltas do not add up to the text");
 
   const std::string whole = tok.Decode(std::vector<int32_t>(ids.begin(), ids.begin() + taken));
-  if (assembler.stopped()) {
+  if (assembler.stopped_at_string()) {
     const std::string& reason = assembler.stop_reason();
     Check(!reason.empty(), "stopped at a stop string without naming it");
     Check(whole.compare(0, sent.size() + reason.size(), sent + reason) == 0,

@@ -510,6 +510,15 @@ TEST_F(Disaggregated, BadRequestsNameTheProblem) {
   auto r = prefill_->Prefill(pre);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(r.status().message()).find("vocabulary"), std::string::npos);
+  // A sampler may skip the draws a migrated request made, up to a bound.
+  pre.set_prompt(0, 1);
+  *pre.mutable_sampling() = Greedy(4);
+  for (int skip : {-1, (1 << 20) + 1}) {
+    pre.mutable_sampling()->set_skip_samples(skip);
+    r = prefill_->Prefill(pre);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << skip;
+    EXPECT_NE(std::string(r.status().message()).find("skip_samples"), std::string::npos);
+  }
   ExpectNothingHeld();
 }
 

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/sampling.h"
 #include "google/protobuf/stubs/logging.h"
 #include "kernels/ref/ref_backend.h"
 #include "kvstore/cache/paged_kv_cache.h"
@@ -190,20 +191,6 @@ void FuzzState(bool fix_crcs, const uint8_t* data, size_t size) {
   Check(pool.used_pages() == 0, "pages leaked");
 }
 
-model::SamplingParams ToSampling(const rpc::SamplingParams& sp) {
-  // As the workers convert it (decode_worker.cc Generate, prefill_worker.cc ToSampling).
-  model::SamplingParams p;
-  p.temperature = sp.temperature();
-  p.top_k = sp.top_k();
-  p.top_p = sp.top_p();
-  p.min_p = sp.min_p();
-  p.repetition_penalty = sp.repetition_penalty();
-  p.seed = sp.seed();
-  p.max_tokens = sp.max_tokens();
-  p.stop_tokens.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
-  return p;
-}
-
 // The preset a request names ("" is the worker's default), as the workers look it up.
 void CheckPreset(const rpc::CompressionSpec& spec, int32_t prompt_tokens) {
   if (spec.preset().empty()) return;
@@ -221,9 +208,10 @@ void CheckPreset(const rpc::CompressionSpec& spec, int32_t prompt_tokens) {
 
 void CheckSampling(const rpc::SamplingParams& sp,
                    const google::protobuf::RepeatedField<int32_t>& prompt) {
-  const model::SamplingParams params = ToSampling(sp);
-  if (!params.Validate().ok()) return;
-  model::Sampler sampler(params);
+  // As the workers check it (common/sampling.h).
+  const absl::StatusOr<model::SamplingParams> params = CheckedSampling(sp);
+  if (!params.ok()) return;
+  model::Sampler sampler(*params);
   const std::vector<float> logits = Values(kVocab, static_cast<uint32_t>(sp.seed()));
   const std::vector<int32_t> history(prompt.begin(), prompt.end());
   for (int i = 0; i < 2; ++i) {

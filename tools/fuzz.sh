@@ -117,7 +117,7 @@ fuzz_target() {
     return 1
   fi
   local runs
-  runs=$(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$work/log" | grep -Eo '[0-9]+$' ||
+  runs=$(grep -aEo 'stat::number_of_executed_units: *[0-9]+' "$work/log" | grep -Eo '[0-9]+$' ||
     echo "?")
   echo "fuzz: $name clean after $runs executions" >&2
 }
@@ -162,9 +162,9 @@ run_target() {
       model/chat_template.cc model/sampler.cc model/unicode_utf8.cc kvstore/kv_preset.cc \
       kernels/kv_format.cc ;;
     # Generated tokens to streamed text: detokenization, UTF-8 holdback, stop strings.
-    sse_text) fuzz_target sse_text router router/openai_api.cc model/tokenizer.cc \
-      model/unicode_pretokenizer.cc model/unicode_utf8.cc model/gguf.cc kernels/ggml_quant.cc \
-      model/sampler.cc model/chat_template.cc ;;
+    sse_text) fuzz_target sse_text router router/text_assembler.cc router/openai_api.cc \
+      model/tokenizer.cc model/unicode_pretokenizer.cc model/unicode_utf8.cc model/gguf.cc \
+      kernels/ggml_quant.cc model/sampler.cc model/chat_template.cc gen/proto/sluice.pb.cc ;;
     # What a decode worker accepts from its peers: the KV sequence state and its pages, and the
     # router's requests.
     peer_state) fuzz_target peer_state tests "${KV_CACHE_SRCS[@]}" model/sampler.cc \
