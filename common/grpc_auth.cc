@@ -48,6 +48,8 @@ class TokenInterceptorFactory final : public grpc::experimental::ClientIntercept
   const std::string value_;
 };
 
+}  // namespace
+
 bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
   unsigned char diff = 0;
@@ -55,21 +57,26 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-}  // namespace
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::string& what) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrFormat("cannot read the %s file %s", what, path));
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string secret(absl::StripAsciiWhitespace(text.str()));
+  if (secret.size() < kMinTokenBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the %s in %s has %d characters; at least %d are needed", what, path,
+                        secret.size(), kMinTokenBytes));
+  }
+  return secret;
+}
 
 absl::StatusOr<GrpcAuth> GrpcAuth::FromFile(const std::string& path) {
   GrpcAuth auth;
   if (path.empty()) return auth;
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrFormat("cannot read the token file %s", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  auth.token_ = std::string(absl::StripAsciiWhitespace(text.str()));
-  if (auth.token_.size() < kMinTokenBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("the token in %s has %d characters; at least %d are needed", path,
-                        auth.token_.size(), kMinTokenBytes));
-  }
+  absl::StatusOr<std::string> token = ReadSecretFile(path, "token");
+  if (!token.ok()) return token.status();
+  auth.token_ = *std::move(token);
   auth.header_ = absl::StrCat("Bearer ", auth.token_);
   return auth;
 }

@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -56,6 +57,14 @@ class GrpcAuth {
   std::string header_;  // "Bearer <token>", what a call's authorization metadata must be
   prometheus::Family<prometheus::Counter>* refused_ = nullptr;
 };
+
+// Whether two secrets are equal, in a time that depends on their lengths only.
+bool ConstantTimeEquals(std::string_view a, std::string_view b);
+
+// A secret kept in a file (a Kubernetes Secret's key, a file ./sluice up writes), surrounding
+// whitespace dropped: NotFound when the file cannot be read, InvalidArgument when the secret is
+// shorter than 16 characters; `what` names it in the error ("token", "API key").
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::string& what);
 
 // The caller of a server call as workers bound what one client may hold: the host of its peer
 // address without the port ("ipv4:10.1.2.3", "ipv6:[::1]"; a unix socket's peer as it is), so a

@@ -49,6 +49,18 @@ TEST(PeerHost, DropsThePortOnly) {
   EXPECT_EQ(PeerHost(""), "");
 }
 
+TEST(ReadSecretFile, NamesWhatItReadsInItsErrors) {
+  auto key = ReadSecretFile(WriteFile("key", "  0123456789abcdef0123\n"), "API key");
+  ASSERT_TRUE(key.ok()) << key.status();
+  EXPECT_EQ(*key, "0123456789abcdef0123");
+  auto short_key = ReadSecretFile(WriteFile("short-key", "abc"), "API key");
+  EXPECT_EQ(short_key.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(short_key.status().message().find("the API key in"), std::string::npos);
+  auto missing = ReadSecretFile("/no/such/key", "API key");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("API key file /no/such/key"), std::string::npos);
+}
+
 TEST(GrpcAuth, TokenFilesAreReadOrRefusedByName) {
   auto none = GrpcAuth::FromFile("");
   ASSERT_TRUE(none.ok());

@@ -221,6 +221,24 @@ class Overlay:
             self.assertEqual(t["spec"]["securityContext"]["fsGroup"],
                              t["spec"]["securityContext"]["runAsGroup"])
 
+    def test_the_router_requires_an_api_key_from_its_secret(self):
+        # Clients of the router's API send the key of the sluice-api-key Secret; the router
+        # reads it from the Secret, mounted where its flag points, and has no other key flag.
+        routers = [(w, t) for w, t in pod_templates(self.objects)
+                   if w["metadata"]["name"] == "sluice-router"]
+        self.assertEqual(len(routers), 1)
+        _, t = routers[0]
+        c = t["spec"]["containers"][0]
+        flags = [a for a in c["args"] if a.startswith("--api_key")]
+        self.assertEqual(len(flags), 1, flags)
+        self.assertTrue(flags[0].startswith("--api_key_file="), flags)
+        path = flags[0].split("=", 1)[1]
+        mounts = [m for m in c["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+        self.assertEqual(len(mounts), 1, path)
+        volume = {v["name"]: v for v in t["spec"]["volumes"]}[mounts[0]["name"]]
+        self.assertEqual(volume["secret"]["secretName"], "sluice-api-key")
+        self.assertEqual(path.rsplit("/", 1)[1], "key")
+
     def test_container_arguments_only_use_defined_variables(self):
         configmaps = {c["metadata"]["name"]: c["data"] for c in by_kind(self.objects, "ConfigMap")}
         for w, t in pod_templates(self.objects):

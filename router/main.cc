@@ -9,6 +9,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/grpc_auth.h"
 #include "common/process.h"
 #include "httplib.h"
 #include "model/model_path.h"
@@ -24,6 +25,9 @@ ABSL_FLAG(std::string, prefill, "127.0.0.1:50100",
 ABSL_FLAG(std::string, decode, "127.0.0.1:50200", "Decode workers, as --prefill.");
 ABSL_FLAG(std::string, placement, "least_loaded", "round_robin, least_loaded or prefix_affinity.");
 ABSL_FLAG(std::string, api_key, "", "Require 'Authorization: Bearer KEY'; empty: no key.");
+ABSL_FLAG(std::string, api_key_file, "",
+          "As --api_key, the key read from this file (a Kubernetes Secret); at least 16 "
+          "characters.");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the cluster token the workers require of gRPC calls (./sluice up writes "
           "one); empty: send none.");
@@ -51,6 +55,15 @@ std::vector<std::string> List(const std::string& s) {
 }
 
 absl::Status Run() {
+  std::string api_key = absl::GetFlag(FLAGS_api_key);
+  if (const std::string file = absl::GetFlag(FLAGS_api_key_file); !file.empty()) {
+    if (!api_key.empty()) {
+      return absl::InvalidArgumentError("give --api_key or --api_key_file, not both");
+    }
+    absl::StatusOr<std::string> key = ReadSecretFile(file, "API key");
+    if (!key.ok()) return key.status();
+    api_key = *std::move(key);
+  }
   const std::string path =
       absl::GetFlag(FLAGS_model).empty() ? model::DefaultModelPath() : absl::GetFlag(FLAGS_model);
   auto router =
@@ -59,7 +72,7 @@ absl::Status Run() {
                               .prefill = List(absl::GetFlag(FLAGS_prefill)),
                               .decode = List(absl::GetFlag(FLAGS_decode)),
                               .placement = absl::GetFlag(FLAGS_placement),
-                              .api_key = absl::GetFlag(FLAGS_api_key),
+                              .api_key = api_key,
                               .auth_token_file = absl::GetFlag(FLAGS_auth_token_file),
                               .max_migrations = absl::GetFlag(FLAGS_max_migrations),
                               .stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stall_timeout))});

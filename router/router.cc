@@ -218,7 +218,9 @@ void Router::SendError(httplib::Response& res, const absl::Status& status) {
 
 bool Router::Authorized(const httplib::Request& req, httplib::Response& res) {
   if (options_.api_key.empty()) return true;
-  if (req.get_header_value("Authorization") == "Bearer " + options_.api_key) return true;
+  if (ConstantTimeEquals(req.get_header_value("Authorization"), "Bearer " + options_.api_key)) {
+    return true;
+  }
   res.status = 401;
   res.set_content(ErrorBody({.http_status = 401,
                              .type = "invalid_request_error",
