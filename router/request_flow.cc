@@ -106,127 +106,139 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowReq
     tried.insert(w);
     Retry(w->role.c_str());
   };
-  for (int attempt = 0; attempt < options_.max_attempts;) {
-    Worker* d = workers_.Pick("decode", r.prompt, tried_decode);
-    if (d == nullptr) break;
-    rpc::ReserveRequest reserve;
-    reserve.set_request_id(r.request_id);
-    reserve.mutable_compression()->set_preset(r.preset);
-    reserve.set_prompt_tokens(static_cast<int32_t>(r.prompt.size()));
-    reserve.set_max_tokens(r.sampling.max_tokens());
-    absl::StatusOr<rpc::ReserveResponse> reserved = d->decode->Reserve(reserve);
-    if (absl::IsResourceExhausted(reserved.status()) && absl::Now() < give_up) {
-      // Every decode worker's pool is busy: wait for pages, as a queue would.
-      wait(true);
-      last = reserved.status();
-      absl::SleepFor(options_.pages_retry);
-      continue;
-    }
-    wait(false);
-    if (!reserved.ok()) {
-      last = reserved.status();
-      if (!WorkerGone(last)) return last;
-      drop(d, tried_decode, last);
-      ++attempt;
-      continue;
-    }
-    if (options_.on_reserved) options_.on_reserved(absl::Now() - r.arrived);
-    const uint64_t reservation = reserved->reservation_id();
-    Worker* pf = workers_.Pick("prefill", r.prompt, tried_prefill);
-    if (pf == nullptr) {
-      d->decode->Release(reservation).IgnoreError();
-      last = absl::UnavailableError("no prefill worker is up");
-      break;
-    }
-    rpc::PrefillRequest pre;
-    pre.set_request_id(r.request_id);
-    pre.mutable_prompt()->Add(r.prompt.begin(), r.prompt.end());
-    *pre.mutable_sampling() = r.sampling;
-    pre.mutable_compression()->set_preset(r.preset);
-    pre.set_decode_worker(d->address);
-    pre.set_region(reserved->region());
-    pre.set_pages(reserved->pages());
-    pre.set_state_bytes(reserved->state_bytes());
-    pre.set_page_bytes(reserved->page_bytes());
-    // The prompt may wait in the prefill worker's queue longer than the reservation lives.
-    const absl::Duration period =
-        std::max(options_.min_renew_period, absl::Seconds(reserved->expires_in_seconds() / 3.0));
-    ++pf->in_flight;
-    // A failed renewal needs no action: the generation that follows finds the reservation
-    // gone (NOT_FOUND) and the request starts over.
-    DecodeCalls* decode = d->decode.get();
-    const uint64_t renewal = timers_.Add(period, /*repeat=*/true, [decode, reservation] {
-      decode->Renew(reservation).IgnoreError();
-    });
-    absl::StatusOr<rpc::PrefillResponse> prefilled = pf->prefill->Prefill(pre);
-    timers_.Remove(renewal);
-    --pf->in_flight;
-    if (!prefilled.ok()) {
-      d->decode->Release(reservation).IgnoreError();
-      last = prefilled.status();
-      if (absl::IsAborted(last)) {
-        drop(d, tried_decode, last);  // the pages did not reach the decode worker
-      } else if (WorkerGone(last)) {
-        drop(pf, tried_prefill, last);
-      } else {
-        return last;
+  // Rounds of attempts: while every worker of a role is gone or failing (restarting, stopped,
+  // between pods), the request waits for one to come back, as it waits for pages, until
+  // queue_timeout; then it fails with the last error.
+  for (;;) {
+    for (int attempt = 0; attempt < options_.max_attempts;) {
+      Worker* d = workers_.Pick("decode", r.prompt, tried_decode);
+      if (d == nullptr) break;
+      rpc::ReserveRequest reserve;
+      reserve.set_request_id(r.request_id);
+      reserve.mutable_compression()->set_preset(r.preset);
+      reserve.set_prompt_tokens(static_cast<int32_t>(r.prompt.size()));
+      reserve.set_max_tokens(r.sampling.max_tokens());
+      absl::StatusOr<rpc::ReserveResponse> reserved = d->decode->Reserve(reserve);
+      if (absl::IsResourceExhausted(reserved.status()) && absl::Now() < give_up) {
+        // Every decode worker's pool is busy: wait for pages, as a queue would.
+        wait(true);
+        last = reserved.status();
+        absl::SleepFor(options_.pages_retry);
+        continue;
       }
-      ++attempt;
-      continue;
-    }
-    auto running = std::make_unique<RunningRequest>();
-    running->first_token_time = absl::Now();
-    rpc::GenerateRequest gen;
-    gen.set_request_id(r.request_id);
-    gen.set_reservation_id(reservation);
-    gen.mutable_prompt()->Add(r.prompt.begin(), r.prompt.end());
-    *gen.mutable_sampling() = r.sampling;
-    gen.mutable_compression()->set_preset(r.preset);
-    // The pages and the KV state are in the reservation's window; the generation names how
-    // many pages, and the state's size and checksum.
-    gen.set_pages(static_cast<int32_t>(prefilled->pages()));
-    gen.set_state_bytes(prefilled->state_bytes());
-    gen.set_state_crc32c(prefilled->state_crc32c());
-    *gen.mutable_first() = prefilled->first();
-    running->stream = d->decode->Generate(gen);
-    rpc::GenerateResponse accepted;
-    // A decode worker that does not take the generation within open_timeout (stopped, or its
-    // loop stuck) has the stream cancelled under it, and counts as gone.
-    std::atomic<bool> stalled{false};
-    GenerationStream* opening = running->stream.get();
-    const uint64_t watch = timers_.Add(options_.open_timeout, /*repeat=*/false, [&] {
-      stalled = true;
-      opening->Cancel();
-    });
-    const bool opened = running->stream->Read(&accepted);
-    timers_.Remove(watch);
-    if (!opened) {
-      last = running->stream->Finish();
-      if (stalled) {
-        last = absl::DeadlineExceededError(
-            absl::StrFormat("the decode worker %s did not begin the generation within %s",
-                            d->address, absl::FormatDuration(options_.open_timeout)));
-      }
-      if (last.ok()) {
-        last = absl::InternalError(absl::StrFormat(
-            "the decode worker %s ended the generation before it began", d->address));
-      }
-      if (absl::IsNotFound(last)) {
-        // The reservation expired while the prompt waited for prefill: start over.
-        Retry("decode");
+      wait(false);
+      if (!reserved.ok()) {
+        last = reserved.status();
+        if (!WorkerGone(last)) return last;
+        drop(d, tried_decode, last);
         ++attempt;
         continue;
       }
-      if (!WorkerGone(last)) return last;
-      drop(d, tried_decode, last);
-      ++attempt;
-      continue;
+      if (options_.on_reserved) options_.on_reserved(absl::Now() - r.arrived);
+      const uint64_t reservation = reserved->reservation_id();
+      Worker* pf = workers_.Pick("prefill", r.prompt, tried_prefill);
+      if (pf == nullptr) {
+        d->decode->Release(reservation).IgnoreError();
+        last = absl::UnavailableError("no prefill worker is up");
+        break;
+      }
+      rpc::PrefillRequest pre;
+      pre.set_request_id(r.request_id);
+      pre.mutable_prompt()->Add(r.prompt.begin(), r.prompt.end());
+      *pre.mutable_sampling() = r.sampling;
+      pre.mutable_compression()->set_preset(r.preset);
+      pre.set_decode_worker(d->address);
+      pre.set_region(reserved->region());
+      pre.set_pages(reserved->pages());
+      pre.set_state_bytes(reserved->state_bytes());
+      pre.set_page_bytes(reserved->page_bytes());
+      // The prompt may wait in the prefill worker's queue longer than the reservation lives.
+      const absl::Duration period =
+          std::max(options_.min_renew_period, absl::Seconds(reserved->expires_in_seconds() / 3.0));
+      ++pf->in_flight;
+      // A failed renewal needs no action: the generation that follows finds the reservation
+      // gone (NOT_FOUND) and the request starts over.
+      DecodeCalls* decode = d->decode.get();
+      const uint64_t renewal = timers_.Add(period, /*repeat=*/true, [decode, reservation] {
+        decode->Renew(reservation).IgnoreError();
+      });
+      absl::StatusOr<rpc::PrefillResponse> prefilled = pf->prefill->Prefill(pre);
+      timers_.Remove(renewal);
+      --pf->in_flight;
+      if (!prefilled.ok()) {
+        d->decode->Release(reservation).IgnoreError();
+        last = prefilled.status();
+        if (absl::IsAborted(last)) {
+          drop(d, tried_decode, last);  // the pages did not reach the decode worker
+        } else if (WorkerGone(last)) {
+          drop(pf, tried_prefill, last);
+        } else {
+          return last;
+        }
+        ++attempt;
+        continue;
+      }
+      auto running = std::make_unique<RunningRequest>();
+      running->first_token_time = absl::Now();
+      rpc::GenerateRequest gen;
+      gen.set_request_id(r.request_id);
+      gen.set_reservation_id(reservation);
+      gen.mutable_prompt()->Add(r.prompt.begin(), r.prompt.end());
+      *gen.mutable_sampling() = r.sampling;
+      gen.mutable_compression()->set_preset(r.preset);
+      // The pages and the KV state are in the reservation's window; the generation names how
+      // many pages, and the state's size and checksum.
+      gen.set_pages(static_cast<int32_t>(prefilled->pages()));
+      gen.set_state_bytes(prefilled->state_bytes());
+      gen.set_state_crc32c(prefilled->state_crc32c());
+      *gen.mutable_first() = prefilled->first();
+      running->stream = d->decode->Generate(gen);
+      rpc::GenerateResponse accepted;
+      // A decode worker that does not take the generation within open_timeout (stopped, or its
+      // loop stuck) has the stream cancelled under it, and counts as gone.
+      std::atomic<bool> stalled{false};
+      GenerationStream* opening = running->stream.get();
+      const uint64_t watch = timers_.Add(options_.open_timeout, /*repeat=*/false, [&] {
+        stalled = true;
+        opening->Cancel();
+      });
+      const bool opened = running->stream->Read(&accepted);
+      timers_.Remove(watch);
+      if (!opened) {
+        last = running->stream->Finish();
+        if (stalled) {
+          last = absl::DeadlineExceededError(
+              absl::StrFormat("the decode worker %s did not begin the generation within %s",
+                              d->address, absl::FormatDuration(options_.open_timeout)));
+        }
+        if (last.ok()) {
+          last = absl::InternalError(absl::StrFormat(
+              "the decode worker %s ended the generation before it began", d->address));
+        }
+        if (absl::IsNotFound(last)) {
+          // The reservation expired while the prompt waited for prefill: start over.
+          Retry("decode");
+          ++attempt;
+          continue;
+        }
+        if (!WorkerGone(last)) return last;
+        drop(d, tried_decode, last);
+        ++attempt;
+        continue;
+      }
+      running->prefill = pf;
+      running->decode = d;
+      ++d->in_flight;
+      running->prefilled = *std::move(prefilled);
+      return running;
     }
-    running->prefill = pf;
-    running->decode = d;
-    ++d->in_flight;
-    running->prefilled = *std::move(prefilled);
-    return running;
+    const bool workers_failed =
+        absl::IsUnavailable(last) || absl::IsDeadlineExceeded(last) || absl::IsAborted(last);
+    if (!workers_failed || absl::Now() + options_.worker_wait >= give_up) break;
+    wait(true);
+    absl::SleepFor(options_.worker_wait);
+    tried_prefill.clear();
+    tried_decode.clear();
   }
   wait(false);
   return last;

@@ -14,7 +14,9 @@
 //        └ any other error: returned as is
 //
 // Attempts that fail on a gone worker mark it down (WorkerSet::MarkDown) and count against
-// max_attempts; a reservation whose prefill failed is released. Reservations are renewed by
+// max_attempts; when a round of attempts ends that way (or finds no worker of a role up), the
+// request waits worker_wait and tries again, until queue_timeout. A reservation whose prefill
+// failed is released. Reservations are renewed by
 // one timer thread (Timers), every third of their lifetime, while their prefill runs.
 //
 // A generation that fails or stalls after it began goes on elsewhere (Continue): the prompt and
@@ -77,6 +79,8 @@ struct RequestFlowOptions {
   int max_attempts = 3;                                 // workers tried per request
   absl::Duration queue_timeout = absl::Seconds(60);     // waiting for KV pages on every decoder
   absl::Duration pages_retry = absl::Milliseconds(20);  // between reservations while waiting
+  // Between rounds of attempts while every worker of a role is gone or failing.
+  absl::Duration worker_wait = absl::Milliseconds(500);
   absl::Duration min_renew_period = absl::Seconds(1);
   // A decode worker that has not begun a generation this long after it was asked counts as
   // gone (the request moves to another one).

@@ -50,6 +50,10 @@ ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else
 ABSL_FLAG(std::string, bin_dir, "", "Where the prefill/, decode/ and router/ binaries are.");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports for the page streams; empty: UCX's choice.");
 ABSL_FLAG(std::string, placement, "least_loaded", "The router's placement policy.");
+ABSL_FLAG(int, max_migrations, 3,
+          "The router's: times a generation moves when its decode worker fails or stalls.");
+ABSL_FLAG(double, stall_timeout, 10,
+          "The router's: seconds a generation may send nothing before it counts as stalled.");
 ABSL_FLAG(std::string, auth_token_file, "",
           "The cluster token file every gRPC call between the processes carries; empty: a fresh "
           "token in a private temporary file, removed at exit.");
@@ -230,7 +234,9 @@ int Run(const char* argv0) {
                           absl::StrFormat("--port=%d", port),
                           "--prefill=" + absl::StrJoin(prefill_addrs, ","),
                           "--decode=" + absl::StrJoin(decode_addrs, ","),
-                          "--placement=" + absl::GetFlag(FLAGS_placement), auth_flag});
+                          "--placement=" + absl::GetFlag(FLAGS_placement), auth_flag,
+                          absl::StrCat("--max_migrations=", absl::GetFlag(FLAGS_max_migrations)),
+                          absl::StrCat("--stall_timeout=", absl::GetFlag(FLAGS_stall_timeout))});
   }
   if (!ok) {
     StopAll(children);

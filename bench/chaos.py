@@ -1,0 +1,388 @@
+#!/usr/bin/env python3
+"""sluice bench chaos: a 2 prefill + 2 decode cluster (./sluice up, which restarts a worker that
+dies) under a bounded load of streamed requests while a chaos loop kills (-9) and stops (-STOP,
+then -CONT) random workers.
+
+The load: --requests requests from --concurrency clients; prompts of 20-1,500 tokens (about:
+words that are one token each), max_tokens 8-128, greedy or seeded; 20% of the clients leave
+mid-stream, 5% send a malformed request (which must get a 400). Meanwhile a thread asks the
+router's /health every 100 ms.
+
+It reports requests completed / failed / migrated (the router's sluice_request_migrations_total)
+/ left by their clients / malformed and refused, /health latency p50/p99, and, once the load
+is over and every worker serves again, each worker's KV pages used and reserved, RSS and open
+file descriptors next to what they were before the load. A well-formed request fails when it
+gets no 200, when its stream carries an error event, or when it ends without a finish reason
+or with fewer tokens than it asked for (every request ignores end-of-sequence tokens).
+Exit status 1 when a well-formed request failed, a page stayed held, or a process the chaos
+loop did not touch died.
+
+usage: chaos.py --up PATH_TO_tools/up --model GGUF [--requests 2000] [--out F]
+"""
+import argparse
+import concurrent.futures
+import http.client
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+from serve_bench import cpu_name, make_prompt, percentile, stop, wait_http
+
+
+def free_port_block(n):
+    """A first port p such that p..p+n-1 look free."""
+    rng = random.Random()
+    for _ in range(100):
+        first = rng.randrange(20000, 60000 - n)
+        ok = True
+        for p in range(first, first + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return first
+    raise RuntimeError("no block of %d free ports" % n)
+
+
+def get(url, timeout=5):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read().decode()
+
+
+def metric(port, name):
+    """Sum of a metric's samples on a process's /metrics (None when it does not answer)."""
+    try:
+        _, text = get("http://127.0.0.1:%d/metrics" % port)
+    except OSError:
+        return None
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def pid_of(binary, port):
+    """The pid of the process running `binary` with --port=PORT, or None."""
+    want = ("--port=%d" % port).encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if args and args[0].endswith(binary.encode()) and want in args:
+            return int(pid)
+    return None
+
+
+def process_usage(pid):
+    """(RSS in MiB, open file descriptors) of a process."""
+    rss = None
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) / 1024
+    return rss, len(os.listdir("/proc/%d/fd" % pid))
+
+
+def one_request(host, port, model, spec):
+    """Runs one request of the load; returns (outcome, detail)."""
+    body = {"model": model, "prompt": spec["prompt"], "max_tokens": spec["max_tokens"],
+            "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    if spec["seed"] is None:
+        body["temperature"] = 0
+    else:
+        body.update(temperature=0.8, seed=spec["seed"])
+    if spec["kind"] == "malformed":
+        payload = spec["malformed"]
+    else:
+        payload = json.dumps(body)
+    conn = http.client.HTTPConnection(host, port, timeout=600)
+    try:
+        conn.request("POST", "/v1/completions", payload, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if spec["kind"] == "malformed":
+            resp.read()
+            return ("refused", None) if resp.status == 400 else ("failed", "malformed got %d" %
+                                                                  resp.status)
+        if resp.status != 200:
+            return "failed", "%d %s" % (resp.status, resp.read()[:200])
+        buf, events, finish, usage, error = b"", 0, None, None, None
+        while True:
+            chunk = resp.read1(65536)
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n\n" in buf:
+                event, buf = buf.split(b"\n\n", 1)
+                data = event.decode(errors="replace").strip()
+                if not data.startswith("data: ") or data == "data: [DONE]":
+                    continue
+                j = json.loads(data[len("data: "):])
+                events += 1
+                if "error" in j:
+                    error = j["error"].get("message")
+                if j.get("usage"):
+                    usage = j["usage"]
+                for c in j.get("choices", []):
+                    finish = c.get("finish_reason") or finish
+            if spec["kind"] == "leave" and events >= spec["leave_after"]:
+                return "left", None
+        if error:
+            return "failed", "error event: %s" % error
+        if finish is None:
+            return "failed", "no finish reason"
+        if usage is None or usage.get("completion_tokens") != spec["max_tokens"]:
+            return "failed", "usage %s for max_tokens %d" % (usage, spec["max_tokens"])
+        return "completed", None
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        return "failed", "%s: %s" % (type(e).__name__, e)
+    finally:
+        conn.close()
+
+
+MALFORMED = [
+    "{not json",
+    json.dumps({"prompt": "x", "max_tokens": -3}),
+    json.dumps({"prompt": "x", "temperature": "hot"}),
+    json.dumps({"prompt": "x", "no_such_field": 1}),
+    json.dumps({"prompt": ["x", 5]}),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--up", required=True, help="the tools/up binary")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--chaos-every", type=float, default=30, help="seconds between disruptions")
+    ap.add_argument("--stop-seconds", type=float, default=20, help="how long -STOP lasts")
+    ap.add_argument("--stall-timeout", type=float, default=10, help="the router's")
+    ap.add_argument("--prompt-max", type=int, default=1500)
+    ap.add_argument("--kv-pages", type=int, default=8192)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+
+    first = free_port_block(5)
+    port, prefill_port, decode_port = first, first + 1, first + 3
+    metrics_port = free_port_block(110)
+    cmd = [args.up, "--model=" + args.model, "--prefill=2", "--decode=2", "--threads=1",
+           "--port=%d" % port, "--prefill_port=%d" % prefill_port,
+           "--decode_port=%d" % decode_port, "--metrics_port=%d" % metrics_port,
+           "--kv_pages=%d" % args.kv_pages, "--backend=cpu", "--placement=round_robin",
+           "--stall_timeout=%g" % args.stall_timeout]
+    workers = {}  # name -> (binary, gRPC port, metrics port)
+    for i in range(2):
+        workers["prefill-%d" % i] = ("prefill/prefill", prefill_port + i, metrics_port + 1 + i)
+        workers["decode-%d" % i] = ("decode/decode", decode_port + i, metrics_port + 101 + i)
+    log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), "sluice-chaos-%d.log" % port), "w")
+    up = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = "http://127.0.0.1:%d" % port
+    result = {}
+    try:
+        wait_http(url + "/v1/models", up)
+        deadline = time.time() + 120
+        while True:
+            _, body = get(url + "/v1/workers")
+            if all(w["state"] == "serving" for w in json.loads(body)["workers"]):
+                break
+            if time.time() > deadline:
+                raise RuntimeError("the workers did not all serve: " + body)
+            time.sleep(0.5)
+        model = json.loads(get(url + "/v1/models")[1])["data"][0]["id"]
+
+        def usage_now():
+            out = {}
+            for name, (binary, grpc_port, _) in workers.items():
+                pid = pid_of(binary, grpc_port)
+                out[name] = {"pid": pid}
+                if pid:
+                    out[name]["rss_mib"], out[name]["fds"] = process_usage(pid)
+            pid = pid_of("router/router", port)
+            out["router"] = {"pid": pid}
+            out["router"]["rss_mib"], out["router"]["fds"] = process_usage(pid)
+            return out
+
+        # Requests of the longest prompt first, on every worker (round robin), so that each
+        # process has grown to what the load needs before it is measured.
+        warm = {"kind": "normal", "prompt": make_prompt(rng, args.prompt_max), "max_tokens": 128,
+                "seed": None}
+        for _ in range(2):
+            with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
+                list(pool.map(lambda _: one_request("127.0.0.1", port, model, warm),
+                              range(args.concurrency)))
+        before = usage_now()
+
+        specs = []
+        for i in range(args.requests):
+            r = rng.random()
+            kind = "malformed" if r < 0.05 else "leave" if r < 0.25 else "normal"
+            specs.append({"kind": kind,
+                          "prompt": make_prompt(rng, rng.randint(20, args.prompt_max)),
+                          "max_tokens": rng.randint(8, 128),
+                          "seed": None if rng.random() < 0.5 else rng.randrange(1 << 30),
+                          "leave_after": rng.randint(1, 4),
+                          "malformed": rng.choice(MALFORMED)})
+
+        done = threading.Event()
+        disruptions = []
+        health = []
+
+        def chaos():
+            crng = random.Random(args.seed + 1)
+            while not done.wait(args.chaos_every):
+                name = crng.choice(sorted(workers))
+                binary, grpc_port, _ = workers[name]
+                pid = pid_of(binary, grpc_port)
+                if pid is None:  # restarting
+                    continue
+                action = crng.choice(["kill", "stop"])
+                disruptions.append({"at": time.time(), "worker": name, "action": action})
+                if action == "kill":
+                    os.kill(pid, signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGSTOP)
+                    done.wait(args.stop_seconds)
+                    os.kill(pid, signal.SIGCONT)
+
+        def probe():
+            while not done.wait(0.1):
+                t0 = time.time()
+                try:
+                    get(url + "/health", timeout=10)
+                except OSError:
+                    pass  # 503 while a role has no worker: still an answer
+                health.append(time.time() - t0)
+
+        threads = [threading.Thread(target=chaos), threading.Thread(target=probe)]
+        for t in threads:
+            t.start()
+        t0 = time.time()
+        counts = {"completed": 0, "failed": 0, "left": 0, "refused": 0}
+        failures = []
+        with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
+            futures = [pool.submit(one_request, "127.0.0.1", port, model, s) for s in specs]
+            for i, f in enumerate(futures):
+                outcome, detail = f.result()
+                counts[outcome] += 1
+                if outcome == "failed":
+                    failures.append({"request": i, "kind": specs[i]["kind"], "why": detail})
+                if (i + 1) % 50 == 0:
+                    print("chaos: %d/%d requests, %s" % (i + 1, len(specs), counts),
+                          file=sys.stderr, flush=True)
+        seconds = time.time() - t0
+        done.set()
+        for t in threads:
+            t.join()
+
+        # Every worker back and serving, then nothing held.
+        deadline = time.time() + 120
+        while True:
+            _, body = get(url + "/v1/workers")
+            if all(w["state"] == "serving" for w in json.loads(body)["workers"]):
+                break
+            if time.time() > deadline:
+                raise RuntimeError("the workers did not all serve again: " + body)
+            time.sleep(0.5)
+        # Reservations a router could not release (its worker was stopped) expire after the
+        # decode workers' --reservation_ttl (60 s).
+        held = {}
+        t_drain = time.time()
+        deadline = t_drain + 75
+        while True:
+            held = {name: {"pages_used": metric(m, "sluice_kv_pages_used"),
+                           "pages_reserved": metric(m, "sluice_kv_pages_reserved")}
+                    for name, (_, _, m) in workers.items() if name.startswith("decode")}
+            if all(h["pages_used"] == 0 and h["pages_reserved"] == 0 for h in held.values()):
+                break
+            if time.time() > deadline:
+                break
+            time.sleep(0.5)
+        drained_seconds = time.time() - t_drain
+        after = usage_now()
+        migrations = metric(port, "sluice_request_migrations_total") or 0
+        well_formed = args.requests - sum(1 for s in specs if s["kind"] == "malformed")
+        result = {
+            "system": "sluice",
+            "benchmark": "chaos",
+            "machine": {"cpu": cpu_name(), "cores": os.cpu_count()},
+            "cluster": "2 prefill + 2 decode (./sluice up, --threads=1, --backend=cpu), "
+                       "round_robin placement",
+            "requests": args.requests,
+            "concurrency": args.concurrency,
+            "chaos_every_seconds": args.chaos_every,
+            "stop_seconds": args.stop_seconds,
+            "stall_timeout_seconds": args.stall_timeout,
+            "seconds": seconds,
+            "outcomes": counts,
+            "well_formed": well_formed,
+            "completed_share_of_staying_clients":
+                counts["completed"] / max(1, counts["completed"] + counts["failed"]),
+            "migrations": migrations,
+            "disruptions": disruptions,
+            "failures": failures[:50],
+            "health_seconds": {"p50": percentile(health, 50), "p99": percentile(health, 99),
+                               "max": max(health) if health else None, "probes": len(health)},
+            "pages_after": held,
+            "seconds_until_no_page_held": drained_seconds,
+            "processes_before": before,
+            "processes_after": after,
+        }
+    finally:
+        stop(up)
+        log.close()
+
+    print("\nchaos: %d requests in %.0f s (%d clients), a worker disrupted every %g s "
+          "(%d disruptions)" % (args.requests, result["seconds"], args.concurrency,
+                                args.chaos_every, len(result["disruptions"])), file=sys.stderr)
+    print("  completed %d  failed %d  left by their clients %d  malformed and refused %d  "
+          "migrations %d" % (counts["completed"], counts["failed"], counts["left"],
+                             counts["refused"], migrations), file=sys.stderr)
+    h = result["health_seconds"]
+    print("  /health p50 %.1f ms  p99 %.1f ms  max %.1f ms over %d probes" %
+          (1e3 * (h["p50"] or 0), 1e3 * (h["p99"] or 0), 1e3 * (h["max"] or 0), h["probes"]),
+          file=sys.stderr)
+    print("  %-10s %10s %10s %14s %14s" % ("process", "pages", "reserved", "RSS MiB", "fds"),
+          file=sys.stderr)
+    for name in sorted(result["processes_after"]):
+        b, a = result["processes_before"][name], result["processes_after"][name]
+        p = result["pages_after"].get(name, {})
+        print("  %-10s %10s %10s %6.0f -> %5.0f %6s -> %5s%s" % (
+            name, p.get("pages_used", "-"), p.get("pages_reserved", "-"), b.get("rss_mib") or 0,
+            a.get("rss_mib") or 0, b.get("fds"), a.get("fds"),
+            "  (restarted)" if b["pid"] != a["pid"] else ""), file=sys.stderr)
+    for f in result["failures"][:10]:
+        print("  failed: request %d (%s): %s" % (f["request"], f["kind"], f["why"]),
+              file=sys.stderr)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    leaked = any(h["pages_used"] != 0 or h["pages_reserved"] != 0
+                 for h in result["pages_after"].values())
+    touched = {d["worker"] for d in result["disruptions"] if d["action"] == "kill"}
+    died = [n for n in result["processes_after"]
+            if n not in touched and
+            result["processes_before"][n]["pid"] != result["processes_after"][n]["pid"]]
+    if died:
+        print("  died without being killed: %s" % ", ".join(died), file=sys.stderr)
+    return 1 if counts["failed"] or leaked or died else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
