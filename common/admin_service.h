@@ -1,5 +1,6 @@
-// The Admin gRPC service every worker serves: health, stats and drain, answered by callbacks
-// into the worker, each call checked against the cluster token (grpc_auth.h).
+// The Admin gRPC service every worker serves: health, stats and drain (and its undoing),
+// answered by callbacks into the worker, each call checked against the cluster token
+// (grpc_auth.h).
 #ifndef SLUICE_COMMON_ADMIN_SERVICE_H_
 #define SLUICE_COMMON_ADMIN_SERVICE_H_
 
@@ -15,7 +16,7 @@ namespace sluice {
 class AdminService final : public rpc::Admin::Service {
  public:
   AdminService(const GrpcAuth& auth, std::string name, std::string role, std::string model,
-               std::function<rpc::StatsResponse()> stats, std::function<void()> drain)
+               std::function<rpc::StatsResponse()> stats, std::function<void(bool)> drain)
       : auth_(auth),
         name_(std::move(name)),
         role_(std::move(role)),
@@ -39,10 +40,11 @@ class AdminService final : public rpc::Admin::Service {
     *out = stats_();
     return grpc::Status::OK;
   }
-  grpc::Status Drain(grpc::ServerContext* ctx, const rpc::DrainRequest*,
-                     rpc::DrainResponse*) override {
+  grpc::Status Drain(grpc::ServerContext* ctx, const rpc::DrainRequest* request,
+                     rpc::DrainResponse* out) override {
     if (grpc::Status st = auth_.Check(*ctx, "Admin.Drain"); !st.ok()) return st;
-    drain_();
+    drain_(!request->undo());
+    out->set_draining(!request->undo());
     return grpc::Status::OK;
   }
 
@@ -50,7 +52,7 @@ class AdminService final : public rpc::Admin::Service {
   const GrpcAuth& auth_;
   const std::string name_, role_, model_;
   std::function<rpc::StatsResponse()> stats_;
-  std::function<void()> drain_;
+  std::function<void(bool)> drain_;  // true: drain; false: serve again
 };
 
 }  // namespace sluice

@@ -89,8 +89,13 @@ TEST(GrpcAuth, CallsWithoutTheTokenAreRefusedAndCounted) {
   prometheus::Registry registry;
   auth->CountIn(registry);
   int drains = 0;
+  bool draining = false;
   AdminService admin(
-      *auth, "w", "decode", "m", [] { return rpc::StatsResponse(); }, [&] { ++drains; });
+      *auth, "w", "decode", "m", [] { return rpc::StatsResponse(); },
+      [&](bool on) {
+        ++drains;
+        draining = on;
+      });
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
@@ -107,11 +112,15 @@ TEST(GrpcAuth, CallsWithoutTheTokenAreRefusedAndCounted) {
     rpc::StatsResponse out;
     return stub->Stats(&ctx, rpc::StatsRequest(), &out).error_code();
   };
-  const auto drain = [&](const GrpcAuth& client) {
+  const auto drain = [&](const GrpcAuth& client, bool undo = false) {
     auto stub = rpc::Admin::NewStub(client.Channel(target, args));
     grpc::ClientContext ctx;
+    rpc::DrainRequest request;
+    request.set_undo(undo);
     rpc::DrainResponse out;
-    return stub->Drain(&ctx, rpc::DrainRequest(), &out).error_code();
+    const grpc::StatusCode code = stub->Drain(&ctx, request, &out).error_code();
+    if (code == grpc::StatusCode::OK) EXPECT_EQ(out.draining(), !undo);
+    return code;
   };
   EXPECT_EQ(stats(GrpcAuth()), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(stats(*other), grpc::StatusCode::UNAUTHENTICATED);
@@ -122,6 +131,12 @@ TEST(GrpcAuth, CallsWithoutTheTokenAreRefusedAndCounted) {
   EXPECT_EQ(stats(*auth), grpc::StatusCode::OK);
   EXPECT_EQ(drain(*auth), grpc::StatusCode::OK);
   EXPECT_EQ(drains, 1);
+  EXPECT_TRUE(draining);
+  // A drain is undone by the same call (and only with the token).
+  EXPECT_EQ(drain(GrpcAuth(), /*undo=*/true), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(draining);
+  EXPECT_EQ(drain(*auth, /*undo=*/true), grpc::StatusCode::OK);
+  EXPECT_FALSE(draining);
   EXPECT_EQ(Refused(registry, "Admin.Stats"), 2);
 
   // Probes carry no credential: the health service answers them.

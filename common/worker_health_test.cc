@@ -80,7 +80,7 @@ class WorkerHealthServiceTest : public ::testing::Test {
   }
 
   GrpcAuth auth_;
-  AdminService admin_{auth_, "w", "decode", "m", [] { return rpc::StatsResponse(); }, [] {}};
+  AdminService admin_{auth_, "w", "decode", "m", [] { return rpc::StatsResponse(); }, [](bool) {}};
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::health::v1::Health::Stub> stub_;
 };

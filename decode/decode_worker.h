@@ -98,7 +98,8 @@ class DecodeWorker {
   // Ends the generation feeding `stream` and frees its pages.
   void Cancel(const std::shared_ptr<TokenStream>& stream);
   rpc::StatsResponse Stats();
-  void Drain() { draining_ = true; }
+  // Takes no new request (true) or takes them again (false).
+  void Drain(bool on = true) { draining_ = on; }
   bool draining() const { return draining_; }
 
  private:

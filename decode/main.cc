@@ -86,7 +86,7 @@ absl::Status Run() {
   decode::DecodeService decode_service(worker, *auth);
   AdminService admin(
       *auth, absl::GetFlag(FLAGS_name), "decode", ServedModelName(path),
-      [&] { return worker.Stats(); }, [&] { worker.Drain(); });
+      [&] { return worker.Stats(); }, [&](bool on) { worker.Drain(on); });
 
   return ServeWorker(
       {.name = absl::GetFlag(FLAGS_name),

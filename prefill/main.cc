@@ -84,7 +84,7 @@ absl::Status Run() {
   PrefillService service(worker, *auth);
   AdminService admin(
       *auth, absl::GetFlag(FLAGS_name), "prefill", ServedModelName(path),
-      [&] { return worker.Stats(); }, [&] { worker.Drain(); });
+      [&] { return worker.Stats(); }, [&](bool on) { worker.Drain(on); });
 
   return ServeWorker(
       {.name = absl::GetFlag(FLAGS_name),

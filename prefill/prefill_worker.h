@@ -54,7 +54,8 @@ class PrefillWorker {
   // Queues the prompt and waits until its pages sit in the decode worker's reservation.
   absl::StatusOr<rpc::PrefillResponse> Prefill(const rpc::PrefillRequest& request);
   rpc::StatsResponse Stats();
-  void Drain() { draining_ = true; }
+  // Takes no new request (true) or takes them again (false).
+  void Drain(bool on = true) { draining_ = on; }
 
  private:
   struct Job {

@@ -493,6 +493,29 @@ TEST_F(DisaggregatedThroughHostCopies, SplitGenerationGivesTheSameTokensAsOnePro
   for (const char* preset : {"fp16", "sluice", "h2o"}) ExpectSameTokensAsOneProcess(*this, preset);
 }
 
+TEST_F(Disaggregated, ADrainIsUndone) {
+  rpc::ReserveRequest reserve;
+  reserve.set_prompt_tokens(16);
+  reserve.set_max_tokens(4);
+  decode_->Drain();
+  EXPECT_EQ(decode_->Reserve(reserve).status().code(), absl::StatusCode::kUnavailable);
+  prefill_->Drain();
+  rpc::PrefillRequest pre;
+  pre.add_prompt(1);
+  EXPECT_EQ(prefill_->Prefill(pre).status().code(), absl::StatusCode::kUnavailable);
+  decode_->Drain(false);
+  prefill_->Drain(false);
+  auto r = decode_->Reserve(reserve);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(decode_->Release(r->reservation_id()).ok());
+  auto run = Start("", Greedy(4));
+  ASSERT_TRUE(run.ok()) << run.status();
+  std::string reason;
+  Drain(*(*run)->stream, &reason);
+  run->reset();
+  ExpectNothingHeld();
+}
+
 TEST_F(Disaggregated, BadRequestsNameTheProblem) {
   rpc::ReserveRequest reserve;
   reserve.set_prompt_tokens(100);
