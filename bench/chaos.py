@@ -195,6 +195,7 @@ def main():
     up = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = "http://127.0.0.1:%d" % port
     result = {}
+    done = threading.Event()  # ends the chaos and probe threads
     try:
         wait_http(url + "/v1/models", up)
         deadline = time.time() + 120
@@ -240,7 +241,6 @@ def main():
                           "leave_after": rng.randint(1, 4),
                           "malformed": rng.choice(MALFORMED)})
 
-        done = threading.Event()
         disruptions = []
         health = []
 
@@ -345,6 +345,15 @@ def main():
             "processes_after": after,
         }
     finally:
+        done.set()
+        # A worker the chaos loop stopped would not see up's SIGTERM: wake every one first.
+        for binary, grpc_port, _ in workers.values():
+            pid = pid_of(binary, grpc_port)
+            try:
+                if pid is not None:
+                    os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass  # gone meanwhile
         stop(up)
         log.close()
 

@@ -91,6 +91,7 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowReq
   std::set<Worker*> tried_prefill, tried_decode;
   absl::Status last = absl::UnavailableError("no decode worker is up");
   const absl::Time give_up = absl::Now() + options_.queue_timeout;
+  absl::Time workers_gone_since = absl::InfiniteFuture();
   bool waiting = false;
   auto wait = [&](bool on) {
     if (waiting != on && options_.on_waiting) options_.on_waiting(on ? 1 : -1);
@@ -234,7 +235,13 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowReq
     }
     const bool workers_failed =
         absl::IsUnavailable(last) || absl::IsDeadlineExceeded(last) || absl::IsAborted(last);
-    if (!workers_failed || absl::Now() + options_.worker_wait >= give_up) break;
+    // The wait for workers counts from the first round that found none: time the request
+    // spent queued for a prefill before a worker failed under it does not use it up.
+    if (workers_gone_since == absl::InfiniteFuture()) workers_gone_since = absl::Now();
+    if (!workers_failed ||
+        absl::Now() + options_.worker_wait >= workers_gone_since + options_.queue_timeout) {
+      break;
+    }
     wait(true);
     absl::SleepFor(options_.worker_wait);
     tried_prefill.clear();

@@ -15,9 +15,9 @@
 //
 // Attempts that fail on a gone worker mark it down (WorkerSet::MarkDown) and count against
 // max_attempts; when a round of attempts ends that way (or finds no worker of a role up), the
-// request waits worker_wait and tries again, until queue_timeout. A reservation whose prefill
-// failed is released. Reservations are renewed by
-// one timer thread (Timers), every third of their lifetime, while their prefill runs.
+// request waits worker_wait and tries again, for queue_timeout from the first such round. A
+// reservation whose prefill failed is released. Reservations are renewed by one timer thread
+// (Timers), every third of their lifetime, while their prefill runs.
 //
 // A generation that fails or stalls after it began goes on elsewhere (Continue): the prompt and
 // the tokens generated so far are prefilled again on a healthy prefill worker and the rest is
