@@ -88,6 +88,18 @@ def pid_of(binary, port):
     return None
 
 
+def wait_all_serving(url, seconds=120):
+    """Until the router sees every worker serving; RuntimeError after `seconds`."""
+    deadline = time.time() + seconds
+    while True:
+        _, body = get(url + "/v1/workers")
+        if all(w["state"] == "serving" for w in json.loads(body)["workers"]):
+            return
+        if time.time() > deadline:
+            raise RuntimeError("the workers did not all serve: " + body)
+        time.sleep(0.5)
+
+
 def process_usage(pid):
     """(RSS in MiB, open file descriptors) of a process."""
     rss = None
@@ -198,14 +210,7 @@ def main():
     done = threading.Event()  # ends the chaos and probe threads
     try:
         wait_http(url + "/v1/models", up)
-        deadline = time.time() + 120
-        while True:
-            _, body = get(url + "/v1/workers")
-            if all(w["state"] == "serving" for w in json.loads(body)["workers"]):
-                break
-            if time.time() > deadline:
-                raise RuntimeError("the workers did not all serve: " + body)
-            time.sleep(0.5)
+        wait_all_serving(url)
         model = json.loads(get(url + "/v1/models")[1])["data"][0]["id"]
 
         def usage_now():
@@ -292,14 +297,7 @@ def main():
             t.join()
 
         # Every worker back and serving, then nothing held.
-        deadline = time.time() + 120
-        while True:
-            _, body = get(url + "/v1/workers")
-            if all(w["state"] == "serving" for w in json.loads(body)["workers"]):
-                break
-            if time.time() > deadline:
-                raise RuntimeError("the workers did not all serve again: " + body)
-            time.sleep(0.5)
+        wait_all_serving(url)
         # Reservations a router could not release (its worker was stopped) expire after the
         # decode workers' --reservation_ttl (60 s).
         held = {}
