@@ -618,9 +618,13 @@ class Failover(unittest.TestCase):
             for name in ("prefill-1", "decode-1"):
                 c.procs[name].kill()
                 c.procs[name].wait()
-            # Right away, before a health check can notice: the router retries elsewhere.
-            for _ in range(6):
-                status, text = post(c.url + "/v1/chat/completions", body)
+            # Right away, before a health check can notice (three failed polls): the router
+            # retries elsewhere. The requests go together so that round-robin hands some of them
+            # to the dead workers however long each takes on a loaded machine.
+            with concurrent.futures.ThreadPoolExecutor(6) as pool:
+                answers = list(pool.map(
+                    lambda _: post(c.url + "/v1/chat/completions", body), range(6)))
+            for status, text in answers:
                 self.assertEqual(status, 200, text + "\nrouter log:\n" + c.log("router"))
                 self.assertEqual(json.loads(text)["choices"][0]["message"]["content"],
                                  json.loads(first)["choices"][0]["message"]["content"])
