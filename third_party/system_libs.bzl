@@ -178,6 +178,14 @@ def sluice_system_libraries():
         debian_package = "libcpp-httplib-dev",
         check_headers = ["httplib.h"],
     )
+    # Header-only: Boost.Beast's HTTP/1.1 on Boost.Asio (no pkg-config module).
+    pkg_config_library(
+        name = "system_beast",
+        modules = [],
+        debian_package = "libboost-dev",
+        check_headers = ["boost/beast/http.hpp", "boost/asio/ip/tcp.hpp"],
+        extra_linkopts = ["-lpthread"],
+    )
     pkg_config_library(
         name = "system_json",
         modules = ["nlohmann_json"],

@@ -20,6 +20,7 @@ PACKAGES=(
   ucx-utils
   prometheus-cpp-dev
   libcpp-httplib-dev
+  libboost-dev
   nlohmann-json3-dev
   libopenblas-dev
   libgoogle-glog-dev
