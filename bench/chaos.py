@@ -8,6 +8,9 @@ words that are one token each), max_tokens 8-128, greedy or seeded; 20% of the c
 mid-stream, 5% send a malformed request (which must get a 400). Meanwhile a thread asks the
 router's /health every 100 ms.
 
+Then the crowd (hold.py): --hold-streams streaming clients at once and --slow-sockets slow
+connections, with /health timed on the API port meanwhile.
+
 It reports requests completed / failed / migrated (the router's sluice_request_migrations_total)
 / left by their clients / malformed and refused, /health latency p50/p99, and, once the load
 is over and every worker serves again, each worker's KV pages used and reserved, RSS and open
@@ -33,6 +36,7 @@ import threading
 import time
 import urllib.request
 
+from hold import hold
 from serve_bench import cpu_name, make_prompt, percentile, stop, wait_http
 
 
@@ -187,6 +191,9 @@ def main():
     ap.add_argument("--prompt-max", type=int, default=1500)
     ap.add_argument("--kv-pages", type=int, default=8192)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--hold-streams", type=int, default=2000,
+                    help="streaming clients at once after the chaos load (0: none)")
+    ap.add_argument("--slow-sockets", type=int, default=1000, help="slow connections meanwhile")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -296,8 +303,15 @@ def main():
         for t in threads:
             t.join()
 
-        # Every worker back and serving, then nothing held.
+        # Every worker back and serving; then the crowd, undisturbed.
         wait_all_serving(url)
+        crowd = None
+        if args.hold_streams > 0:
+            print("chaos: %d streams at once and %d slow sockets" %
+                  (args.hold_streams, args.slow_sockets), file=sys.stderr, flush=True)
+            crowd = hold("127.0.0.1", port, model, args.hold_streams, args.slow_sockets,
+                         seed=args.seed)
+        # Then nothing held.
         # Reservations a router could not release (its worker was stopped) expire after the
         # decode workers' --reservation_ttl (60 s).
         held = {}
@@ -337,6 +351,7 @@ def main():
             "failures": failures[:50],
             "health_seconds": {"p50": percentile(health, 50), "p99": percentile(health, 99),
                                "max": max(health) if health else None, "probes": len(health)},
+            "crowd": crowd,
             "pages_after": held,
             "seconds_until_no_page_held": drained_seconds,
             "processes_before": before,
@@ -365,6 +380,18 @@ def main():
     print("  /health p50 %.1f ms  p99 %.1f ms  max %.1f ms over %d probes" %
           (1e3 * (h["p50"] or 0), 1e3 * (h["p99"] or 0), 1e3 * (h["max"] or 0), h["probes"]),
           file=sys.stderr)
+    c = result["crowd"]
+    if c:
+        ch = c["health_seconds"]
+        print("  crowd: %d streams (%d open at once) and %d slow sockets (%d open at once, %d "
+              "dropped by the router): completed %d  failed %d in %.0f s; /health p50 %.1f ms  "
+              "p99 %.1f ms  max %.1f ms over %d probes" % (
+                  c["streams"], c["streams_open_peak"], c["slow_sockets"],
+                  c["slow_sockets_open_peak"], c["slow_sockets_dropped_by_router"], c["completed"],
+                  c["failed"], c["seconds"] or 0, 1e3 * (ch["p50"] or 0), 1e3 * (ch["p99"] or 0),
+                  1e3 * (ch["max"] or 0), ch["probes"]), file=sys.stderr)
+        for f in c["failures"][:5]:
+            print("  crowd failure: %s" % f, file=sys.stderr)
     print("  %-10s %10s %10s %14s %14s" % ("process", "pages", "reserved", "RSS MiB", "fds"),
           file=sys.stderr)
     for name in sorted(result["processes_after"]):
@@ -388,7 +415,8 @@ def main():
             result["processes_before"][n]["pid"] != result["processes_after"][n]["pid"]]
     if died:
         print("  died without being killed: %s" % ", ".join(died), file=sys.stderr)
-    return 1 if counts["failed"] or leaked or died else 0
+    crowd_failed = bool(result["crowd"] and result["crowd"]["failed"])
+    return 1 if counts["failed"] or crowd_failed or leaked or died else 0
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 #!/bin/bash
 # The short chaos run of `./sluice test` (the long one is `./sluice bench chaos`): a 2 prefill +
 # 2 decode cluster of the bundled model under 24 streamed requests while a worker is killed or
-# stopped every 6 s. Every well-formed request must complete, malformed ones get 400, and no
-# page stays held (bench/chaos.py's exit status).
+# stopped every 6 s, then 200 streams at once beside 100 slow sockets. Every well-formed request
+# must complete, malformed ones get 400, and no page stays held (bench/chaos.py's exit status).
 #   chaos_test.sh UP CHAOS_PY
 set -euo pipefail
 up=$1 chaos=$2
@@ -13,4 +13,5 @@ if [[ ! -f "$model" ]]; then
 fi
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 TMPDIR="$tmp" python3 "$chaos" --up "$up" --model "$model" --requests 24 --concurrency 4 \
-  --chaos-every 6 --stop-seconds 5 --stall-timeout 3 --prompt-max 300 --out "$tmp/chaos.json"
+  --chaos-every 6 --stop-seconds 5 --stall-timeout 3 --prompt-max 300 \
+  --hold-streams 200 --slow-sockets 100 --out "$tmp/chaos.json"

@@ -147,9 +147,9 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   uint64_t seq_ = 0;
-  bool handling_ = false;   // a request is being answered
-  bool began_ = false;      // its response's head is queued
-  bool ended_ = false;      // its response is whole in the queue
+  bool handling_ = false;  // a request is being answered
+  bool began_ = false;     // its response's head is queued
+  bool ended_ = false;     // its response is whole in the queue
   bool keep_alive_ = false;
   bool closed_ = false;
   bool writing_ = false;
@@ -234,10 +234,9 @@ void Session::ReadRequest() {
   parser_->body_limit(srv_.options.max_body_bytes);
   parser_->header_limit(static_cast<uint32_t>(srv_.options.max_header_bytes));
   stream_.expires_after(Chrono(srv_.options.read_deadline));
-  bhttp::async_read(stream_, buffer_, *parser_,
-                    [self = shared_from_this()](beast::error_code ec, size_t) {
-                      self->OnRequest(ec);
-                    });
+  bhttp::async_read(
+      stream_, buffer_, *parser_,
+      [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRequest(ec); });
 }
 
 void Session::OnRequest(beast::error_code ec) {
@@ -249,8 +248,8 @@ void Session::OnRequest(beast::error_code ec) {
     std::string message;
     if (ec == bhttp::error::body_limit) {
       status = 413;
-      message = absl::StrFormat("the request body is larger than %d bytes",
-                                srv_.options.max_body_bytes);
+      message =
+          absl::StrFormat("the request body is larger than %d bytes", srv_.options.max_body_bytes);
     } else if (ec == bhttp::error::header_limit) {
       status = 431;
       message = absl::StrFormat("the request headers are larger than %d bytes",
@@ -321,27 +320,28 @@ void Session::Dispatch(bhttp::request<bhttp::string_body> req) {
 void Session::Watch() {
   if (watching_ || closed_) return;
   watching_ = true;
-  stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](
-                                                          beast::error_code ec) {
-    self->watching_ = false;
-    if (self->closed_) return;
-    if (!ec) {
-      beast::error_code ec2;
-      const size_t available = self->stream_.socket().available(ec2);
-      if (ec2 || available == 0) {  // the client closed its side
-        self->Close();
-        return;
-      }
-      // A pipelined request: it waits in the socket until this response ends.
-    } else if (ec != net::error::operation_aborted) {
-      self->Close();
-      return;
-    }
-    if (self->read_after_watch_) {
-      self->read_after_watch_ = false;
-      self->ReadIdle();
-    }
-  });
+  stream_.socket().async_wait(tcp::socket::wait_read,
+                              [self = shared_from_this()](beast::error_code ec) {
+                                self->watching_ = false;
+                                if (self->closed_) return;
+                                if (!ec) {
+                                  beast::error_code ec2;
+                                  const size_t available = self->stream_.socket().available(ec2);
+                                  if (ec2 || available == 0) {  // the client closed its side
+                                    self->Close();
+                                    return;
+                                  }
+                                  // A pipelined request: it waits in the socket until this response
+                                  // ends.
+                                } else if (ec != net::error::operation_aborted) {
+                                  self->Close();
+                                  return;
+                                }
+                                if (self->read_after_watch_) {
+                                  self->read_after_watch_ = false;
+                                  self->ReadIdle();
+                                }
+                              });
 }
 
 template <typename Body>

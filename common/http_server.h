@@ -35,8 +35,8 @@ struct Request {
   std::string method;  // "GET", "POST", ...
   std::string path;    // the target without its query
   std::string body;
-  Headers headers;     // as received
-  std::string peer;    // the client's address
+  Headers headers;   // as received
+  std::string peer;  // the client's address
 
   // The first header named `name` (case-insensitive); empty when there is none.
   std::string Header(std::string_view name) const;
@@ -49,8 +49,7 @@ struct Request {
 class Responder {
  public:
   virtual ~Responder() = default;
-  virtual void Send(int status, std::string content_type, std::string body,
-                    Headers extra = {}) = 0;
+  virtual void Send(int status, std::string content_type, std::string body, Headers extra = {}) = 0;
   // A chunked response: the status line and headers now, the body as it is written.
   virtual void Begin(int status, std::string content_type, Headers extra = {}) = 0;
   virtual void Write(std::string data) = 0;

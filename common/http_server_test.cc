@@ -62,11 +62,11 @@ Handler Text(std::string body) {
 }
 
 TEST(HttpServerTest, AnswersRoutesAndSaysWhatIsMissing) {
-  auto server = Server::Start({}, {{"GET /health", Text("ok")},
-                                   {"POST /echo", [](Request q, std::shared_ptr<Responder> r) {
-                                      r->Send(201, "text/plain", q.body + q.Header("X-Tag"),
-                                              {{"X-Seen", q.method}});
-                                    }}});
+  auto server = Server::Start(
+      {}, {{"GET /health", Text("ok")},
+           {"POST /echo", [](Request q, std::shared_ptr<Responder> r) {
+              r->Send(201, "text/plain", q.body + q.Header("X-Tag"), {{"X-Seen", q.method}});
+            }}});
   ASSERT_TRUE(server.ok()) << server.status();
   httplib::Client c("127.0.0.1", (*server)->port());
   for (int i = 0; i < 3; ++i) {  // one kept-alive connection
@@ -90,17 +90,17 @@ TEST(HttpServerTest, AnswersRoutesAndSaysWhatIsMissing) {
 
 TEST(HttpServerTest, StreamsChunksWrittenFromAnotherThread) {
   std::vector<std::thread> workers;
-  auto server = Server::Start(
-      {}, {{"GET /stream", [&workers](Request, std::shared_ptr<Responder> r) {
-              workers.emplace_back([r] {
-                r->Begin(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
-                for (int i = 0; i < 5; ++i) {
-                  r->Write(absl::StrCat("data: ", i, "\n\n"));
-                  std::this_thread::sleep_for(std::chrono::milliseconds(5));
-                }
-                r->End();
-              });
-            }}});
+  auto server =
+      Server::Start({}, {{"GET /stream", [&workers](Request, std::shared_ptr<Responder> r) {
+                            workers.emplace_back([r] {
+                              r->Begin(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+                              for (int i = 0; i < 5; ++i) {
+                                r->Write(absl::StrCat("data: ", i, "\n\n"));
+                                std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                              }
+                              r->End();
+                            });
+                          }}});
   ASSERT_TRUE(server.ok());
   httplib::Client c("127.0.0.1", (*server)->port());
   std::string got;
@@ -138,8 +138,8 @@ TEST(HttpServerTest, SlowSocketsHoldNoOneElsesAnswer) {
 }
 
 TEST(HttpServerTest, ARequestMustArriveWithinItsDeadline) {
-  auto server = Server::Start({.read_deadline = absl::Milliseconds(300)},
-                              {{"POST /echo", Text("never")}});
+  auto server =
+      Server::Start({.read_deadline = absl::Milliseconds(300)}, {{"POST /echo", Text("never")}});
   ASSERT_TRUE(server.ok());
   RawSocket s((*server)->port());
   ASSERT_TRUE(s.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"));
@@ -164,8 +164,7 @@ TEST(HttpServerTest, OversizedBodiesAndHeadersGetTheirStatus) {
   auto server = Server::Start(
       {.max_body_bytes = 1024,
        .max_header_bytes = 2048,
-       .error_body = [](int status,
-                        const std::string& m) -> std::pair<std::string, std::string> {
+       .error_body = [](int status, const std::string& m) -> std::pair<std::string, std::string> {
          return {"application/json", absl::StrCat("{\"status\":", status, ",\"m\":\"", m, "\"}")};
        }},
       {{"POST /echo", Text("fine")}});

@@ -1,14 +1,14 @@
 // A worker's Prometheus endpoint: GET /metrics on its own port, the registry in the text
-// exposition format (cpp-httplib serving, prometheus-cpp serializing).
+// exposition format (common/http_server.h serving, prometheus-cpp serializing). Slow or idle
+// scrapers hold a socket each, never a thread.
 #ifndef SLUICE_COMMON_METRICS_SERVER_H_
 #define SLUICE_COMMON_METRICS_SERVER_H_
 
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
-#include "httplib.h"
+#include "common/http_server.h"
 #include "prometheus/registry.h"
 
 namespace sluice {
@@ -18,17 +18,13 @@ class MetricsServer {
   // Listens on host:port (port 0: any free port); Unavailable when it cannot bind.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
       const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry);
-  ~MetricsServer();
 
-  int port() const { return port_; }
+  int port() const { return server_->port(); }
 
  private:
-  MetricsServer() = default;
+  explicit MetricsServer(std::unique_ptr<http::Server> server) : server_(std::move(server)) {}
 
-  httplib::Server server_;
-  std::shared_ptr<prometheus::Registry> registry_;
-  int port_ = 0;
-  std::thread thread_;
+  std::unique_ptr<http::Server> server_;
 };
 
 }  // namespace sluice

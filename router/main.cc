@@ -3,15 +3,14 @@
 //   sluice-router --port 8000 --prefill 127.0.0.1:50100 --decode 127.0.0.1:50200
 #include <iostream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/grpc_auth.h"
+#include "common/http_server.h"
 #include "common/process.h"
-#include "httplib.h"
 #include "model/model_path.h"
 #include "router/router.h"
 
@@ -37,7 +36,9 @@ ABSL_FLAG(int, max_migrations, 3,
 ABSL_FLAG(double, stall_timeout, 10,
           "Seconds a generation may send nothing before it counts as stalled and migrates (at "
           "least; 50 times the stream's inter-token time when that is longer).");
-ABSL_FLAG(int, http_threads, 64, "HTTP worker threads (concurrent requests).");
+ABSL_FLAG(int, start_threads, 64,
+          "Threads that start requests (tokenize, reserve, wait for the prefill); requests past "
+          "them queue holding no thread, and a streaming request holds none.");
 ABSL_FLAG(int, metrics_port, 0,
           "A listener of its own for /health and /metrics (4 threads, 5 s to read a request), so "
           "that probes and scrapes are answered while streams hold the API's threads; 0: none "
@@ -75,42 +76,39 @@ absl::Status Run() {
                               .api_key = api_key,
                               .auth_token_file = absl::GetFlag(FLAGS_auth_token_file),
                               .max_migrations = absl::GetFlag(FLAGS_max_migrations),
-                              .stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stall_timeout))});
+                              .stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stall_timeout)),
+                              .start_threads = absl::GetFlag(FLAGS_start_threads)});
   if (!router.ok()) return router.status();
-  httplib::Server server;
-  const int threads = absl::GetFlag(FLAGS_http_threads);
-  server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  (*router)->Install(server);
   const std::string host = absl::GetFlag(FLAGS_host);
-  const int port = absl::GetFlag(FLAGS_port);
-  if (!server.bind_to_port(host, port)) {
-    return absl::UnavailableError(absl::StrFormat("cannot listen on %s:%d", host, port));
-  }
-  httplib::Server probes;
+  http::ServerOptions api{.host = host,
+                          .port = absl::GetFlag(FLAGS_port),
+                          // The router answers a body past its max_body_bytes itself (413, as
+                          // OpenAI words it); the server stops reading at twice that.
+                          .max_body_bytes = 2 * router::RouterOptions{}.max_body_bytes,
+                          .error_body = router::Router::ErrorBodyFor};
+  absl::StatusOr<std::unique_ptr<http::Server>> server =
+      http::Server::Start(api, (*router)->Routes());
+  if (!server.ok()) return server.status();
+  std::unique_ptr<http::Server> probes;
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
   if (metrics_port > 0) {
-    probes.new_task_queue = [] { return new httplib::ThreadPool(4); };
-    probes.set_read_timeout(5, 0);
-    (*router)->InstallProbes(probes);
-    if (!probes.bind_to_port(host, metrics_port)) {
-      return absl::UnavailableError(absl::StrFormat("cannot listen on %s:%d", host, metrics_port));
-    }
+    absl::StatusOr<std::unique_ptr<http::Server>> p =
+        http::Server::Start({.host = host, .port = metrics_port, .read_deadline = absl::Seconds(5)},
+                            (*router)->ProbeRoutes());
+    if (!p.ok()) return p.status();
+    probes = *std::move(p);
   }
-  std::thread http([&] { server.listen_after_bind(); });
-  std::thread probe_thread;
-  if (metrics_port > 0) probe_thread = std::thread([&] { probes.listen_after_bind(); });
-  std::cerr << absl::StrFormat("router: serving the OpenAI API on http://%s:%d\n", host, port);
+  std::cerr << absl::StrFormat("router: serving the OpenAI API on http://%s:%d\n", host,
+                               (*server)->port());
   if (metrics_port > 0) {
     std::cerr << absl::StrFormat("router: /health and /metrics also on http://%s:%d\n", host,
                                  metrics_port);
   }
   AwaitShutdown("router");
-  server.stop();
-  http.join();
-  if (probe_thread.joinable()) {
-    probes.stop();
-    probe_thread.join();
-  }
+  // Listeners first, then the router: it cancels the requests still running and awaits them.
+  server->reset();
+  probes.reset();
+  router->reset();
   return absl::OkStatus();
 }
 

@@ -42,6 +42,8 @@ void Timers::Reset(uint64_t handle, absl::Duration period) {
 void Timers::Remove(uint64_t handle) {
   std::unique_lock<std::mutex> lock(mu_);
   entries_.erase(handle);
+  // From a callback (its own, or one that ends another's request), there is nothing to await.
+  if (std::this_thread::get_id() == thread_.get_id()) return;
   cv_.wait(lock, [&] { return firing_ != handle; });
 }
 

@@ -54,7 +54,8 @@ class Timers {
   uint64_t Add(absl::Duration period, bool repeat, std::function<void()> fire);
   // The timer's period starts again now, with `period`.
   void Reset(uint64_t handle, absl::Duration period);
-  // Once this returns, the callback neither runs nor will run.
+  // Once this returns, the callback neither runs nor will run (called from a callback: will not
+  // run again).
   void Remove(uint64_t handle);
 
  private:

@@ -13,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "boost/asio/post.hpp"
 #include "common/grpc_auth.h"
 #include "common/grpc_status.h"
 #include "common/process.h"
@@ -47,10 +48,41 @@ struct Router::Prepared {
   absl::Time arrived;
 };
 
+// One request from its start to its last byte. Its steps run one after another: on a start
+// thread, then in its decode stream's callbacks, on a start thread again for a migration.
 struct Router::Session {
+  Endpoint endpoint = Endpoint::kCompletions;
   std::shared_ptr<Prepared> p;
   FlowRequest request;
-  std::unique_ptr<RunningRequest> run;
+  Reply reply;
+  std::unique_ptr<TextAssembler> text;
+  StreamInfo info;
+  int text_offset = 0;  // characters of text streamed (completions logprobs)
+  // Every token the request generated, for a migration to carry over.
+  std::vector<int32_t> generated;
+  int migrations = 0;
+  absl::Duration itl = absl::ZeroDuration();  // the stream's smoothed inter-token time
+  absl::Time last;                            // when the last token came
+  rpc::GenerateResponse message;              // the read in flight
+  bool stop = false;                          // a stop string matched
+  uint64_t watch = 0;                         // the stall timer of the run
+  std::atomic<bool> stalled{false};
+  std::atomic<bool> gone{false};  // the client went away
+
+  // The run, shared with a Cancel from the client's or the timer's thread, which holds it
+  // while it cancels: a cancelled stream's callbacks may run inside the Cancel, and may end
+  // the request.
+  std::mutex mu;
+  std::shared_ptr<RunningRequest> run;
+
+  void Cancel() {
+    std::shared_ptr<RunningRequest> r;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      r = run;
+    }
+    if (r != nullptr) r->stream->Cancel();
+  }
 };
 
 Router::Router(RouterOptions options) : options_(std::move(options)) {}
@@ -182,51 +214,70 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(const RouterOptions& opti
                                             [raw](absl::Duration queued) {
                                               raw->queue_->Observe(absl::ToDoubleSeconds(queued));
                                             }});
+  r->starts_ = std::make_unique<boost::asio::thread_pool>(std::max(1, options.start_threads));
   return r;
 }
 
-void Router::Install(httplib::Server& server) {
-  server.set_payload_max_length(options_.max_body_bytes * 2);
-  server.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& s) {
-    HandleGenerate(Endpoint::kCompletions, q, s);
-  });
-  server.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& s) {
-    HandleGenerate(Endpoint::kChatCompletions, q, s);
-  });
-  server.Get("/v1/models",
-             [this](const httplib::Request& q, httplib::Response& s) { HandleModels(q, s); });
-  server.Get("/health",
-             [this](const httplib::Request& q, httplib::Response& s) { HandleHealth(q, s); });
-  server.Get("/metrics",
-             [this](const httplib::Request& q, httplib::Response& s) { HandleMetrics(q, s); });
-  server.Get("/v1/workers",
-             [this](const httplib::Request& q, httplib::Response& s) { HandleWorkers(q, s); });
+Router::~Router() {
+  std::vector<std::weak_ptr<Session>> running;
+  {
+    std::lock_guard<std::mutex> lock(live_mu_);
+    closing_ = true;
+    for (const auto& [raw, weak] : live_) running.push_back(weak);
+  }
+  // Outside the lock: a cancelled stream may end its request inside the Cancel.
+  for (const std::weak_ptr<Session>& weak : running) {
+    if (std::shared_ptr<Session> s = weak.lock()) {
+      s->gone = true;
+      s->Cancel();
+    }
+  }
+  {
+    // A request starting (in its prefill) ends when its call returns.
+    std::unique_lock<std::mutex> lock(live_mu_);
+    live_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return live_.empty(); });
+  }
+  starts_->join();
 }
 
-void Router::InstallProbes(httplib::Server& server) {
-  server.Get("/health",
-             [this](const httplib::Request& q, httplib::Response& s) { HandleHealth(q, s); });
-  server.Get("/metrics",
-             [this](const httplib::Request& q, httplib::Response& s) { HandleMetrics(q, s); });
+std::map<std::string, http::Handler> Router::Routes() {
+  std::map<std::string, http::Handler> routes = ProbeRoutes();
+  routes["POST /v1/completions"] = [this](http::Request q, Reply r) {
+    HandleGenerate(Endpoint::kCompletions, std::move(q), std::move(r));
+  };
+  routes["POST /v1/chat/completions"] = [this](http::Request q, Reply r) {
+    HandleGenerate(Endpoint::kChatCompletions, std::move(q), std::move(r));
+  };
+  routes["GET /v1/models"] = [this](http::Request q, Reply r) { HandleModels(q, r); };
+  routes["GET /v1/workers"] = [this](http::Request q, Reply r) { HandleWorkers(q, r); };
+  return routes;
 }
 
-void Router::SendError(httplib::Response& res, const absl::Status& status) {
+std::map<std::string, http::Handler> Router::ProbeRoutes() {
+  return {{"GET /health", [this](http::Request, Reply r) { HandleHealth(r); }},
+          {"GET /metrics", [this](http::Request, Reply r) { HandleMetrics(r); }}};
+}
+
+std::pair<std::string, std::string> Router::ErrorBodyFor(int status, const std::string& message) {
+  const char* type = status >= 500 ? "server_error" : "invalid_request_error";
+  return {"application/json", ErrorBody({.http_status = status, .type = type, .message = message})};
+}
+
+void Router::SendError(const Reply& reply, const absl::Status& status) {
   const ApiError e = FromStatus(status);
-  res.status = e.http_status;
-  res.set_content(ErrorBody(e), "application/json");
+  reply->Send(e.http_status, "application/json", ErrorBody(e));
 }
 
-bool Router::Authorized(const httplib::Request& req, httplib::Response& res) {
+bool Router::Authorized(const http::Request& req, const Reply& reply) {
   if (options_.api_key.empty()) return true;
-  if (ConstantTimeEquals(req.get_header_value("Authorization"), "Bearer " + options_.api_key)) {
+  if (ConstantTimeEquals(req.Header("Authorization"), "Bearer " + options_.api_key)) {
     return true;
   }
-  res.status = 401;
-  res.set_content(ErrorBody({.http_status = 401,
-                             .type = "invalid_request_error",
-                             .message = "Incorrect or missing API key (Authorization: Bearer).",
-                             .code = "invalid_api_key"}),
-                  "application/json");
+  reply->Send(401, "application/json",
+              ErrorBody({.http_status = 401,
+                         .type = "invalid_request_error",
+                         .message = "Incorrect or missing API key (Authorization: Bearer).",
+                         .code = "invalid_api_key"}));
   return false;
 }
 
@@ -282,26 +333,6 @@ absl::StatusOr<std::shared_ptr<Router::Prepared>> Router::Prepare(Endpoint endpo
   return p;
 }
 
-absl::StatusOr<std::shared_ptr<Router::Session>> Router::Start(const std::shared_ptr<Prepared>& p) {
-  FlowRequest request{.request_id = std::random_device{}() * uint64_t{0x100000001B3} ^
-                                    absl::ToUnixNanos(p->arrived),
-                      .prompt = p->prompt,
-                      .sampling = p->sampling,
-                      .preset = p->api.kv_compression,
-                      .arrived = p->arrived};
-  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<RunningRequest> run, flow_->Start(request));
-  const rpc::PrefillResponse& prefilled = run->prefilled;
-  transfer_bytes_->Increment(static_cast<double>(prefilled.transfer_bytes()));
-  transfer_seconds_->Increment(prefilled.transfer_seconds());
-  kv_bytes_->Increment(static_cast<double>(prefilled.kv_bytes()));
-  kv_fp16_bytes_->Increment(static_cast<double>(prefilled.kv_fp16_bytes()));
-  auto session = std::make_shared<Session>();
-  session->p = p;
-  session->request = std::move(request);
-  session->run = std::move(run);
-  return session;
-}
-
 namespace {
 
 FinishReason ParseFinish(const std::string& s) {
@@ -319,219 +350,292 @@ int Characters(const std::string& s) {
 
 }  // namespace
 
-void Router::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
-                            httplib::Response& res) {
-  if (!Authorized(req, res)) return;
+void Router::HandleGenerate(Endpoint endpoint, http::Request req, Reply reply) {
+  if (!Authorized(req, reply)) return;
   if (req.body.size() > options_.max_body_bytes) {
     const ApiError e = RequestTooLargeError(req.body.size(), options_.max_body_bytes);
-    res.status = e.http_status;
-    res.set_content(ErrorBody(e), "application/json");
+    reply->Send(e.http_status, "application/json", ErrorBody(e));
     requests_->Add({{"endpoint", EndpointName(endpoint)}, {"finish_reason", "error"}}).Increment();
     return;
   }
   running_->Increment();
-  auto prepared = Prepare(endpoint, req.body);
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      prepared.ok() ? Start(*prepared) : prepared.status();
-  if (!session.ok()) {
-    running_->Decrement();
-    requests_->Add({{"endpoint", EndpointName(endpoint)}, {"finish_reason", "error"}}).Increment();
-    SendError(res, session.status());
-    return;
-  }
-  std::shared_ptr<Session> s = *session;
-  const std::shared_ptr<Prepared>& p = s->p;
-  ttft_->Observe(absl::ToDoubleSeconds(s->run->first_token_time - p->arrived));
-  prompt_tokens_->Increment(static_cast<double>(p->prompt.size()));
-
-  auto a = std::make_shared<TextAssembler>(*tokenizer_, p->stops, p->sampling);
-  const bool chat = endpoint == Endpoint::kChatCompletions;
-  const bool logprobs = p->sampling.logprobs();
-  // Records how the request ended, once.
-  auto done = [this, s, a, endpoint](bool client_gone) {
-    running_->Decrement();
-    e2e_->Observe(absl::ToDoubleSeconds(absl::Now() - s->p->arrived));
-    const std::string reason = client_gone ? "abort" : std::string(FinishReasonName(a->finish()));
-    requests_->Add({{"endpoint", EndpointName(endpoint)}, {"finish_reason", reason}}).Increment();
-  };
-
-  if (!p->api.stream) {
-    const absl::Status st = Drive(*s, *a, [] { return true; });
-    done(false);
-    if (!st.ok()) {
-      SendError(res, st);
-      return;
-    }
-    Completion c{.id = NewRequestId(endpoint),
-                 .created = absl::ToUnixSeconds(p->arrived),
-                 .model = options_.served_model_name,
-                 .text = a->Ready(true),
-                 .finish_reason = a->finish(),
-                 .stop_reason = a->stop_reason(),
-                 .usage = {.prompt_tokens = static_cast<int>(p->prompt.size()),
-                           .completion_tokens = a->tokens()}};
-    if (logprobs) c.logprobs = a->TakeLogprobs();
-    res.set_content(CompletionBody(endpoint, c), "application/json");
-    return;
-  }
-
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", [this, s, a, endpoint, chat, logprobs,
-                                                         done](size_t, httplib::DataSink& sink) {
-    const StreamInfo info{.id = NewRequestId(endpoint),
-                          .created = absl::ToUnixSeconds(s->p->arrived),
-                          .model = options_.served_model_name,
-                          .include_usage = s->p->api.include_usage_in_stream};
-    auto write = [&](const std::string& event) {
-      return sink.is_writable() && sink.write(event.data(), event.size());
-    };
-    int text_offset = 0;
-    auto chunk = [&](bool ended) {
-      Chunk c{.text = a->Ready(ended), .text_offset = text_offset};
-      if (logprobs) c.logprobs = a->TakeLogprobs();
-      text_offset += Characters(c.text);
-      if (ended) {
-        c.finish_reason = a->finish();
-        c.stop_reason = a->stop_reason();
-      } else if (c.text.empty() && (!c.logprobs || c.logprobs->empty())) {
-        return sink.is_writable();
-      }
-      return write(ChunkEvent(endpoint, info, c));
-    };
-    bool gone = chat && !write(ChunkEvent(endpoint, info, {.first = true}));
-    absl::Status st = absl::OkStatus();
-    if (!gone) {
-      st = Drive(*s, *a, [&] { return chunk(false); });
-      gone = absl::IsCancelled(st);
-    }
-    if (!gone) gone = !chunk(true);
-    if (!gone && !st.ok()) gone = !write(ErrorEvent(FromStatus(st)));
-    if (!gone && info.include_usage) {
-      gone = !write(UsageEvent(endpoint, info,
-                               {.prompt_tokens = static_cast<int>(s->p->prompt.size()),
-                                .completion_tokens = a->tokens()}));
-    }
-    if (!gone) gone = !write(DoneEvent());
-    done(gone);
-    if (gone) return false;
-    sink.done();
-    return true;
+  boost::asio::post(*starts_, [this, endpoint, body = std::move(req.body), reply]() mutable {
+    StartRequest(endpoint, std::move(body), std::move(reply));
   });
 }
 
-absl::Status Router::Drive(Session& s, TextAssembler& a, const std::function<bool()>& progress) {
-  // Every token the request generated, for a migration to carry over.
-  std::vector<int32_t> generated;
-  int migrations = 0;
-  absl::Duration itl = absl::ZeroDuration();  // the stream's smoothed inter-token time
-  auto stall_bound = [&] { return std::max(options_.stall_timeout, 50 * itl); };
-  for (;;) {
-    RunningRequest& run = *s.run;
-    absl::Time last = run.first_token_time;
-    generation_tokens_->Increment();
-    generated.push_back(run.prefilled.first().token());
-    bool stop = a.Add(run.prefilled.first());
-    FinishReason finish = FinishReason::kNone;
-    bool gone = false;
-    // The timer cancels a stream that sends nothing for its bound: Read then returns false.
-    std::atomic<bool> stalled{false};
-    GenerationStream* stream = run.stream.get();
-    const uint64_t watch = flow_->timers().Add(stall_bound(), /*repeat=*/false, [&stalled, stream] {
-      stalled = true;
-      stream->Cancel();
-    });
-    if (!progress()) {
-      gone = true;
-    } else if (!stop) {
-      rpc::GenerateResponse msg;
-      while (run.stream->Read(&msg)) {
-        const absl::Time now = absl::Now();
-        const int n = msg.tokens_size();
-        for (int i = 0; i < n && !stop; ++i) {
-          itl_->Observe(absl::ToDoubleSeconds(now - last) / n);
-          generation_tokens_->Increment();
-          generated.push_back(msg.tokens(i).token());
-          stop = a.Add(msg.tokens(i));
-        }
-        if (n > 0) {
-          itl = itl == absl::ZeroDuration() ? (now - last) / n : (itl * 7 + (now - last) / n) / 8;
-          last = now;
-          flow_->timers().Reset(watch, stall_bound());
-        }
-        if (!msg.finish_reason().empty()) finish = ParseFinish(msg.finish_reason());
-        if (stop || finish != FinishReason::kNone) break;
-        if (!progress()) {
-          gone = true;
-          break;
-        }
-      }
+void Router::StartRequest(Endpoint endpoint, std::string body, Reply reply) {
+  auto fail = [&](const absl::Status& st) {
+    running_->Decrement();
+    requests_->Add({{"endpoint", EndpointName(endpoint)}, {"finish_reason", "error"}}).Increment();
+    SendError(reply, st);
+  };
+  if (reply->gone()) {  // it went away while it waited for a start thread
+    running_->Decrement();
+    requests_->Add({{"endpoint", EndpointName(endpoint)}, {"finish_reason", "abort"}}).Increment();
+    reply->End();
+    return;
+  }
+  absl::StatusOr<std::shared_ptr<Prepared>> prepared = Prepare(endpoint, body);
+  if (!prepared.ok()) return fail(prepared.status());
+  auto s = std::make_shared<Session>();
+  s->endpoint = endpoint;
+  s->p = *std::move(prepared);
+  s->reply = reply;
+  const std::shared_ptr<Prepared>& p = s->p;
+  s->request = FlowRequest{.request_id = std::random_device{}() * uint64_t{0x100000001B3} ^
+                                         absl::ToUnixNanos(p->arrived),
+                           .prompt = p->prompt,
+                           .sampling = p->sampling,
+                           .preset = p->api.kv_compression,
+                           .arrived = p->arrived};
+  {
+    std::lock_guard<std::mutex> lock(live_mu_);
+    if (closing_) return fail(absl::UnavailableError("the router is stopping"));
+    live_.emplace(s.get(), s);
+  }
+  // The client going away cancels whichever run the request is in.
+  reply->OnGone([weak = std::weak_ptr<Session>(s)] {
+    if (std::shared_ptr<Session> s = weak.lock()) {
+      s->gone = true;
+      s->Cancel();
     }
-    flow_->timers().Remove(watch);
-    if (gone || stop || finish == FinishReason::kNone) run.stream->Cancel();
-    const absl::Status st = run.stream->Finish();
-    if (gone) {
-      a.End(FinishReason::kAbort);
-      return absl::CancelledError("the client went away");
+  });
+  absl::StatusOr<std::unique_ptr<RunningRequest>> run = flow_->Start(s->request);
+  if (!run.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(live_mu_);
+      live_.erase(s.get());
+      live_cv_.notify_all();
     }
-    if (stop || finish != FinishReason::kNone) {
-      a.End(finish == FinishReason::kNone ? FinishReason::kStop : finish);
-      return absl::OkStatus();
+    return fail(run.status());
+  }
+  const rpc::PrefillResponse& prefilled = (*run)->prefilled;
+  transfer_bytes_->Increment(static_cast<double>(prefilled.transfer_bytes()));
+  transfer_seconds_->Increment(prefilled.transfer_seconds());
+  kv_bytes_->Increment(static_cast<double>(prefilled.kv_bytes()));
+  kv_fp16_bytes_->Increment(static_cast<double>(prefilled.kv_fp16_bytes()));
+  ttft_->Observe(absl::ToDoubleSeconds((*run)->first_token_time - p->arrived));
+  prompt_tokens_->Increment(static_cast<double>(p->prompt.size()));
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->run = *std::move(run);
+  }
+  s->text = std::make_unique<TextAssembler>(*tokenizer_, p->stops, p->sampling);
+  s->info = StreamInfo{.id = NewRequestId(endpoint),
+                       .created = absl::ToUnixSeconds(p->arrived),
+                       .model = options_.served_model_name,
+                       .include_usage = p->api.include_usage_in_stream};
+  if (p->api.stream) {
+    reply->Begin(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+    if (endpoint == Endpoint::kChatCompletions) {
+      reply->Write(ChunkEvent(endpoint, s->info, {.first = true}));
     }
-    // The decode worker failed or stalled mid-stream: the generation goes on elsewhere.
-    const char* why = stalled ? "stalled" : "failed";
-    const std::string what =
-        stalled ? absl::StrFormat("the decode worker %s sent nothing for %s", run.decode->address,
-                                  absl::FormatDuration(stall_bound()))
-                : absl::StrFormat("the decode worker %s failed mid-generation: %s",
-                                  run.decode->address, st.message());
-    if (migrations >= options_.max_migrations) {
-      a.End(FinishReason::kAbort);
-      return absl::UnavailableError(
-          absl::StrFormat("%s (after %d migrations, the most allowed)", what, migrations));
-    }
-    absl::StatusOr<std::unique_ptr<RunningRequest>> next =
-        flow_->Continue(s.request, generated, run.decode, what);
-    if (absl::IsOutOfRange(next.status())) {  // it had generated every token it may
-      a.End(FinishReason::kLength);
-      return absl::OkStatus();
-    }
-    if (!next.ok()) {
-      a.End(FinishReason::kAbort);
-      return absl::UnavailableError(absl::StrFormat(
-          "%s; moving the generation to another worker failed: %s", what, next.status().message()));
-    }
-    ++migrations;
-    migrations_->Add({{"reason", why}}).Increment();
-    std::fprintf(stderr,
-                 "router: %s; the generation continues on %s after %zu tokens (migration %d)\n",
-                 what.c_str(), (*next)->decode->address.c_str(), generated.size(), migrations);
-    s.run = *std::move(next);
+  }
+  if (s->gone) s->Cancel();  // it went away during the prefill
+  Run(s);
+}
+
+bool Router::Emit(Session& s, bool ended) {
+  if (!s.p->api.stream) return !s.gone && !s.reply->gone();
+  Chunk c{.text = s.text->Ready(ended), .text_offset = s.text_offset};
+  if (s.p->sampling.logprobs()) c.logprobs = s.text->TakeLogprobs();
+  s.text_offset += Characters(c.text);
+  if (ended) {
+    c.finish_reason = s.text->finish();
+    c.stop_reason = s.text->stop_reason();
+  }
+  if (ended || !c.text.empty() || (c.logprobs && !c.logprobs->empty())) {
+    s.reply->Write(ChunkEvent(s.endpoint, s.info, c));
+  }
+  return !s.gone && !s.reply->gone();
+}
+
+void Router::Run(const std::shared_ptr<Session>& s) {
+  RunningRequest& run = *s->run;
+  s->last = run.first_token_time;
+  generation_tokens_->Increment();
+  s->generated.push_back(run.prefilled.first().token());
+  s->stop = s->text->Add(run.prefilled.first());
+  // The timer cancels a stream that sends nothing for its bound: its read then fails.
+  s->stalled = false;
+  s->watch = flow_->timers().Add(std::max(options_.stall_timeout, 50 * s->itl),
+                                 /*repeat=*/false, [s] {
+                                   s->stalled = true;
+                                   s->Cancel();
+                                 });
+  if (!Emit(*s, false)) {
+    s->gone = true;
+    EndRun(s, FinishReason::kAbort);
+  } else if (s->stop) {
+    EndRun(s, FinishReason::kStop);
+  } else {
+    ReadNext(s);
   }
 }
 
-void Router::HandleModels(const httplib::Request& req, httplib::Response& res) {
-  if (!Authorized(req, res)) return;
-  res.set_content(ModelsBody({options_.served_model_name}, created_), "application/json");
+void Router::ReadNext(const std::shared_ptr<Session>& s) {
+  s->run->stream->ReadAsync(&s->message, [this, s](bool ok) { OnMessage(s, ok); });
 }
 
-void Router::HandleHealth(const httplib::Request&, httplib::Response& res) {
+void Router::OnMessage(const std::shared_ptr<Session>& s, bool ok) {
+  if (!ok) {  // the stream broke off: failed, stalled, or cancelled for a client gone
+    EndRun(s, s->gone ? FinishReason::kAbort : FinishReason::kNone);
+    return;
+  }
+  const rpc::GenerateResponse& msg = s->message;
+  const absl::Time now = absl::Now();
+  const int n = msg.tokens_size();
+  for (int i = 0; i < n && !s->stop; ++i) {
+    itl_->Observe(absl::ToDoubleSeconds(now - s->last) / n);
+    generation_tokens_->Increment();
+    s->generated.push_back(msg.tokens(i).token());
+    s->stop = s->text->Add(msg.tokens(i));
+  }
+  if (n > 0) {
+    const absl::Duration per = (now - s->last) / n;
+    s->itl = s->itl == absl::ZeroDuration() ? per : (s->itl * 7 + per) / 8;
+    s->last = now;
+    flow_->timers().Reset(s->watch, std::max(options_.stall_timeout, 50 * s->itl));
+  }
+  const FinishReason finish =
+      msg.finish_reason().empty() ? FinishReason::kNone : ParseFinish(msg.finish_reason());
+  if (s->stop || finish != FinishReason::kNone) {
+    EndRun(s, s->stop ? FinishReason::kStop : finish);
+  } else if (!Emit(*s, false)) {
+    s->gone = true;
+    EndRun(s, FinishReason::kAbort);
+  } else {
+    ReadNext(s);
+  }
+}
+
+void Router::EndRun(const std::shared_ptr<Session>& s, FinishReason finish) {
+  flow_->timers().Remove(s->watch);
+  // A generation that ends early (a stop string, the client gone, a failure) is cancelled,
+  // which frees its pages on the decode worker at once.
+  if (s->stop || s->gone || finish == FinishReason::kNone) s->run->stream->Cancel();
+  s->run->stream->FinishAsync([this, s, finish](absl::Status st) {
+    if (s->gone) {
+      s->text->End(FinishReason::kAbort);
+      return Complete(s, absl::CancelledError("the client went away"));
+    }
+    if (finish != FinishReason::kNone) {
+      s->text->End(finish);
+      return Complete(s, absl::OkStatus());
+    }
+    // The decode worker failed or stalled mid-stream: the generation goes on elsewhere, from a
+    // start thread (the calls wait).
+    const std::string address = s->run->decode->address;
+    const std::string what =
+        s->stalled
+            ? absl::StrFormat("the decode worker %s sent nothing for %s", address,
+                              absl::FormatDuration(std::max(options_.stall_timeout, 50 * s->itl)))
+            : absl::StrFormat("the decode worker %s failed mid-generation: %s", address,
+                              st.message());
+    boost::asio::post(*starts_, [this, s, what] { Migrate(s, absl::UnavailableError(what)); });
+  });
+}
+
+void Router::Migrate(const std::shared_ptr<Session>& s, absl::Status failure) {
+  const std::string what(failure.message());
+  if (s->migrations >= options_.max_migrations) {
+    s->text->End(FinishReason::kAbort);
+    return Complete(s, absl::UnavailableError(absl::StrFormat(
+                           "%s (after %d migrations, the most allowed)", what, s->migrations)));
+  }
+  if (s->gone) {
+    s->text->End(FinishReason::kAbort);
+    return Complete(s, absl::CancelledError("the client went away"));
+  }
+  absl::StatusOr<std::unique_ptr<RunningRequest>> next =
+      flow_->Continue(s->request, s->generated, s->run->decode, what);
+  if (absl::IsOutOfRange(next.status())) {  // it had generated every token it may
+    s->text->End(FinishReason::kLength);
+    return Complete(s, absl::OkStatus());
+  }
+  if (!next.ok()) {
+    s->text->End(FinishReason::kAbort);
+    return Complete(s, absl::UnavailableError(
+                           absl::StrFormat("%s; moving the generation to another worker failed: %s",
+                                           what, next.status().message())));
+  }
+  ++s->migrations;
+  migrations_->Add({{"reason", s->stalled ? "stalled" : "failed"}}).Increment();
+  std::fprintf(stderr,
+               "router: %s; the generation continues on %s after %zu tokens (migration %d)\n",
+               what.c_str(), (*next)->decode->address.c_str(), s->generated.size(), s->migrations);
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->run = *std::move(next);
+  }
+  if (s->gone) s->Cancel();
+  Run(s);
+}
+
+void Router::Complete(const std::shared_ptr<Session>& s, absl::Status st) {
+  const bool gone = absl::IsCancelled(st) || s->reply->gone();
+  const Prepared& p = *s->p;
+  const Usage usage{.prompt_tokens = static_cast<int>(p.prompt.size()),
+                    .completion_tokens = s->text->tokens()};
+  if (gone) {
+    s->reply->End();
+  } else if (p.api.stream) {
+    Emit(*s, true);
+    if (!st.ok()) s->reply->Write(ErrorEvent(FromStatus(st)));
+    if (s->info.include_usage) s->reply->Write(UsageEvent(s->endpoint, s->info, usage));
+    s->reply->Write(DoneEvent());
+    s->reply->End();
+  } else if (!st.ok()) {
+    SendError(s->reply, st);
+  } else {
+    Completion c{.id = NewRequestId(s->endpoint),
+                 .created = absl::ToUnixSeconds(p.arrived),
+                 .model = options_.served_model_name,
+                 .text = s->text->Ready(true),
+                 .finish_reason = s->text->finish(),
+                 .stop_reason = s->text->stop_reason(),
+                 .usage = usage};
+    if (p.sampling.logprobs()) c.logprobs = s->text->TakeLogprobs();
+    s->reply->Send(200, "application/json", CompletionBody(s->endpoint, c));
+  }
+  running_->Decrement();
+  e2e_->Observe(absl::ToDoubleSeconds(absl::Now() - p.arrived));
+  const std::string reason = gone ? "abort" : std::string(FinishReasonName(s->text->finish()));
+  requests_->Add({{"endpoint", EndpointName(s->endpoint)}, {"finish_reason", reason}}).Increment();
+  // The run is released here, on its own stream's callback or a start thread: its stream has
+  // finished, so nothing waits.
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->run.reset();
+  }
+  std::lock_guard<std::mutex> lock(live_mu_);
+  live_.erase(s.get());
+  live_cv_.notify_all();
+}
+
+void Router::HandleModels(const http::Request& req, const Reply& reply) {
+  if (!Authorized(req, reply)) return;
+  reply->Send(200, "application/json", ModelsBody({options_.served_model_name}, created_));
+}
+
+void Router::HandleHealth(const Reply& reply) {
   const int prefill = registry_->Healthy("prefill"), decode = registry_->Healthy("decode");
   nlohmann::json j = {{"status", prefill > 0 && decode > 0 ? "ok" : "unavailable"},
                       {"prefill_workers_up", prefill},
                       {"decode_workers_up", decode}};
-  res.status = prefill > 0 && decode > 0 ? 200 : 503;
-  res.set_content(j.dump(), "application/json");
+  reply->Send(prefill > 0 && decode > 0 ? 200 : 503, "application/json", j.dump());
 }
 
-void Router::HandleMetrics(const httplib::Request&, httplib::Response& res) {
+void Router::HandleMetrics(const Reply& reply) {
   workers_up_->Add({{"role", "prefill"}}).Set(registry_->Healthy("prefill"));
   workers_up_->Add({{"role", "decode"}}).Set(registry_->Healthy("decode"));
-  res.set_content(prometheus::TextSerializer().Serialize(metrics_->Collect()),
-                  "text/plain; version=0.0.4; charset=utf-8");
+  reply->Send(200, "text/plain; version=0.0.4; charset=utf-8",
+              prometheus::TextSerializer().Serialize(metrics_->Collect()));
 }
 
-void Router::HandleWorkers(const httplib::Request& req, httplib::Response& res) {
-  if (!Authorized(req, res)) return;
+void Router::HandleWorkers(const http::Request& req, const Reply& reply) {
+  if (!Authorized(req, reply)) return;
   nlohmann::json workers = nlohmann::json::array();
   for (const WorkerRegistry::View& v : registry_->Snapshot()) {
     workers.push_back({{"name", v.stats.name().empty() ? v.address : v.stats.name()},
@@ -549,9 +653,8 @@ void Router::HandleWorkers(const httplib::Request& req, httplib::Response& res) 
                        {"kv_compression_ratio", v.stats.kv_compression_ratio()},
                        {"error", v.last_error}});
   }
-  res.set_content(
-      nlohmann::json{{"model", options_.served_model_name}, {"workers", workers}}.dump(),
-      "application/json");
+  reply->Send(200, "application/json",
+              nlohmann::json{{"model", options_.served_model_name}, {"workers", workers}}.dump());
 }
 
 }  // namespace sluice::router

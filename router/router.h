@@ -1,4 +1,4 @@
-// The router: sluice's OpenAI-compatible HTTP front (cpp-httplib). For each request it
+// The router: sluice's OpenAI-compatible HTTP front (common/http_server.h). For each request it
 // tokenizes (chat template from the GGUF), picks a decode worker and reserves KV pages there,
 // picks a prefill worker that computes the prompt and writes its compressed KV into those
 // pages, then streams the decode worker's tokens back as JSON or Server-Sent Events.
@@ -7,20 +7,31 @@
 // tried again on another worker, as long as nothing has reached the client. A client that goes
 // away mid-stream cancels the decode call, which frees the sequence's pages at once.
 //
+// Threads: the HTTP server's I/O thread answers probes, metrics and the model list, and hands
+// each generation to a pool of start threads (tokenize, reserve, prefill, open the decode
+// stream: calls that wait). From its first token on, a request holds no thread: its decode
+// stream's callbacks (gRPC's callback API) feed its text to the client; a migration goes back
+// to a start thread.
+//
 //   POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
 //   GET /metrics (Prometheus text), GET /v1/workers (the workers' state, for `sluice status`)
 #ifndef SLUICE_ROUTER_ROUTER_H_
 #define SLUICE_ROUTER_ROUTER_H_
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "httplib.h"
+#include "boost/asio/thread_pool.hpp"
+#include "common/http_server.h"
 #include "model/chat_template.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
@@ -30,11 +41,10 @@
 #include "prometheus/registry.h"
 #include "router/openai_api.h"
 #include "router/request_flow.h"
+#include "router/text_assembler.h"
 #include "router/worker_registry.h"
 
 namespace sluice::router {
-
-class TextAssembler;
 
 struct RouterOptions {
   std::string model_path;
@@ -55,39 +65,60 @@ struct RouterOptions {
   int max_migrations = 3;
   // Stalled: nothing from the decode worker for this long, or 50 inter-token times if longer.
   absl::Duration stall_timeout = absl::Seconds(10);
+  // Threads that start requests (each waits through its request's reservation and prefill);
+  // requests past them wait in a queue, holding no thread.
+  int start_threads = 64;
 };
 
 class Router {
  public:
   static absl::StatusOr<std::unique_ptr<Router>> Create(const RouterOptions& options);
 
-  // Installs the routes on `server`.
-  void Install(httplib::Server& server);
-  // Installs /health and /metrics alone: a listener of their own, so that probes and scrapes
-  // are answered however many streams hold the API's threads.
-  void InstallProbes(httplib::Server& server);
+  // Cancels every running request and waits for each to end.
+  ~Router();
+
+  // The API's routes, for an http::Server.
+  std::map<std::string, http::Handler> Routes();
+  // /health and /metrics alone: a listener of their own for probes and scrapes.
+  std::map<std::string, http::Handler> ProbeRoutes();
+  // The body of the errors the HTTP server answers itself (OpenAI's error object).
+  static std::pair<std::string, std::string> ErrorBodyFor(int status, const std::string& message);
 
  private:
   explicit Router(RouterOptions options);
 
-  void HandleGenerate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
-  void HandleModels(const httplib::Request& req, httplib::Response& res);
-  void HandleHealth(const httplib::Request& req, httplib::Response& res);
-  void HandleMetrics(const httplib::Request& req, httplib::Response& res);
-  void HandleWorkers(const httplib::Request& req, httplib::Response& res);
-  bool Authorized(const httplib::Request& req, httplib::Response& res);
-  void SendError(httplib::Response& res, const absl::Status& status);
+  using Reply = std::shared_ptr<http::Responder>;
+  void HandleGenerate(Endpoint endpoint, http::Request req, Reply reply);
+  void HandleModels(const http::Request& req, const Reply& reply);
+  void HandleHealth(const Reply& reply);
+  void HandleMetrics(const Reply& reply);
+  void HandleWorkers(const http::Request& req, const Reply& reply);
+  bool Authorized(const http::Request& req, const Reply& reply);
+  static void SendError(const Reply& reply, const absl::Status& status);
 
   struct Prepared;  // a validated request with its prompt ids and sampling
   absl::StatusOr<std::shared_ptr<Prepared>> Prepare(Endpoint endpoint, const std::string& body);
   struct Session;  // a running request: its generation and what was sent
-  // Reserve, prefill and open the decode stream, retrying on other workers (RequestFlow).
-  absl::StatusOr<std::shared_ptr<Session>> Start(const std::shared_ptr<Prepared>& p);
-  // Feeds the session's tokens to `text` (the first from prefill, then the decode stream),
-  // calling `progress` after each message; ends when the generation does, a stop string
-  // matches, or `progress` returns false (the client went away: Cancelled). Unavailable when
-  // the decode worker fails mid-stream. The decode call is cancelled whenever it ends early.
-  absl::Status Drive(Session& s, TextAssembler& text, const std::function<bool()>& progress);
+  // On a start thread: prepare, then reserve, prefill and open the decode stream, retrying on
+  // other workers (RequestFlow); answers the error when that fails.
+  void StartRequest(Endpoint endpoint, std::string body, Reply reply);
+  // The session's run from its first token (the prefill's): feeds tokens to its text and the
+  // text to the client, as the decode stream's messages come. Ends the request when the
+  // generation does, a stop string matches or the client goes (the decode call cancelled
+  // whenever it ends early); a decode worker that fails or stalls mid-stream has the
+  // generation continue elsewhere (Migrate).
+  void Run(const std::shared_ptr<Session>& s);
+  void ReadNext(const std::shared_ptr<Session>& s);
+  void OnMessage(const std::shared_ptr<Session>& s, bool ok);
+  // The run is over, for the reason given (kNone: it broke off): finishes its stream and ends
+  // the request or moves it.
+  void EndRun(const std::shared_ptr<Session>& s, FinishReason finish);
+  // On a start thread: continues the generation on other workers (RequestFlow::Continue).
+  void Migrate(const std::shared_ptr<Session>& s, absl::Status failure);
+  // Sends what is left, the last events or the whole completion, and counts the request.
+  void Complete(const std::shared_ptr<Session>& s, absl::Status status);
+  // Streams the text ready so far (the last chunk when `ended`); false once the client has gone.
+  bool Emit(Session& s, bool ended);
 
   RouterOptions options_;
   std::unique_ptr<model::GgufFile> gguf_;
@@ -99,6 +130,13 @@ class Router {
   int64_t created_ = 0;
   std::unique_ptr<WorkerRegistry> registry_;
   std::unique_ptr<RequestFlow> flow_;  // after registry_: it calls the registry's workers
+  std::unique_ptr<boost::asio::thread_pool> starts_;
+
+  // Requests between their start and their end, for the destructor to cancel and await.
+  std::mutex live_mu_;
+  std::condition_variable live_cv_;
+  std::map<Session*, std::weak_ptr<Session>> live_;
+  bool closing_ = false;
 
   std::shared_ptr<prometheus::Registry> metrics_;
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -32,6 +33,15 @@ class GenerationStream {
   virtual absl::Status Finish() = 0;
   // Ends the generation early (the client went away); its pages return to the pool.
   virtual void Cancel() = 0;
+
+  // Read without waiting: `done(true)` once the next message is in `message`, `done(false)`
+  // once the stream has ended. `done` may run on another thread, and may start the next read.
+  // One read at a time. (Here: a Read in place, for streams that have nothing better.)
+  virtual void ReadAsync(rpc::GenerateResponse* message, std::function<void(bool)> done) {
+    done(Read(message));
+  }
+  // Finish without waiting: `done` gets how the stream ended, once it has.
+  virtual void FinishAsync(std::function<void(absl::Status)> done) { done(Finish()); }
 };
 
 class DecodeCalls {
