@@ -376,6 +376,19 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
   const rpc::SamplingParams& sp = request.sampling();
   SLUICE_ASSIGN_OR_RETURN(const model::SamplingParams params, CheckedSampling(sp));
   if (request.prompt().empty()) return absl::InvalidArgumentError("the prompt is empty");
+  // A replay is tokens this request generated: fewer than max_tokens (the first is one), each
+  // in the vocabulary.
+  if (request.replay_size() >= std::max(params.max_tokens, 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("replay: %d tokens, max_tokens is %d (the first token counts)",
+                        request.replay_size(), params.max_tokens));
+  }
+  for (const int32_t t : request.replay()) {
+    if (t < 0 || t >= rt_.config().vocab) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "replay: token %d is not in the vocabulary (%d tokens)", t, rt_.config().vocab));
+    }
+  }
   return OnScheduler<absl::StatusOr<std::shared_ptr<TokenStream>>>(
       [&]() -> absl::StatusOr<std::shared_ptr<TokenStream>> {
         SLUICE_ASSIGN_OR_RETURN(auto it, FindReservation(request.reservation_id(), client));
@@ -441,6 +454,7 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
         r.history.assign(request.prompt().begin(), request.prompt().end());
         r.last = request.first().token();
         r.history.push_back(r.last);
+        r.replay.assign(request.replay().begin(), request.replay().end());
         r.generated = 1;
         r.room = room;
         r.logprobs = request.sampling().logprobs();
@@ -520,6 +534,16 @@ void DecodeWorker::StepGroup(WorkerRuntime::Cache* cache, std::vector<Running*>&
   const absl::Time now = absl::Now();
   for (size_t i = 0; i < group.size(); ++i) {
     Running& r = *group[i];
+    if (r.replayed < r.replay.size()) {
+      // Replayed: the token the failed worker sampled here, its draw skipped, not sent again.
+      const int32_t token = r.replay[r.replayed++];
+      r.sampler->Skip(1);
+      r.history.push_back(token);
+      r.last = token;
+      ++r.generated;
+      r.last_token_time = now;
+      continue;
+    }
     const absl::Span<const float> row(logits.data() + i * vocab, vocab);
     const int32_t token = r.sampler->Sample(row, r.history);
     rpc::GeneratedToken out;

@@ -120,6 +120,9 @@ class DecodeWorker {
     std::unique_ptr<model::Sampler> sampler;
     std::vector<int32_t> history;  // prompt and generated tokens
     int32_t last = 0;              // the token the next step feeds
+    // A replayed generation's tokens (GenerateRequest.replay), fed before any is sampled.
+    std::vector<int32_t> replay;
+    size_t replayed = 0;
     int generated = 0;
     int64_t room = 0;  // prompt + max_tokens
     bool logprobs = false;

@@ -166,11 +166,14 @@ class GrpcPrefill final : public PrefillCalls {
  public:
   explicit GrpcPrefill(std::shared_ptr<grpc::Channel> channel)
       : stub_(rpc::Prefill::NewStub(std::move(channel))) {}
-  absl::StatusOr<rpc::PrefillResponse> Prefill(const rpc::PrefillRequest& request) override {
+  absl::StatusOr<rpc::PrefillResponse> Prefill(const rpc::PrefillRequest& request,
+                                               CallCancel* cancel) override {
     grpc::ClientContext ctx;
     SetDeadline(ctx, absl::Minutes(5));
     rpc::PrefillResponse response;
+    if (cancel != nullptr) cancel->Bind([&ctx] { ctx.TryCancel(); });
     const grpc::Status st = stub_->Prefill(&ctx, request, &response);
+    if (cancel != nullptr) cancel->Unbind();
     if (!st.ok()) return FromGrpc(st);
     return response;
   }

@@ -36,6 +36,11 @@ ABSL_FLAG(int, max_migrations, 3,
 ABSL_FLAG(double, stall_timeout, 10,
           "Seconds a generation may send nothing before it counts as stalled and migrates (at "
           "least; 50 times the stream's inter-token time when that is longer).");
+ABSL_FLAG(std::string, migration, "replay",
+          "How a generation moves off a failed decode worker: replay (the prompt prefilled, the "
+          "generated tokens fed by decode steps: the text goes on exactly as it would have) or "
+          "prefill (prompt and generated tokens in one prefill: faster, but with a lossy KV "
+          "preset the text may part from what it would have been).");
 ABSL_FLAG(int, start_threads, 64,
           "Threads that start requests (tokenize, reserve, wait for the prefill); requests past "
           "them queue holding no thread, and a streaming request holds none.");
@@ -65,6 +70,11 @@ absl::Status Run() {
     if (!key.ok()) return key.status();
     api_key = *std::move(key);
   }
+  const std::string migration = absl::GetFlag(FLAGS_migration);
+  if (migration != "replay" && migration != "prefill") {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--migration=%s: must be replay or prefill", migration));
+  }
   const std::string path =
       absl::GetFlag(FLAGS_model).empty() ? model::DefaultModelPath() : absl::GetFlag(FLAGS_model);
   auto router =
@@ -77,6 +87,7 @@ absl::Status Run() {
                               .auth_token_file = absl::GetFlag(FLAGS_auth_token_file),
                               .max_migrations = absl::GetFlag(FLAGS_max_migrations),
                               .stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stall_timeout)),
+                              .replay_migrations = migration == "replay",
                               .start_threads = absl::GetFlag(FLAGS_start_threads)});
   if (!router.ok()) return router.status();
   const std::string host = absl::GetFlag(FLAGS_host);

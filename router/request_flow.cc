@@ -165,9 +165,22 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowReq
       const uint64_t renewal = timers_.Add(period, /*repeat=*/true, [decode, reservation] {
         decode->Renew(reservation).IgnoreError();
       });
-      absl::StatusOr<rpc::PrefillResponse> prefilled = pf->prefill->Prefill(pre);
+      // A prefill worker that stops answering its health checks (stopped, hung) would hold
+      // the request until the call's deadline: the call is cancelled once it is marked down.
+      CallCancel stop_prefill;
+      const uint64_t prefill_watch =
+          timers_.Add(options_.prefill_watch, /*repeat=*/true, [this, pf, &stop_prefill] {
+            if (!workers_.Up(pf)) stop_prefill.Cancel();
+          });
+      absl::StatusOr<rpc::PrefillResponse> prefilled = pf->prefill->Prefill(pre, &stop_prefill);
+      timers_.Remove(prefill_watch);
       timers_.Remove(renewal);
       --pf->in_flight;
+      if (!prefilled.ok() && stop_prefill.cancelled()) {
+        prefilled = absl::UnavailableError(absl::StrFormat(
+            "the prefill worker %s stopped answering its health checks during the prefill",
+            pf->address));
+      }
       if (!prefilled.ok()) {
         d->decode->Release(reservation).IgnoreError();
         last = prefilled.status();
@@ -195,6 +208,14 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowReq
       gen.set_state_bytes(prefilled->state_bytes());
       gen.set_state_crc32c(prefilled->state_crc32c());
       *gen.mutable_first() = prefilled->first();
+      if (!r.replay.empty()) {
+        // The first token is the one the request generated first (the prefill, given the same
+        // prompt and draws, sampled it again); the rest are fed after it.
+        gen.mutable_first()->Clear();
+        gen.mutable_first()->set_token(r.replay[0]);
+        gen.mutable_replay()->Add(r.replay.begin() + 1, r.replay.end());
+        running->replayed = static_cast<int>(r.replay.size());
+      }
       running->stream = d->decode->Generate(gen);
       rpc::GenerateResponse accepted;
       // A decode worker that does not take the generation within open_timeout (stopped, or its
@@ -262,6 +283,11 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Continue(
         absl::StrFormat("the request generated all its %d tokens", request.sampling.max_tokens()));
   }
   if (failed != nullptr) workers_.MarkDown(failed, why);
+  if (options_.replay_migrations) {
+    FlowRequest next = request;
+    next.replay.assign(generated.begin(), generated.end());
+    return Start(next);
+  }
   FlowRequest next = request;
   next.prompt.insert(next.prompt.end(), generated.begin(), generated.end());
   next.sampling.set_max_tokens(left);

@@ -86,6 +86,15 @@ struct RequestFlowOptions {
   // A decode worker that has not begun a generation this long after it was asked counts as
   // gone (the request moves to another one).
   absl::Duration open_timeout = absl::Seconds(10);
+  // How often a prefill in flight looks whether its worker is still up (health checks): one
+  // that went down (stopped, hung) has the call cancelled and the request tried elsewhere.
+  absl::Duration prefill_watch = absl::Seconds(1);
+  // How Continue moves a generation: true, by replay (the prompt prefilled as it was, the
+  // generated tokens fed by decode steps as they were: the KV, and so the rest of the text, as
+  // on the failed worker, in as many steps as tokens); false, by prefilling prompt and tokens
+  // together (one prefill, but a lossy preset's KV then differs from what decoding wrote, and
+  // the text may part from what it would have been).
+  bool replay_migrations = true;
   // Observers (each may be empty): a retry after `role` failed; the request starts (+1) or
   // stops (-1) waiting for pages; the reservation succeeded `queued` after the request began.
   std::function<void(const char* role)> on_retry;
@@ -99,6 +108,9 @@ struct FlowRequest {
   rpc::SamplingParams sampling;
   std::string preset;  // empty: the workers' default
   absl::Time arrived = absl::Now();
+  // A migration by replay (Continue): the tokens the request generated, the first one
+  // included; the prompt is prefilled as it was, the decode worker feeds these as it did.
+  std::vector<int32_t> replay;
 };
 
 // A request whose generation runs: its first token came with the prefill, the rest come from
@@ -109,6 +121,9 @@ struct RunningRequest {
   rpc::PrefillResponse prefilled;
   std::unique_ptr<GenerationStream> stream;
   absl::Time first_token_time;
+  // Tokens replayed (FlowRequest::replay): `prefilled.first()` is the first of them, not a new
+  // token, and the stream's first new token comes after the decode worker fed them all.
+  int replayed = 0;
   ~RunningRequest();
 };
 
@@ -120,9 +135,10 @@ class RequestFlow {
   // attempt when every attempt failed (UNAVAILABLE when no worker was left to try).
   absl::StatusOr<std::unique_ptr<RunningRequest>> Start(const FlowRequest& request);
   // `request`'s generation failed or stalled on `failed` (marked down here, with `why`) after
-  // `generated` tokens, the prefill's first included: starts it again with those tokens after
-  // the prompt, max_tokens less them and the samplers past their draws. The new run's first
-  // token is the request's next one. OutOfRange when no token is left to generate.
+  // `generated` tokens, the prefill's first included: starts it again on other workers, by
+  // replay (the run's `replayed` says how many tokens it fed before its new ones) or with the
+  // tokens after the prompt, max_tokens less them and the samplers past their draws (the new
+  // run's first token then is the request's next one). OutOfRange when no token is left.
   absl::StatusOr<std::unique_ptr<RunningRequest>> Continue(const FlowRequest& request,
                                                            absl::Span<const int32_t> generated,
                                                            Worker* failed, const std::string& why);

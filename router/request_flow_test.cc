@@ -122,10 +122,15 @@ class FakeDecode final : public DecodeCalls {
 
 class FakePrefill final : public PrefillCalls {
  public:
-  absl::StatusOr<rpc::PrefillResponse> Prefill(const rpc::PrefillRequest& request) override {
+  absl::StatusOr<rpc::PrefillResponse> Prefill(const rpc::PrefillRequest& request,
+                                               CallCancel* cancel) override {
     ++calls;
     last = request;
     if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
+    if (hang) {  // a stopped worker: the call returns only when cancelled
+      while (cancel == nullptr || !cancel->cancelled()) absl::SleepFor(absl::Milliseconds(1));
+      return absl::CancelledError("cancelled");
+    }
     const absl::Status st = script.Next(absl::OkStatus());
     if (!st.ok()) return st;
     rpc::PrefillResponse r;
@@ -137,6 +142,7 @@ class FakePrefill final : public PrefillCalls {
   }
   Script<absl::Status> script;
   absl::Duration delay;
+  std::atomic<bool> hang{false};
   std::atomic<int> calls{0};
   rpc::PrefillRequest last;
 };
@@ -166,6 +172,7 @@ class FakeWorkers final : public WorkerSet {
   }
   Worker* Pick(const std::string& role, absl::Span<const int32_t>,
                const std::set<Worker*>& exclude) override {
+    std::lock_guard<std::mutex> lock(mu);
     for (auto& w : workers_) {
       if (w->role == role && !exclude.contains(w.get()) && !down.contains(w->address)) {
         return w.get();
@@ -173,7 +180,14 @@ class FakeWorkers final : public WorkerSet {
     }
     return nullptr;
   }
-  void MarkDown(Worker* w, const std::string&) override { down.insert(w->address); }
+  void MarkDown(Worker* w, const std::string&) override {
+    std::lock_guard<std::mutex> lock(mu);
+    down.insert(w->address);
+  }
+  bool Up(Worker* w) override {
+    std::lock_guard<std::mutex> lock(mu);
+    return !down.contains(w->address);
+  }
   Worker& worker(const std::string& name) {
     for (auto& w : workers_) {
       if (w->address == name) return *w;
@@ -181,6 +195,7 @@ class FakeWorkers final : public WorkerSet {
     std::abort();
   }
 
+  std::mutex mu;
   std::set<std::string> down;
 
  private:
@@ -322,6 +337,32 @@ TEST(RequestFlowTest, AGonePrefillWorkerReleasesTheReservationAndAnotherPrefills
   EXPECT_THAT(c.retries, ElementsAre("prefill"));
 }
 
+TEST(RequestFlowTest, APrefillWorkerMarkedDownMidCallIsLeftForAnother) {
+  FakeWorkers workers;
+  FakeDecode& d = workers.AddDecode("d0");
+  FakePrefill& p0 = workers.AddPrefill("p0");
+  FakePrefill& p1 = workers.AddPrefill("p1");
+  p0.hang = true;  // stopped: it would answer at its call's deadline, minutes away
+  Counts c;
+  RequestFlowOptions o = Options(c);
+  o.prefill_watch = absl::Milliseconds(10);
+  RequestFlow flow(workers, o);
+  // The health checks find it gone a while into the call.
+  std::thread poll([&] {
+    while (p0.calls == 0) absl::SleepFor(absl::Milliseconds(1));
+    absl::SleepFor(absl::Milliseconds(50));
+    std::lock_guard<std::mutex> lock(workers.mu);
+    workers.down.insert("p0");
+  });
+  auto run = flow.Start(Request());
+  poll.join();
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ((*run)->prefill->address, "p1");
+  EXPECT_EQ(p1.calls, 1);
+  EXPECT_THAT(d.released, ElementsAre(1));  // p0's reservation
+  EXPECT_THAT(c.retries, ElementsAre("prefill"));
+}
+
 TEST(RequestFlowTest, PagesThatDidNotArriveMoveTheRequestToAnotherDecodeWorker) {
   FakeWorkers workers;
   FakeDecode& d0 = workers.AddDecode("d0");
@@ -449,13 +490,41 @@ TEST(RequestFlowTest, ADecodeWorkerThatNeverBeginsIsLeftForAnother) {
   EXPECT_THAT(c.retries, ElementsAre("decode"));
 }
 
-TEST(RequestFlowTest, ContinueCarriesTheGeneratedTokensElsewhere) {
+TEST(RequestFlowTest, ContinueReplaysTheGeneratedTokensElsewhere) {
   FakeWorkers workers;
   workers.AddDecode("d0");
   FakeDecode& d1 = workers.AddDecode("d1");
   FakePrefill& p = workers.AddPrefill("p0");
   Counts c;
   RequestFlow flow(workers, Options(c));
+  FlowRequest r = Request();
+  r.sampling.set_max_tokens(10);
+  const std::vector<int32_t> prompt = r.prompt;
+  auto run = flow.Continue(r, {42, 7, 9}, &workers.worker("d0"), "stalled");
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ((*run)->decode, &workers.worker("d1"));
+  // The prompt is prefilled as it was, with the request's own sampling; the decode worker
+  // starts from the first generated token and feeds the others before it samples.
+  EXPECT_THAT(p.last.prompt(), ::testing::ElementsAreArray(prompt));
+  EXPECT_EQ(p.last.sampling().max_tokens(), 10);
+  EXPECT_EQ(p.last.sampling().skip_samples(), 0);
+  EXPECT_EQ(d1.last_generate.first().token(), 42);
+  EXPECT_THAT(d1.last_generate.replay(), ElementsAre(7, 9));
+  EXPECT_EQ(d1.last_generate.sampling().max_tokens(), 10);
+  EXPECT_EQ((*run)->replayed, 3);
+  EXPECT_EQ(flow.Continue(r, std::vector<int32_t>(10, 1), nullptr, "failed").status().code(),
+            absl::StatusCode::kOutOfRange);
+}
+
+TEST(RequestFlowTest, ContinueByPrefillCarriesTheGeneratedTokensElsewhere) {
+  FakeWorkers workers;
+  workers.AddDecode("d0");
+  FakeDecode& d1 = workers.AddDecode("d1");
+  FakePrefill& p = workers.AddPrefill("p0");
+  Counts c;
+  RequestFlowOptions o = Options(c);
+  o.replay_migrations = false;
+  RequestFlow flow(workers, o);
   FlowRequest r = Request();
   r.sampling.set_max_tokens(10);
   r.sampling.set_skip_samples(2);
@@ -470,6 +539,8 @@ TEST(RequestFlowTest, ContinueCarriesTheGeneratedTokensElsewhere) {
   EXPECT_EQ(p.last.sampling().max_tokens(), 7);
   EXPECT_EQ(p.last.sampling().skip_samples(), 5);
   EXPECT_EQ(d1.last_generate.sampling().skip_samples(), 5);
+  EXPECT_EQ((*run)->replayed, 0);
+  EXPECT_TRUE(d1.last_generate.replay().empty());
   // Nothing left to generate: OutOfRange, nothing started.
   EXPECT_EQ(flow.Continue(r, std::vector<int32_t>(10, 1), nullptr, "failed").status().code(),
             absl::StatusCode::kOutOfRange);

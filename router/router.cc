@@ -201,6 +201,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(const RouterOptions& opti
       *r->registry_, RequestFlowOptions{.max_attempts = options.max_attempts,
                                         .queue_timeout = options.queue_timeout,
                                         .open_timeout = options.stall_timeout,
+                                        .replay_migrations = options.replay_migrations,
                                         .on_retry =
                                             [raw](const char* role) {
                                               raw->retries_->Add({{"role", role}}).Increment();
@@ -454,12 +455,17 @@ bool Router::Emit(Session& s, bool ended) {
 void Router::Run(const std::shared_ptr<Session>& s) {
   RunningRequest& run = *s->run;
   s->last = run.first_token_time;
-  generation_tokens_->Increment();
-  s->generated.push_back(run.prefilled.first().token());
-  s->stop = s->text->Add(run.prefilled.first());
-  // The timer cancels a stream that sends nothing for its bound: its read then fails.
+  if (run.replayed == 0) {  // a replay's first token was the request's first, sent long ago
+    generation_tokens_->Increment();
+    s->generated.push_back(run.prefilled.first().token());
+    s->stop = s->text->Add(run.prefilled.first());
+  }
+  // The timer cancels a stream that sends nothing for its bound: its read then fails. A replay
+  // sends nothing while its decode steps feed the old tokens: the bound allows two inter-token
+  // times (or 50 ms) a token more.
   s->stalled = false;
-  s->watch = flow_->timers().Add(std::max(options_.stall_timeout, 50 * s->itl),
+  const absl::Duration replay = run.replayed * 2 * std::max(s->itl, absl::Milliseconds(50));
+  s->watch = flow_->timers().Add(std::max(options_.stall_timeout, 50 * s->itl) + replay,
                                  /*repeat=*/false, [s] {
                                    s->stalled = true;
                                    s->Cancel();

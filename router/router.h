@@ -65,6 +65,8 @@ struct RouterOptions {
   int max_migrations = 3;
   // Stalled: nothing from the decode worker for this long, or 50 inter-token times if longer.
   absl::Duration stall_timeout = absl::Seconds(10);
+  // Migrations replay the generated tokens (exact) rather than prefill them (one step).
+  bool replay_migrations = true;
   // Threads that start requests (each waits through its request's reservation and prefill);
   // requests past them wait in a queue, holding no thread.
   int start_threads = 64;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 
@@ -53,10 +54,42 @@ class DecodeCalls {
   virtual std::unique_ptr<GenerationStream> Generate(const rpc::GenerateRequest& request) = 0;
 };
 
+// Lets another thread cancel a call in flight: the call binds how it is cancelled while it
+// runs, and ends CANCELLED when it is.
+class CallCancel {
+ public:
+  void Cancel() {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    if (cancel_) cancel_();
+  }
+  bool cancelled() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cancelled_;
+  }
+  // Until Unbind, Cancel runs `cancel` (at once when Cancel came first).
+  void Bind(std::function<void()> cancel) {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancel_ = std::move(cancel);
+    if (cancelled_) cancel_();
+  }
+  void Unbind() {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancel_ = nullptr;
+  }
+
+ private:
+  std::mutex mu_;
+  bool cancelled_ = false;
+  std::function<void()> cancel_;
+};
+
 class PrefillCalls {
  public:
   virtual ~PrefillCalls() = default;
-  virtual absl::StatusOr<rpc::PrefillResponse> Prefill(const rpc::PrefillRequest& request) = 0;
+  // `cancel` (may be null) ends the call early: the request moves to another worker.
+  virtual absl::StatusOr<rpc::PrefillResponse> Prefill(const rpc::PrefillRequest& request,
+                                                       CallCancel* cancel) = 0;
 };
 
 // One worker as the router knows it.
@@ -89,6 +122,9 @@ class WorkerSet {
                        const std::set<Worker*>& exclude) = 0;
   // A call to `w` failed in a way that says the worker is gone.
   virtual void MarkDown(Worker* w, const std::string& error) = 0;
+  // Whether `w` is up, as its health checks last said (a call waiting on a worker that stopped
+  // answering them is given up).
+  virtual bool Up(Worker* w) = 0;
 };
 
 // Whether a failed call says its worker is gone (so another may take the request).

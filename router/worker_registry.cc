@@ -200,6 +200,11 @@ void WorkerRegistry::MarkDown(Worker* w, const std::string& error) {
   w->last_error = error;
 }
 
+bool WorkerRegistry::Up(Worker* w) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return w->up;
+}
+
 int WorkerRegistry::Healthy(const std::string& role) {
   std::lock_guard<std::mutex> lock(mu_);
   int n = 0;

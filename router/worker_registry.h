@@ -67,6 +67,7 @@ class WorkerRegistry final : public WorkerSet {
                const std::set<Worker*>& exclude) override;
   // A call to `w` failed in a way that says the worker is gone.
   void MarkDown(Worker* w, const std::string& error) override;
+  bool Up(Worker* w) override;
   // Counts of healthy workers by role.
   int Healthy(const std::string& role);
   struct View {

@@ -83,7 +83,8 @@ class LocalDecode final : public router::DecodeCalls {
 class LocalPrefill final : public router::PrefillCalls {
  public:
   explicit LocalPrefill(prefill::PrefillWorker& worker) : worker_(worker) {}
-  absl::StatusOr<rpc::PrefillResponse> Prefill(const rpc::PrefillRequest& request) override {
+  absl::StatusOr<rpc::PrefillResponse> Prefill(const rpc::PrefillRequest& request,
+                                               router::CallCancel*) override {
     return worker_.Prefill(request);
   }
 
@@ -114,6 +115,7 @@ class LocalWorkers final : public router::WorkerSet {
   void MarkDown(router::Worker* w, const std::string& error) override {
     down_ = w->address + ": " + error;
   }
+  bool Up(router::Worker*) override { return down_.empty(); }
 
  private:
   router::Worker prefill_, decode_;
@@ -344,6 +346,51 @@ TEST_F(Disaggregated, CancelFreesThePagesAtOnce) {
   EXPECT_LT(tokens + rest.size(), 400u);
   run->reset();
   ExpectNothingHeld();
+}
+
+// A generation moved after `cut` tokens (RequestFlow::Continue, by replay) goes on as the
+// undisturbed one does: the replay leaves the KV the first decode wrote, lossy preset or not.
+// The undisturbed run is cut short first: its pages go, as a failed worker's would.
+TEST_F(Disaggregated, AReplayedMigrationGoesOnAsTheUndisturbedRun) {
+  for (const char* preset : {"sluice", "leankv-k8v4"}) {
+    for (const bool seeded : {false, true}) {
+      SCOPED_TRACE(std::string(preset) + (seeded ? " seeded" : " greedy"));
+      rpc::SamplingParams sampling = Greedy(48, /*stop_at_eos=*/false);
+      if (seeded) {
+        sampling.set_temperature(0.8f);
+        sampling.set_seed(7);
+      }
+      auto whole = Start(preset, sampling);
+      ASSERT_TRUE(whole.ok()) << whole.status();
+      std::string reason;
+      std::vector<int32_t> want = {(*whole)->prefilled.first().token()};
+      for (int32_t t : Drain(*(*whole)->stream, &reason)) want.push_back(t);
+      whole->reset();
+      ASSERT_EQ(want.size(), 48u);
+
+      auto cut = Start(preset, sampling);
+      ASSERT_TRUE(cut.ok()) << cut.status();
+      std::vector<int32_t> generated = {(*cut)->prefilled.first().token()};
+      rpc::GenerateResponse m;
+      while (generated.size() < 37 && (*cut)->stream->Read(&m)) {
+        for (const auto& t : m.tokens()) generated.push_back(t.token());
+      }
+      (*cut)->stream->Cancel();
+      Drain(*(*cut)->stream, &reason);
+      cut->reset();
+      const router::FlowRequest request{
+          .request_id = 2, .prompt = prompt_, .sampling = sampling, .preset = preset};
+      auto moved = flow_->Continue(request, generated, nullptr, "the test cut it");
+      ASSERT_TRUE(moved.ok()) << moved.status();
+      EXPECT_EQ((*moved)->replayed, static_cast<int>(generated.size()));
+      std::vector<int32_t> got = generated;
+      for (int32_t t : Drain(*(*moved)->stream, &reason)) got.push_back(t);
+      EXPECT_EQ(reason, "length");
+      moved->reset();
+      EXPECT_EQ(got, want);
+      ExpectNothingHeld();
+    }
+  }
 }
 
 // Writes `bytes` at `offset` of the window `reserved` names, as a peer holding its descriptor

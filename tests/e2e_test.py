@@ -396,22 +396,24 @@ class EndToEnd(unittest.TestCase):
         text = "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
         self.assertEqual(text, json.loads(undisturbed)["choices"][0]["text"])
 
-    def test_probes_answer_while_slow_clients_hold_every_api_thread(self):
-        # More half-sent requests than the API has threads (64): the API stops answering until
-        # they time out, but /health and /metrics on the router's own probe listener answer.
+    def test_slow_clients_hold_no_thread(self):
+        # Many more half-sent requests than the router has threads: they hold a socket each,
+        # and the API, its /health and the probe listener answer meanwhile.
         slow = []
         try:
-            for _ in range(72):
+            for _ in range(300):
                 s = socket.create_connection(("127.0.0.1", self.c.http), timeout=5)
                 s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
                 slow.append(s)
             time.sleep(0.5)
             probes = "http://127.0.0.1:%d" % self.c.router_metrics
-            for path in ("/health", "/metrics"):
+            for url in (probes + "/health", probes + "/metrics", self.c.url + "/health"):
                 start = time.time()
-                status, _ = http(probes + path, timeout=5)
-                self.assertEqual(status, 200, path)
-                self.assertLess(time.time() - start, 1.0, path)
+                status, _ = http(url, timeout=5)
+                self.assertEqual(status, 200, url)
+                self.assertLess(time.time() - start, 1.0, url)
+            status, text = self.chat("Say hi.", max_tokens=4)
+            self.assertEqual(status, 200, text)
         finally:
             for s in slow:
                 s.close()
@@ -655,8 +657,8 @@ def streamed_text(body):
 class Migration(unittest.TestCase):
     """Two workers of each role. A decode worker dies (-9) or stalls (-STOP) while it streams:
     its generations go on elsewhere, each client seeing one stream that ends well, with every
-    token it asked for counted once. (Its text may part from an undisturbed run's: the moved
-    tokens' KV is computed again by a prefill, and batches differ; see the README.)"""
+    token it asked for counted once, and the text an undisturbed run gives (the migration
+    replays the generated tokens, so the KV, KIVI-4 pages and all, is what it was)."""
 
     def check(self, disturb, reason):
         if not MODEL:
@@ -671,6 +673,11 @@ class Migration(unittest.TestCase):
             status, out = post(c.url + "/v1/completions", dict(bodies[0], max_tokens=1))
             self.assertEqual(status, 200, out)
             prompt_tokens = streamed_text(out)[2]["prompt_tokens"]
+            # Undisturbed, the greedy and the seeded request (on both decode workers).
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                undisturbed = [streamed_text(out)[0] for _, out in
+                               pool.map(lambda b: post(c.url + "/v1/completions", b, 300),
+                                        bodies[:2])]
             with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
                 futures = [pool.submit(post, c.url + "/v1/completions", b, 300) for b in bodies]
                 # Until decode-1 streams (round robin gave it half of them).
@@ -688,6 +695,7 @@ class Migration(unittest.TestCase):
                 self.assertEqual(usage, {"prompt_tokens": prompt_tokens, "completion_tokens": 400,
                                          "total_tokens": prompt_tokens + 400}, "stream %d" % i)
                 self.assertGreater(len(text), 400, text)
+                self.assertEqual(text, undisturbed[i % 2], "stream %d" % i)
             self.assertGreaterEqual(c.metric(c.router_metrics, "sluice_request_migrations_total"
                                              '{reason="%s"}' % reason), 1, c.log("router"))
             return c
@@ -716,6 +724,43 @@ class Migration(unittest.TestCase):
         finally:
             codes = c.stop()
         for name in ("router", "prefill-0", "prefill-1", "decode-0", "decode-1"):
+            self.assertEqual(codes[name], 0, c.log(name))
+
+
+class StoppedPrefill(unittest.TestCase):
+    """A prefill worker stopped (-STOP) with prompts in flight: once the router's health checks
+    find it gone, its calls are given up and the prompts prefilled elsewhere."""
+
+    def test_a_stopped_prefill_worker_holds_no_request(self):
+        if not MODEL:
+            self.skipTest("SLUICE_MODEL is not set (./sluice test sets it)")
+        c = Cluster(workers=2, placement="round_robin")
+        try:
+            body = {"model": c.model, "messages": [{"role": "user", "content": LONG_PROMPT}],
+                    "max_tokens": 8, "temperature": 0}
+            status, first = post(c.url + "/v1/chat/completions", body)
+            self.assertEqual(status, 200, first)
+            c.procs["prefill-1"].send_signal(signal.SIGSTOP)
+            t0 = time.time()
+            # Together, so that round-robin hands some to the stopped worker at once.
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                answers = list(pool.map(
+                    lambda _: post(c.url + "/v1/chat/completions", body, 120), range(4)))
+            seconds = time.time() - t0
+            for status, text in answers:
+                self.assertEqual(status, 200, text + "\nrouter log:\n" + c.log("router"))
+                self.assertEqual(json.loads(text)["choices"][0]["message"]["content"],
+                                 json.loads(first)["choices"][0]["message"]["content"])
+            # Three failed polls of 2 s each, then the retry: far from the call's 5 minutes.
+            self.assertLess(seconds, 60, c.log("router"))
+            self.assertGreaterEqual(c.metric(c.router_metrics,
+                                             'sluice_request_retries_total{role="prefill"}'), 1,
+                                    c.log("router"))
+            self.assertIn("stopped answering its health checks", c.log("router"))
+        finally:
+            c.procs["prefill-1"].send_signal(signal.SIGCONT)
+            codes = c.stop()
+        for name in ("router", "prefill-0", "decode-0", "decode-1"):
             self.assertEqual(codes[name], 0, c.log(name))
 
 
