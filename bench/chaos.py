@@ -8,7 +8,9 @@ words that are one token each), max_tokens 8-128, greedy or seeded; 20% of the c
 mid-stream, 5% send a malformed request (which must get a 400). Meanwhile a thread asks the
 router's /health every 100 ms.
 
-Then the crowd (hold.py): --hold-streams streaming clients at once and --slow-sockets slow
+Then the greedy requests that completed run again, undisturbed, and must give the same text
+(a migrated generation replays its tokens, so it goes on as it would have). Then the crowd
+(hold.py): --hold-streams streaming clients at once and --slow-sockets slow
 connections, with /health timed on the API port meanwhile.
 
 It reports requests completed / failed / migrated (the router's sluice_request_migrations_total)
@@ -17,8 +19,8 @@ is over and every worker serves again, each worker's KV pages used and reserved,
 file descriptors next to what they were before the load. A well-formed request fails when it
 gets no 200, when its stream carries an error event, or when it ends without a finish reason
 or with fewer tokens than it asked for (every request ignores end-of-sequence tokens).
-Exit status 1 when a well-formed request failed, a page stayed held, or a process the chaos
-loop did not touch died.
+Exit status 1 when a well-formed request failed, a greedy text differed, a page stayed held, or
+a process the chaos loop did not touch died.
 
 usage: chaos.py --up PATH_TO_tools/up --model GGUF [--requests 2000] [--out F]
 """
@@ -136,7 +138,7 @@ def one_request(host, port, model, spec):
                                                                   resp.status)
         if resp.status != 200:
             return "failed", "%d %s" % (resp.status, resp.read()[:200])
-        buf, events, finish, usage, error = b"", 0, None, None, None
+        buf, events, finish, usage, error, text = b"", 0, None, None, None, ""
         while True:
             chunk = resp.read1(65536)
             if not chunk:
@@ -155,6 +157,7 @@ def one_request(host, port, model, spec):
                     usage = j["usage"]
                 for c in j.get("choices", []):
                     finish = c.get("finish_reason") or finish
+                    text += c.get("text") or ""
             if spec["kind"] == "leave" and events >= spec["leave_after"]:
                 return "left", None
         if error:
@@ -163,7 +166,7 @@ def one_request(host, port, model, spec):
             return "failed", "no finish reason"
         if usage is None or usage.get("completion_tokens") != spec["max_tokens"]:
             return "failed", "usage %s for max_tokens %d" % (usage, spec["max_tokens"])
-        return "completed", None
+        return "completed", text
     except (OSError, http.client.HTTPException, ValueError) as e:
         return "failed", "%s: %s" % (type(e).__name__, e)
     finally:
@@ -194,6 +197,8 @@ def main():
     ap.add_argument("--hold-streams", type=int, default=2000,
                     help="streaming clients at once after the chaos load (0: none)")
     ap.add_argument("--slow-sockets", type=int, default=1000, help="slow connections meanwhile")
+    ap.add_argument("--greedy-check", type=int, default=-1,
+                    help="greedy requests run again undisturbed to compare texts (-1: all)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -287,12 +292,15 @@ def main():
             t.start()
         t0 = time.time()
         counts = {"completed": 0, "failed": 0, "left": 0, "refused": 0}
+        greedy_texts = {}  # request -> its text, for the greedy requests that completed
         failures = []
         with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
             futures = [pool.submit(one_request, "127.0.0.1", port, model, s) for s in specs]
             for i, f in enumerate(futures):
                 outcome, detail = f.result()
                 counts[outcome] += 1
+                if outcome == "completed" and specs[i]["seed"] is None:
+                    greedy_texts[i] = detail
                 if outcome == "failed":
                     failures.append({"request": i, "kind": specs[i]["kind"], "why": detail})
                 if (i + 1) % 50 == 0:
@@ -311,6 +319,24 @@ def main():
                   (args.hold_streams, args.slow_sockets), file=sys.stderr, flush=True)
             crowd = hold("127.0.0.1", port, model, args.hold_streams, args.slow_sockets,
                          seed=args.seed)
+        # The greedy requests again, undisturbed: a migrated one must give the same text.
+        greedy = {"compared": 0, "equal": 0, "differ": []}
+        todo = sorted(greedy_texts)[:args.greedy_check] if args.greedy_check >= 0 else \
+            sorted(greedy_texts)
+        if todo:
+            print("chaos: %d greedy requests again, undisturbed" % len(todo), file=sys.stderr,
+                  flush=True)
+            with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
+                again = list(pool.map(
+                    lambda i: one_request("127.0.0.1", port, model, specs[i]), todo))
+            for i, (outcome, text) in zip(todo, again):
+                if outcome != "completed":
+                    continue
+                greedy["compared"] += 1
+                if text == greedy_texts[i]:
+                    greedy["equal"] += 1
+                else:
+                    greedy["differ"].append(i)
         # Then nothing held.
         # Reservations a router could not release (its worker was stopped) expire after the
         # decode workers' --reservation_ttl (60 s).
@@ -351,6 +377,7 @@ def main():
             "failures": failures[:50],
             "health_seconds": {"p50": percentile(health, 50), "p99": percentile(health, 99),
                                "max": max(health) if health else None, "probes": len(health)},
+            "greedy_again": greedy,
             "crowd": crowd,
             "pages_after": held,
             "seconds_until_no_page_held": drained_seconds,
@@ -380,6 +407,10 @@ def main():
     print("  /health p50 %.1f ms  p99 %.1f ms  max %.1f ms over %d probes" %
           (1e3 * (h["p50"] or 0), 1e3 * (h["p99"] or 0), 1e3 * (h["max"] or 0), h["probes"]),
           file=sys.stderr)
+    g = result["greedy_again"]
+    print("  greedy requests run again undisturbed: %d of %d gave the same text%s" % (
+        g["equal"], g["compared"],
+        " (differ: %s)" % g["differ"][:10] if g["differ"] else ""), file=sys.stderr)
     c = result["crowd"]
     if c:
         ch = c["health_seconds"]
@@ -416,7 +447,8 @@ def main():
     if died:
         print("  died without being killed: %s" % ", ".join(died), file=sys.stderr)
     crowd_failed = bool(result["crowd"] and result["crowd"]["failed"])
-    return 1 if counts["failed"] or crowd_failed or leaked or died else 0
+    differ = bool(result["greedy_again"]["differ"])
+    return 1 if counts["failed"] or crowd_failed or differ or leaked or died else 0
 
 
 if __name__ == "__main__":

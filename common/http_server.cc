@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <deque>
@@ -138,6 +139,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void Enqueue(Out out);
   void WriteNext();
   void Finish();
+  void Linger();
   template <typename Body>
   void Prepare(bhttp::response<Body>& res, int status, const std::string& type,
                const Headers& extra);
@@ -155,6 +157,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool writing_ = false;
   bool watching_ = false;          // waiting for the socket to turn readable (EOF: gone)
   bool read_after_watch_ = false;  // the next request is read once the watch is cancelled
+  bool lingering_ = false;         // closing: what the client sends is dropped (Linger)
+  std::chrono::steady_clock::time_point linger_until_;
   std::shared_ptr<Session> self_;
   std::shared_ptr<std::atomic<bool>> gone_;
   std::function<void()> on_gone_;
@@ -324,6 +328,10 @@ void Session::Watch() {
                               [self = shared_from_this()](beast::error_code ec) {
                                 self->watching_ = false;
                                 if (self->closed_) return;
+                                if (self->lingering_) {
+                                  self->Linger();
+                                  return;
+                                }
                                 if (!ec) {
                                   beast::error_code ec2;
                                   const size_t available = self->stream_.socket().available(ec2);
@@ -461,9 +469,7 @@ void Session::Finish() {
   head_writer_.reset();
   std::shared_ptr<Session> keep = std::move(self_);
   if (!keep_alive_) {
-    beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
-    Close();
+    Linger();
     return;
   }
   stream_.expires_never();
@@ -474,6 +480,37 @@ void Session::Finish() {
   } else {
     ReadIdle();
   }
+}
+
+// A response that closes its connection: the sending side first, then what the client still
+// sends is read and dropped (a second at most), so that its unread bytes do not turn the close
+// into a reset that could overtake the answer (a 413 to a client still sending its body).
+void Session::Linger() {
+  if (closed_) return;
+  if (!lingering_) {
+    lingering_ = true;
+    linger_until_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    if (watching_) {  // its handler comes back here
+      stream_.socket().cancel(ec);
+      return;
+    }
+  }
+  if (std::chrono::steady_clock::now() >= linger_until_) {
+    Close();
+    return;
+  }
+  stream_.expires_at(linger_until_);
+  auto scratch = std::make_shared<std::array<char, 4096>>();
+  stream_.async_read_some(net::buffer(*scratch),
+                          [self = shared_from_this(), scratch](beast::error_code ec, size_t) {
+                            if (ec) {
+                              self->Close();
+                            } else {
+                              self->Linger();
+                            }
+                          });
 }
 
 void Session::Close() {

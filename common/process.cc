@@ -1,5 +1,6 @@
 #include "common/process.h"
 
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -57,6 +58,32 @@ std::string ServedModelName(const std::string& path) {
     name.resize(name.size() - ext.size());
   }
   return name;
+}
+
+IdleTrimmer::IdleTrimmer(std::function<bool()> idle, absl::Duration period)
+    : idle_(std::move(idle)), period_(period) {
+  thread_ = std::thread([this] {
+    bool busy = false;
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, absl::ToChronoMilliseconds(period_), [&] { return stop_; })) {
+      if (!idle_()) {
+        busy = true;
+      } else if (busy) {
+        malloc_trim(0);
+        ++trims_;
+        busy = false;
+      }
+    }
+  });
+}
+
+IdleTrimmer::~IdleTrimmer() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
 }
 
 }  // namespace sluice

@@ -2,10 +2,15 @@
 #ifndef SLUICE_COMMON_PROCESS_H_
 #define SLUICE_COMMON_PROCESS_H_
 
+#include <atomic>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 
 namespace sluice {
 
@@ -24,6 +29,26 @@ int ServerMain(int argc, char** argv, const char* program,
 
 // The name a model is served under: its file name without directory and ".gguf".
 std::string ServedModelName(const std::string& path);
+
+// Gives the heap's free memory back to the system (glibc's malloc_trim) each time a process
+// that was busy turns idle: what a load's peak left in the allocator's arenas (one per thread
+// that served a stream) does not stay in its RSS. Looks every `period` on a thread of its own.
+class IdleTrimmer {
+ public:
+  explicit IdleTrimmer(std::function<bool()> idle, absl::Duration period = absl::Seconds(2));
+  ~IdleTrimmer();
+  // Trims done (for tests and logs).
+  int trims() const { return trims_.load(); }
+
+ private:
+  std::function<bool()> idle_;
+  absl::Duration period_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::atomic<int> trims_{0};
+  std::thread thread_;
+};
 
 }  // namespace sluice
 

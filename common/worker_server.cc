@@ -39,6 +39,10 @@ absl::Status ServeWorker(const WorkerServeOptions& options,
   for (grpc::Service* s : services) builder.RegisterService(s);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) return absl::UnavailableError("cannot serve gRPC on " + address + " (port in use?)");
+  IdleTrimmer trimmer([stats] {
+    const rpc::StatsResponse s = stats();
+    return s.running() == 0 && s.waiting() == 0 && s.queued_prompt_tokens() == 0;
+  });
   auto reporter = std::make_unique<WorkerHealthReporter>(
       server->GetHealthCheckService(),
       [stats = std::move(stats)] { return HealthOf(stats(), absl::Now()); }, absl::Seconds(1));

@@ -115,6 +115,7 @@ absl::Status Run() {
     std::cerr << absl::StrFormat("router: /health and /metrics also on http://%s:%d\n", host,
                                  metrics_port);
   }
+  IdleTrimmer trimmer([r = router->get()] { return r->Idle(); });
   AwaitShutdown("router");
   // Listeners first, then the router: it cancels the requests still running and awaits them.
   server->reset();

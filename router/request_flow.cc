@@ -102,7 +102,7 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowReq
   // A worker that failed this attempt: marked down when gone, never tried again for r.
   auto drop = [&](Worker* w, std::set<Worker*>& tried, const absl::Status& st) {
     const std::string line =
-        absl::StrFormat("router: request %s: %s worker %s failed (%s); trying another\n",
+        absl::StrFormat("router: request %d: %s worker %s failed (%s); trying another\n",
                         r.request_id, w->role, w->address, st.ToString());
     std::fputs(line.c_str(), stderr);
     workers_.MarkDown(w, std::string(st.message()));

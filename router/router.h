@@ -79,6 +79,9 @@ class Router {
   // Cancels every running request and waits for each to end.
   ~Router();
 
+  // No request is running.
+  bool Idle() const { return running_->Value() == 0; }
+
   // The API's routes, for an http::Server.
   std::map<std::string, http::Handler> Routes();
   // /health and /metrics alone: a listener of their own for probes and scrapes.
