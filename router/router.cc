@@ -238,7 +238,7 @@ Router::~Router() {
     std::unique_lock<std::mutex> lock(live_mu_);
     live_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return live_.empty(); });
   }
-  starts_->join();
+  if (starts_ != nullptr) starts_->join();  // null when Create failed before it
 }
 
 std::map<std::string, http::Handler> Router::Routes() {
