@@ -8,8 +8,8 @@ words that are one token each), max_tokens 8-128, greedy or seeded; 20% of the c
 mid-stream, 5% send a malformed request (which must get a 400). Meanwhile a thread asks the
 router's /health every 100 ms.
 
-Then the greedy requests that completed run again, undisturbed, and must give the same text
-(a migrated generation replays its tokens, so it goes on as it would have). Then the crowd
+Then the greedy requests that completed run again, undisturbed, and their texts are compared
+(reported: a migration replays its tokens, but batches differ between the runs). Then the crowd
 (hold.py): --hold-streams streaming clients at once and --slow-sockets slow
 connections, with /health timed on the API port meanwhile.
 
@@ -19,8 +19,8 @@ is over and every worker serves again, each worker's KV pages used and reserved,
 file descriptors next to what they were before the load. A well-formed request fails when it
 gets no 200, when its stream carries an error event, or when it ends without a finish reason
 or with fewer tokens than it asked for (every request ignores end-of-sequence tokens).
-Exit status 1 when a well-formed request failed, a greedy text differed, a page stayed held, or
-a process the chaos loop did not touch died.
+Exit status 1 when a well-formed request failed, a page stayed held, or a process the chaos loop
+did not touch died.
 
 usage: chaos.py --up PATH_TO_tools/up --model GGUF [--requests 2000] [--out F]
 """
@@ -117,7 +117,8 @@ def process_usage(pid):
 
 
 def one_request(host, port, model, spec):
-    """Runs one request of the load; returns (outcome, detail)."""
+    """Runs one request of the load; returns (outcome, detail): for a completed one, its text and
+    the longest silence of its stream after its first event, in seconds."""
     body = {"model": model, "prompt": spec["prompt"], "max_tokens": spec["max_tokens"],
             "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
     if spec["seed"] is None:
@@ -139,10 +140,15 @@ def one_request(host, port, model, spec):
         if resp.status != 200:
             return "failed", "%d %s" % (resp.status, resp.read()[:200])
         buf, events, finish, usage, error, text = b"", 0, None, None, None, ""
+        last, silence = None, 0.0
         while True:
             chunk = resp.read1(65536)
             if not chunk:
                 break
+            now = time.time()
+            if last is not None:
+                silence = max(silence, now - last)
+            last = now
             buf += chunk
             while b"\n\n" in buf:
                 event, buf = buf.split(b"\n\n", 1)
@@ -166,7 +172,7 @@ def one_request(host, port, model, spec):
             return "failed", "no finish reason"
         if usage is None or usage.get("completion_tokens") != spec["max_tokens"]:
             return "failed", "usage %s for max_tokens %d" % (usage, spec["max_tokens"])
-        return "completed", text
+        return "completed", {"text": text, "silence": silence}
     except (OSError, http.client.HTTPException, ValueError) as e:
         return "failed", "%s: %s" % (type(e).__name__, e)
     finally:
@@ -293,14 +299,17 @@ def main():
         t0 = time.time()
         counts = {"completed": 0, "failed": 0, "left": 0, "refused": 0}
         greedy_texts = {}  # request -> its text, for the greedy requests that completed
+        silences = []  # the longest silence of each completed stream
         failures = []
         with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
             futures = [pool.submit(one_request, "127.0.0.1", port, model, s) for s in specs]
             for i, f in enumerate(futures):
                 outcome, detail = f.result()
                 counts[outcome] += 1
-                if outcome == "completed" and specs[i]["seed"] is None:
-                    greedy_texts[i] = detail
+                if outcome == "completed":
+                    silences.append(detail["silence"])
+                    if specs[i]["seed"] is None:
+                        greedy_texts[i] = detail["text"]
                 if outcome == "failed":
                     failures.append({"request": i, "kind": specs[i]["kind"], "why": detail})
                 if (i + 1) % 50 == 0:
@@ -329,11 +338,11 @@ def main():
             with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
                 again = list(pool.map(
                     lambda i: one_request("127.0.0.1", port, model, specs[i]), todo))
-            for i, (outcome, text) in zip(todo, again):
+            for i, (outcome, detail) in zip(todo, again):
                 if outcome != "completed":
                     continue
                 greedy["compared"] += 1
-                if text == greedy_texts[i]:
+                if detail["text"] == greedy_texts[i]:
                     greedy["equal"] += 1
                 else:
                     greedy["differ"].append(i)
@@ -378,6 +387,9 @@ def main():
             "health_seconds": {"p50": percentile(health, 50), "p99": percentile(health, 99),
                                "max": max(health) if health else None, "probes": len(health)},
             "greedy_again": greedy,
+            "longest_silence_seconds": {"p50": percentile(silences, 50),
+                                        "p99": percentile(silences, 99),
+                                        "max": max(silences) if silences else None},
             "crowd": crowd,
             "pages_after": held,
             "seconds_until_no_page_held": drained_seconds,
@@ -407,6 +419,10 @@ def main():
     print("  /health p50 %.1f ms  p99 %.1f ms  max %.1f ms over %d probes" %
           (1e3 * (h["p50"] or 0), 1e3 * (h["p99"] or 0), 1e3 * (h["max"] or 0), h["probes"]),
           file=sys.stderr)
+    ls = result["longest_silence_seconds"]
+    print("  longest silence of a completed stream: p50 %.2f s  p99 %.2f s  max %.2f s "
+          "(stall bound %g s)" % (ls["p50"] or 0, ls["p99"] or 0, ls["max"] or 0,
+                                  args.stall_timeout), file=sys.stderr)
     g = result["greedy_again"]
     print("  greedy requests run again undisturbed: %d of %d gave the same text%s" % (
         g["equal"], g["compared"],
@@ -447,8 +463,10 @@ def main():
     if died:
         print("  died without being killed: %s" % ", ".join(died), file=sys.stderr)
     crowd_failed = bool(result["crowd"] and result["crowd"]["failed"])
-    differ = bool(result["greedy_again"]["differ"])
-    return 1 if counts["failed"] or crowd_failed or differ or leaked or died else 0
+    # Greedy texts that differ are reported, not failed: the CPU backend's decode steps are not
+    # batch-invariant, so a request batched with others may part from its undisturbed run
+    # without any migration (README).
+    return 1 if counts["failed"] or crowd_failed or leaked or died else 0
 
 
 if __name__ == "__main__":

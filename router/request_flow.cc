@@ -166,11 +166,21 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowReq
         decode->Renew(reservation).IgnoreError();
       });
       // A prefill worker that stops answering its health checks (stopped, hung) would hold
-      // the request until the call's deadline: the call is cancelled once it is marked down.
+      // the request until the call's deadline: the call is cancelled once the worker has been
+      // down for prefill_down_grace (a worker that misses a few polls under load and answers
+      // again keeps its prompts).
       CallCancel stop_prefill;
-      const uint64_t prefill_watch =
-          timers_.Add(options_.prefill_watch, /*repeat=*/true, [this, pf, &stop_prefill] {
-            if (!workers_.Up(pf)) stop_prefill.Cancel();
+      absl::Time down_since = absl::InfiniteFuture();  // the timer thread's
+      const uint64_t prefill_watch = timers_.Add(
+          options_.prefill_watch, /*repeat=*/true, [this, pf, &stop_prefill, &down_since] {
+            const absl::Time now = absl::Now();
+            if (workers_.Up(pf)) {
+              down_since = absl::InfiniteFuture();
+            } else if (down_since == absl::InfiniteFuture()) {
+              down_since = now;
+            } else if (now - down_since >= options_.prefill_down_grace) {
+              stop_prefill.Cancel();
+            }
           });
       absl::StatusOr<rpc::PrefillResponse> prefilled = pf->prefill->Prefill(pre, &stop_prefill);
       timers_.Remove(prefill_watch);
@@ -178,8 +188,9 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowReq
       --pf->in_flight;
       if (!prefilled.ok() && stop_prefill.cancelled()) {
         prefilled = absl::UnavailableError(absl::StrFormat(
-            "the prefill worker %s stopped answering its health checks during the prefill",
-            pf->address));
+            "the prefill worker %s stopped answering its health checks during the prefill "
+            "(down for %s)",
+            pf->address, absl::FormatDuration(options_.prefill_down_grace)));
       }
       if (!prefilled.ok()) {
         d->decode->Release(reservation).IgnoreError();

@@ -87,8 +87,10 @@ struct RequestFlowOptions {
   // gone (the request moves to another one).
   absl::Duration open_timeout = absl::Seconds(10);
   // How often a prefill in flight looks whether its worker is still up (health checks): one
-  // that went down (stopped, hung) has the call cancelled and the request tried elsewhere.
+  // that has been down for prefill_down_grace (stopped, hung) has the call cancelled and the
+  // request tried elsewhere.
   absl::Duration prefill_watch = absl::Seconds(1);
+  absl::Duration prefill_down_grace = absl::Seconds(10);
   // How Continue moves a generation: true, by replay (the prompt prefilled as it was, the
   // generated tokens fed by decode steps as they were: the KV, and so the rest of the text, as
   // on the failed worker, in as many steps as tokens); false, by prefilling prompt and tokens

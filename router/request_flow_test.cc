@@ -346,6 +346,7 @@ TEST(RequestFlowTest, APrefillWorkerMarkedDownMidCallIsLeftForAnother) {
   Counts c;
   RequestFlowOptions o = Options(c);
   o.prefill_watch = absl::Milliseconds(10);
+  o.prefill_down_grace = absl::Milliseconds(50);
   RequestFlow flow(workers, o);
   // The health checks find it gone a while into the call.
   std::thread poll([&] {

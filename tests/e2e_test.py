@@ -657,8 +657,9 @@ def streamed_text(body):
 class Migration(unittest.TestCase):
     """Two workers of each role. A decode worker dies (-9) or stalls (-STOP) while it streams:
     its generations go on elsewhere, each client seeing one stream that ends well, with every
-    token it asked for counted once, and the text an undisturbed run gives (the migration
-    replays the generated tokens, so the KV, KIVI-4 pages and all, is what it was)."""
+    token it asked for counted once. (That the moved text equals an undisturbed run's is
+    tested in tests/disaggregated_test, one sequence at a time: across processes the batches
+    differ, and the CPU backend's decode steps are not batch-invariant.)"""
 
     def check(self, disturb, reason):
         if not MODEL:
@@ -673,11 +674,6 @@ class Migration(unittest.TestCase):
             status, out = post(c.url + "/v1/completions", dict(bodies[0], max_tokens=1))
             self.assertEqual(status, 200, out)
             prompt_tokens = streamed_text(out)[2]["prompt_tokens"]
-            # Undisturbed, the greedy and the seeded request (on both decode workers).
-            with concurrent.futures.ThreadPoolExecutor(2) as pool:
-                undisturbed = [streamed_text(out)[0] for _, out in
-                               pool.map(lambda b: post(c.url + "/v1/completions", b, 300),
-                                        bodies[:2])]
             with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
                 futures = [pool.submit(post, c.url + "/v1/completions", b, 300) for b in bodies]
                 # Until decode-1 streams (round robin gave it half of them).
@@ -695,7 +691,6 @@ class Migration(unittest.TestCase):
                 self.assertEqual(usage, {"prompt_tokens": prompt_tokens, "completion_tokens": 400,
                                          "total_tokens": prompt_tokens + 400}, "stream %d" % i)
                 self.assertGreater(len(text), 400, text)
-                self.assertEqual(text, undisturbed[i % 2], "stream %d" % i)
             self.assertGreaterEqual(c.metric(c.router_metrics, "sluice_request_migrations_total"
                                              '{reason="%s"}' % reason), 1, c.log("router"))
             return c
