@@ -659,7 +659,7 @@ class Migration(unittest.TestCase):
     its generations go on elsewhere, each client seeing one stream that ends well, with every
     token it asked for counted once. (That the moved text equals an undisturbed run's is
     tested in tests/disaggregated_test, one sequence at a time: across processes the batches
-    differ, and the CPU backend's decode steps are not batch-invariant.)"""
+    differ, and a chaos run saw greedy texts part without a migration.)"""
 
     def check(self, disturb, reason):
         if not MODEL:
