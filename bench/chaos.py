@@ -330,15 +330,16 @@ def main():
                          seed=args.seed)
         # The greedy requests again, undisturbed: a migrated one must give the same text.
         greedy = {"compared": 0, "equal": 0, "differ": []}
-        todo = sorted(greedy_texts)[:args.greedy_check] if args.greedy_check >= 0 else \
-            sorted(greedy_texts)
-        if todo:
-            print("chaos: %d greedy requests again, undisturbed" % len(todo), file=sys.stderr,
+        rerun = sorted(greedy_texts)
+        if args.greedy_check >= 0:
+            rerun = rerun[:args.greedy_check]
+        if rerun:
+            print("chaos: %d greedy requests again, undisturbed" % len(rerun), file=sys.stderr,
                   flush=True)
             with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
                 again = list(pool.map(
-                    lambda i: one_request("127.0.0.1", port, model, specs[i]), todo))
-            for i, (outcome, detail) in zip(todo, again):
+                    lambda i: one_request("127.0.0.1", port, model, specs[i]), rerun))
+            for i, (outcome, detail) in zip(rerun, again):
                 if outcome != "completed":
                     continue
                 greedy["compared"] += 1

@@ -7,8 +7,6 @@
 #include <cstdio>
 #include <mutex>
 #include <random>
-#include <set>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"

@@ -24,7 +24,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -41,7 +40,6 @@
 #include "prometheus/registry.h"
 #include "router/openai_api.h"
 #include "router/request_flow.h"
-#include "router/text_assembler.h"
 #include "router/worker_registry.h"
 
 namespace sluice::router {

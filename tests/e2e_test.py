@@ -605,6 +605,17 @@ print("ok")
         self.assertIn("ok", out.stdout)
 
 
+def answers_together(test, c, body, first, n):
+    """Posts the chat `body` n times at once; each must answer 200 with `first`'s content."""
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        answers = list(pool.map(
+            lambda _: post(c.url + "/v1/chat/completions", body, 120), range(n)))
+    for status, text in answers:
+        test.assertEqual(status, 200, text + "\nrouter log:\n" + c.log("router"))
+        test.assertEqual(json.loads(text)["choices"][0]["message"]["content"],
+                         json.loads(first)["choices"][0]["message"]["content"])
+
+
 class Failover(unittest.TestCase):
     """Two workers of each role; one of each dies; requests still succeed."""
 
@@ -623,13 +634,7 @@ class Failover(unittest.TestCase):
             # Right away, before a health check can notice (three failed polls): the router
             # retries elsewhere. The requests go together so that round-robin hands some of them
             # to the dead workers however long each takes on a loaded machine.
-            with concurrent.futures.ThreadPoolExecutor(6) as pool:
-                answers = list(pool.map(
-                    lambda _: post(c.url + "/v1/chat/completions", body), range(6)))
-            for status, text in answers:
-                self.assertEqual(status, 200, text + "\nrouter log:\n" + c.log("router"))
-                self.assertEqual(json.loads(text)["choices"][0]["message"]["content"],
-                                 json.loads(first)["choices"][0]["message"]["content"])
+            answers_together(self, c, body, first, 6)
             _, metrics = get(c.url + "/metrics")
             self.assertRegex(metrics, r'sluice_request_retries_total\{role="(prefill|decode)"\} [1-9]')
             _, workers = get(c.url + "/v1/workers")
@@ -738,14 +743,8 @@ class StoppedPrefill(unittest.TestCase):
             c.procs["prefill-1"].send_signal(signal.SIGSTOP)
             t0 = time.time()
             # Together, so that round-robin hands some to the stopped worker at once.
-            with concurrent.futures.ThreadPoolExecutor(4) as pool:
-                answers = list(pool.map(
-                    lambda _: post(c.url + "/v1/chat/completions", body, 120), range(4)))
+            answers_together(self, c, body, first, 4)
             seconds = time.time() - t0
-            for status, text in answers:
-                self.assertEqual(status, 200, text + "\nrouter log:\n" + c.log("router"))
-                self.assertEqual(json.loads(text)["choices"][0]["message"]["content"],
-                                 json.loads(first)["choices"][0]["message"]["content"])
             # Three failed polls of 2 s each, then the retry: far from the call's 5 minutes.
             self.assertLess(seconds, 60, c.log("router"))
             self.assertGreaterEqual(c.metric(c.router_metrics,
