@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages sluice builds and runs with, when they are missing.
 # Idempotent: prints nothing and returns quickly when everything is present.
+#   tools/setup.sh [--image]
+# --image adds what `./sluice image` builds the OCI image with (buildah, mmdebstrap).
 set -euo pipefail
 
 PACKAGES=(
@@ -33,6 +35,11 @@ PACKAGES=(
   prometheus
   kubernetes-client
 )
+case "${1:-}" in
+  "") ;;
+  --image) PACKAGES+=(buildah mmdebstrap) ;;
+  *) echo "setup: unknown argument '$1' (setup.sh [--image])" >&2; exit 2 ;;
+esac
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do
