@@ -1,13 +1,14 @@
 #!/usr/bin/python3
 """Collects `sluice eval --json` lines into one results file, a Markdown table and a plot.
 
-  bench/eval_report.py OUT_JSON OUT_PNG RUN.jsonl... [--device D] [--command C]
+  bench/eval_report.py OUT_JSON OUT_PNG RUN.jsonl... [--device D] [--command C] [--ratio wire]
 
 Each RUN.jsonl holds the JSON lines of one `sluice eval --json` run (one text, one context).
 OUT_JSON gets every line plus the per-(context, preset) means over the texts; the table of
 those means goes to stdout; OUT_PNG plots compression ratio against KL and against the
 perplexity increase, one panel per context, with each context's Pareto frontier (the presets
-no other beats on both ratio and error) joined by a line. Needs matplotlib (Debian:
+no other beats on both ratio and error) joined by a line; `--ratio wire` plots the bytes that
+cross from prefill to decode (`wire_ratio`) instead of those held. Needs matplotlib (Debian:
 python3-matplotlib).
 """
 import argparse
@@ -43,6 +44,9 @@ def means(rows):
             "kl": sum(r["kl"] for r in rs) / n,
             "top1": sum(r["top1"] for r in rs) / n,
             "ratio": sum(r["ratio"] for r in rs) / n,
+            # Lines from before the wire was measured have none.
+            "wire_ratio": (sum(r["wire_ratio"] for r in rs) / n
+                           if all("wire_ratio" in r for r in rs) else None),
         })
     return out
 
@@ -63,7 +67,7 @@ def short_name(preset):
     return name + ("(" + ",".join(x.split("=")[-1] for x in settings) + ")" if settings else "")
 
 
-def plot(summary, path):
+def plot(summary, path, ratio_key="ratio"):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -71,14 +75,14 @@ def plot(summary, path):
     contexts = sorted({m["context"] for m in summary})
     fig, axes = plt.subplots(len(contexts), 2, figsize=(12, 4.8 * len(contexts)), squeeze=False)
     for row, context in enumerate(contexts):
-        ms = [m for m in summary if m["context"] == context]
+        ms = [m for m in summary if m["context"] == context and m[ratio_key] is not None]
         for col, (key, label, floor) in enumerate([
             ("kl", "mean KL(fp16 || preset), nats", 1e-4),
             ("dppl_pct", "perplexity increase over fp16, %", 1e-2),
         ]):
             ax = axes[row][col]
             # Log scale for the error: clamp at a floor (a few presets match fp16 to noise).
-            pts = [(max(m[key], floor), m["ratio"]) for m in ms]
+            pts = [(max(m[key], floor), m[ratio_key]) for m in ms]
             front = pareto(pts)
             for i, m in enumerate(ms):
                 on = i in front
@@ -90,7 +94,8 @@ def plot(summary, path):
                     linewidth=1, label="Pareto frontier")
             ax.set_xscale("log")
             ax.set_xlabel(label + (" (log; floor %g)" % floor))
-            ax.set_ylabel("KV compression ratio vs fp16")
+            ax.set_ylabel("KV bytes %s, ratio vs fp16" %
+                          ("crossing prefill to decode" if ratio_key == "wire_ratio" else "held"))
             ax.set_title("context %d: mean over %d texts" % (context, max(m["texts"] for m in ms)))
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(loc="upper left", fontsize=8)
@@ -106,6 +111,7 @@ def main():
     ap.add_argument("runs", nargs="+")
     ap.add_argument("--device", default="")
     ap.add_argument("--command", default="")
+    ap.add_argument("--ratio", choices=("resident", "wire"), default="resident")
     a = ap.parse_args()
     rows = load(a.runs)
     if not rows:
@@ -115,13 +121,18 @@ def main():
         json.dump({"device": a.device, "command": a.command, "results": rows,
                    "means": summary}, f, indent=2, sort_keys=True)
         f.write("\n")
-    print("| context | preset | texts | Δppl | KL (nats) | top-1 | ratio vs fp16 |")
-    print("|---|---|---|---|---|---|---|")
+    wire = any(m["wire_ratio"] is not None for m in summary)
+    print("| context | preset | texts | Δppl | KL (nats) | top-1 | ratio vs fp16 |" +
+          (" wire ratio |" if wire else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|" if wire else ""))
     for m in summary:
-        print("| %d | %s | %d | %+.2f%% | %.4f | %.1f%% | %.2fx |" % (
+        line = "| %d | %s | %d | %+.2f%% | %.4f | %.1f%% | %.2fx |" % (
             m["context"], m["preset"], m["texts"], m["dppl_pct"], m["kl"], 100 * m["top1"],
-            m["ratio"]))
-    plot(summary, a.out_png)
+            m["ratio"])
+        if wire:
+            line += " %s |" % ("%.2fx" % m["wire_ratio"] if m["wire_ratio"] is not None else "-")
+        print(line)
+    plot(summary, a.out_png, "wire_ratio" if a.ratio == "wire" else "ratio")
 
 
 if __name__ == "__main__":

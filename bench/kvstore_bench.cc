@@ -7,6 +7,8 @@
 //   pool         page allocate/free operations per second, batched vs one at a time
 //   eviction     internal fragmentation over time under per-step H2O eviction for four ways
 //                of managing the evicted slots (SpvLLM Fig. 2)
+//   wire         the transform codec (kvstore/wire/kv_transform.h) on real SmolLM2 KV: bytes
+//                against fp16, encode and decode MB/s on one core, against the prefill's time
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -35,6 +37,8 @@
 #include "kvstore/memory/compaction.h"
 #include "kvstore/memory/page_pool.h"
 #include "kvstore/memory/slot_bitmap.h"
+#include "kvstore/wire/kv_transform.h"
+#include "kvstore/wire/kv_transform_calibration.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/model_path.h"
@@ -50,7 +54,7 @@ ABSL_FLAG(std::string, contexts, "1024,2048,4096,8192,16384,32768",
 ABSL_FLAG(int, step_context, 16384, "Context of the decode-step section.");
 ABSL_FLAG(int, repeats, 5, "Timed runs per case; the fastest is reported.");
 ABSL_FLAG(std::string, presets, "fp16,int8,kivi4,kivi2,kvcomp", "Presets to measure (fp16 first).");
-ABSL_FLAG(std::string, sections, "codecs,bits,attention,decode_step,pool,eviction",
+ABSL_FLAG(std::string, sections, "codecs,bits,attention,decode_step,pool,eviction,wire",
           "Sections to run.");
 
 namespace sluice {
@@ -272,34 +276,39 @@ constexpr KvcompVariant kKvcompVariants[] = {
     {6, 1, 6, 32},  {8, 1, 8, 32},   {12, 1, 12, 32},  {16, 1, 16, 32},
 };
 
-absl::StatusOr<nlohmann::json> Bits(kernels::CpuBackend& cpu) {
+// The model and the tokens of --text, for the sections that measure real KV.
+struct RealText {
+  std::unique_ptr<model::GgufFile> gguf;
+  std::unique_ptr<model::LlamaModel> llama;
+  std::vector<int32_t> ids;
+};
+
+absl::StatusOr<RealText> LoadRealText(kernels::CpuBackend& cpu) {
   const std::string path =
       absl::GetFlag(FLAGS_model).empty() ? model::DefaultModelPath() : absl::GetFlag(FLAGS_model);
-  SLUICE_ASSIGN_OR_RETURN(auto gguf, model::GgufFile::Open(path));
-  SLUICE_ASSIGN_OR_RETURN(model::VocabSpec vocab, model::VocabFromGguf(*gguf));
+  RealText r;
+  SLUICE_ASSIGN_OR_RETURN(r.gguf, model::GgufFile::Open(path));
+  SLUICE_ASSIGN_OR_RETURN(model::VocabSpec vocab, model::VocabFromGguf(*r.gguf));
   SLUICE_ASSIGN_OR_RETURN(auto tokenizer, model::Tokenizer::Create(std::move(vocab)));
-  SLUICE_ASSIGN_OR_RETURN(auto llama, model::LlamaModel::Load(*gguf, cpu));
-  const model::LlamaConfig& c = llama->config();
+  SLUICE_ASSIGN_OR_RETURN(r.llama, model::LlamaModel::Load(*r.gguf, cpu));
   std::ifstream in(absl::GetFlag(FLAGS_text));
   if (!in) return absl::NotFoundError("cannot read --text " + absl::GetFlag(FLAGS_text));
   std::stringstream ss;
   ss << in.rdbuf();
-  SLUICE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(ss.str(), false));
+  SLUICE_ASSIGN_OR_RETURN(r.ids, tokenizer->Encode(ss.str(), false));
+  return r;
+}
+
+absl::StatusOr<nlohmann::json> Bits(kernels::CpuBackend& cpu) {
+  SLUICE_ASSIGN_OR_RETURN(RealText text, LoadRealText(cpu));
+  auto& llama = text.llama;
+  std::vector<int32_t>& ids = text.ids;
+  const model::LlamaConfig& c = llama->config();
   const int64_t n = std::min<int64_t>(2048, static_cast<int64_t>(ids.size()));
   ids.resize(n);
-  SLUICE_ASSIGN_OR_RETURN(kvstore::KvPreset fp16, kvstore::FindKvPreset("fp16", c.head_dim));
-  fp16.residual = static_cast<int32_t>(n);  // keep everything fp32 while recording
-  SLUICE_ASSIGN_OR_RETURN(auto inner, kvstore::PagedKvCache::Create({.layers = c.layers,
-                                                                     .heads = c.heads,
-                                                                     .kv_heads = c.kv_heads,
-                                                                     .head_dim = c.head_dim,
-                                                                     .preset = fp16,
-                                                                     .pages = 1},
-                                                                    cpu));
-  kvstore::RecordingKvCache rec(std::move(inner), c.layers, c.kv_heads * c.head_dim);
-  SLUICE_RETURN_IF_ERROR(rec.AddSequence(0, n));
-  std::vector<float> logits(c.vocab);
-  SLUICE_RETURN_IF_ERROR(llama->Forward({{0, ids}}, rec, logits.data()));
+  SLUICE_ASSIGN_OR_RETURN(const std::unique_ptr<kvstore::RecordingKvCache> recorded,
+                          kvstore::RecordFullPrecisionKv(*llama, cpu, ids));
+  const kvstore::RecordingKvCache& rec = *recorded;
 
   std::fprintf(stderr, "\n== Huffman bits per value on SmolLM2 KV (%lld tokens of %s)\n",
                static_cast<long long>(n), absl::GetFlag(FLAGS_text).c_str());
@@ -373,6 +382,100 @@ absl::StatusOr<nlohmann::json> Bits(kernels::CpuBackend& cpu) {
                     {"k_rel_rms", k_rms},
                     {"v_rel_rms", v_rms},
                     {"tokens", n},
+                    {"text", absl::GetFlag(FLAGS_text)}});
+  }
+  return rows;
+}
+
+// ---- the transform-coded wire ----
+
+// Bases fitted on the first 2048 tokens of --text; the next 2048 tokens are one prompt whose
+// KV (keys without RoPE) every layer codes as one block per side, on one thread, at each budget
+// (key bits / value bits). The prefill of that prompt is timed in the same run, so the codec's
+// share of a prefill is encode time over prefill time (a prefill worker that codes each layer
+// while the next computes hides it instead).
+absl::StatusOr<nlohmann::json> Wire(kernels::CpuBackend& cpu, int repeats) {
+  SLUICE_ASSIGN_OR_RETURN(RealText text, LoadRealText(cpu));
+  auto& llama = text.llama;
+  const std::vector<int32_t>& ids = text.ids;
+  const model::GgufFile* gguf = text.gguf.get();
+  const model::LlamaConfig& c = llama->config();
+  constexpr int64_t kHalf = 2048;
+  if (static_cast<int64_t>(ids.size()) < 2 * kHalf) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the wire section needs %d tokens of --text; it has %d", 2 * kHalf, ids.size()));
+  }
+  SLUICE_ASSIGN_OR_RETURN(
+      const kvstore::KvTransformCalibration calibration,
+      kvstore::CalibrateKvTransform(*llama, cpu, *gguf,
+                                    std::vector<int32_t>(ids.begin(), ids.begin() + kHalf)));
+  const std::vector<int32_t> prompt(ids.begin() + kHalf, ids.begin() + 2 * kHalf);
+  // The prompt's prefill, timed (best of repeats), the last run recorded.
+  std::unique_ptr<kvstore::RecordingKvCache> rec;
+  SLUICE_ASSIGN_OR_RETURN(const double prefill_s, Best(repeats, [&]() -> absl::Status {
+                            SLUICE_ASSIGN_OR_RETURN(
+                                rec, kvstore::RecordFullPrecisionKv(*llama, cpu, prompt));
+                            return absl::OkStatus();
+                          }));
+  std::vector<std::vector<float>> keys(c.layers);
+  for (int layer = 0; layer < c.layers; ++layer) {
+    keys[layer] = rec->k(layer);
+    kvstore::RotateKeyRows(c, keys[layer].data(), kHalf, 0, /*inverse=*/true);
+  }
+  const double fp16_bytes = 2.0 * c.layers * kHalf * c.kv_heads * c.head_dim * 2;
+  std::fprintf(stderr,
+               "\n== transform-coded wire on SmolLM2 KV (%lld-token prompt of %s, bases from the "
+               "%lld tokens before it; prefill %.3f s on %d threads)\n",
+               static_cast<long long>(kHalf), absl::GetFlag(FLAGS_text).c_str(),
+               static_cast<long long>(kHalf), prefill_s, cpu.threads());
+  std::fprintf(stderr, "%-8s %9s %8s %11s %11s %10s %12s %12s\n", "bits k/v", "wire MB", "ratio",
+               "enc MB/s", "dec MB/s", "enc/prefill", "dec ms", "1 GB/s ms");
+  nlohmann::json rows = nlohmann::json::array();
+  const int32_t dim = static_cast<int32_t>(c.kv_heads * c.head_dim);
+  for (const auto& [kb, vb] : std::vector<std::pair<double, double>>{{2, 4}, {3, 5}, {4, 6}}) {
+    std::vector<std::string> blocks(2 * c.layers);
+    SLUICE_ASSIGN_OR_RETURN(
+        const double enc_s, Best(repeats, [&]() -> absl::Status {
+          for (int layer = 0; layer < c.layers; ++layer) {
+            SLUICE_ASSIGN_OR_RETURN(blocks[2 * layer],
+                                    kvstore::EncodeKvTransformBlock(calibration.k[layer],
+                                                                    keys[layer].data(), kHalf, kb));
+            SLUICE_ASSIGN_OR_RETURN(blocks[2 * layer + 1],
+                                    kvstore::EncodeKvTransformBlock(
+                                        calibration.v[layer], rec->v(layer).data(), kHalf, vb));
+          }
+          return absl::OkStatus();
+        }));
+    std::vector<float> out(static_cast<size_t>(kHalf) * dim);
+    SLUICE_ASSIGN_OR_RETURN(
+        const double dec_s, Best(repeats, [&]() -> absl::Status {
+          for (int layer = 0; layer < c.layers; ++layer) {
+            SLUICE_RETURN_IF_ERROR(kvstore::DecodeKvTransformBlock(
+                calibration.k[layer], blocks[2 * layer], out.data(), kHalf));
+            SLUICE_RETURN_IF_ERROR(kvstore::DecodeKvTransformBlock(
+                calibration.v[layer], blocks[2 * layer + 1], out.data(), kHalf));
+          }
+          return absl::OkStatus();
+        }));
+    double wire = 0;
+    for (const std::string& b : blocks) wire += static_cast<double>(b.size());
+    const double transfer_s = wire / 1e9;
+    std::fprintf(stderr, "%3g/%-4g %9.2f %7.2fx %11.1f %11.1f %9.1f%% %12.1f %12.1f\n", kb, vb,
+                 wire / 1e6, fp16_bytes / wire, fp16_bytes / 1e6 / enc_s, fp16_bytes / 1e6 / dec_s,
+                 100.0 * enc_s / prefill_s, 1e3 * dec_s, 1e3 * transfer_s);
+    rows.push_back({{"key_bits", kb},
+                    {"value_bits", vb},
+                    {"tokens", kHalf},
+                    {"fp16_bytes", fp16_bytes},
+                    {"wire_bytes", wire},
+                    {"wire_ratio", fp16_bytes / wire},
+                    {"encode_fp16_mb_per_s_one_core", fp16_bytes / 1e6 / enc_s},
+                    {"decode_fp16_mb_per_s_one_core", fp16_bytes / 1e6 / dec_s},
+                    {"prefill_seconds", prefill_s},
+                    {"prefill_threads", cpu.threads()},
+                    {"encode_seconds", enc_s},
+                    {"decode_seconds", dec_s},
+                    {"transfer_seconds_at_1gb_per_s", transfer_s},
                     {"text", absl::GetFlag(FLAGS_text)}});
   }
   return rows;
@@ -724,6 +827,9 @@ absl::Status Run() {
   }
   if (want("eviction")) {
     SLUICE_ASSIGN_OR_RETURN(out["eviction_fragmentation"], Eviction());
+  }
+  if (want("wire")) {
+    SLUICE_ASSIGN_OR_RETURN(out["wire_codec"], Wire(*cpu, repeats));
   }
   std::cout << out.dump(1) << "\n";
   return absl::OkStatus();

@@ -16,18 +16,24 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "kernels/registry.h"
 #include "kvstore/kv_preset.h"
+#include "kvstore/wire/kv_transform.h"
+#include "kvstore/wire/kv_transform_calibration.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/model_path.h"
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "tools/eval_lib.h"
+#include "tools/eval_wire.h"
 
 ABSL_FLAG(std::string, text, "", "UTF-8 text file to evaluate on (required).");
 ABSL_FLAG(std::string, preset, "",
@@ -47,6 +53,13 @@ ABSL_FLAG(double, budget, -1,
           "Fraction of the tokens evicting presets (sinks, snapkv) keep; -1 = each preset's own.");
 ABSL_FLAG(int32_t, residual, -1,
           "Full-precision recent window of every preset, in tokens; -1 = each preset's own.");
+ABSL_FLAG(std::string, wire_bits, "",
+          "Transform-coded wire: evaluate every preset again with its prompts' KV through the "
+          "codec at each of these budgets, comma-separated, each code bits per value for keys "
+          "and values (3) or for keys/values (2/4); empty: none.");
+ABSL_FLAG(std::string, calibration_text, "/usr/share/common-licenses/GPL-3",
+          "Text the wire codec's bases are fitted on (Debian's base-files ships the GPL-3).");
+ABSL_FLAG(int64_t, calibration_tokens, 4096, "Tokens of --calibration_text to fit on.");
 ABSL_FLAG(bool, json, false, "One JSON line per preset on stdout instead of a table.");
 ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else the cache).");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
@@ -61,27 +74,35 @@ struct Loaded {
   std::unique_ptr<model::GgufFile> gguf;
   std::unique_ptr<kernels::Backend> backend;
   std::unique_ptr<model::LlamaModel> llama;
+  std::unique_ptr<model::Tokenizer> tokenizer;
   std::vector<int32_t> tokens;
+
+  // The tokens of a text file; `flag` names it in errors.
+  absl::StatusOr<std::vector<int32_t>> Tokenize(const std::string& file,
+                                                const std::string& flag) const {
+    std::ifstream in(file);
+    if (!in) return absl::NotFoundError(absl::StrFormat("cannot read %s %s", flag, file));
+    std::stringstream text;
+    text << in.rdbuf();
+    return tokenizer->Encode(text.str(), false);
+  }
 };
 
 absl::StatusOr<Loaded> Load() {
   Loaded l;
   l.text_path = absl::GetFlag(FLAGS_text);
   if (l.text_path.empty()) return absl::InvalidArgumentError("--text FILE is required");
-  std::ifstream in(l.text_path);
-  if (!in) return absl::NotFoundError("cannot read --text " + l.text_path);
-  std::stringstream text;
-  text << in.rdbuf();
+  if (!std::ifstream(l.text_path)) return absl::NotFoundError("cannot read --text " + l.text_path);
   const std::string path =
       absl::GetFlag(FLAGS_model).empty() ? model::DefaultModelPath() : absl::GetFlag(FLAGS_model);
   SLUICE_ASSIGN_OR_RETURN(l.gguf, model::GgufFile::Open(path));
   SLUICE_ASSIGN_OR_RETURN(model::VocabSpec vocab, model::VocabFromGguf(*l.gguf));
-  SLUICE_ASSIGN_OR_RETURN(auto tokenizer, model::Tokenizer::Create(std::move(vocab)));
+  SLUICE_ASSIGN_OR_RETURN(l.tokenizer, model::Tokenizer::Create(std::move(vocab)));
   SLUICE_ASSIGN_OR_RETURN(l.backend, kernels::CreateNamedBackend(absl::GetFlag(FLAGS_backend),
                                                                  absl::GetFlag(FLAGS_threads)));
   std::fprintf(stderr, "backend: %s\n", l.backend->name().c_str());
   SLUICE_ASSIGN_OR_RETURN(l.llama, model::LlamaModel::Load(*l.gguf, *l.backend));
-  SLUICE_ASSIGN_OR_RETURN(l.tokens, tokenizer->Encode(text.str(), false));
+  SLUICE_ASSIGN_OR_RETURN(l.tokens, l.Tokenize(l.text_path, "--text"));
   return l;
 }
 
@@ -113,21 +134,23 @@ tools::EvalOptions OptionsFromFlags() {
 
 nlohmann::json ResultJson(const tools::EvalResult& r, const tools::EvalOptions& o,
                           const std::string& text_path) {
-  return {{"preset", r.preset},     {"tokens", r.tokens}, {"ppl", r.ppl},
-          {"ppl_fp16", r.ppl_fp16}, {"kl", r.kl},         {"top1", r.top1},
-          {"ratio", r.ratio},       {"pages", r.pages},   {"context", o.context},
-          {"windows", r.windows},   {"text", text_path}};
+  return {{"preset", r.preset},   {"tokens", r.tokens},
+          {"ppl", r.ppl},         {"ppl_fp16", r.ppl_fp16},
+          {"kl", r.kl},           {"top1", r.top1},
+          {"ratio", r.ratio},     {"wire_ratio", r.wire_ratio},
+          {"pages", r.pages},     {"context", o.context},
+          {"windows", r.windows}, {"text", text_path}};
 }
 
 void PrintTable(const std::vector<tools::EvalResult>& results) {
   int width = 6;
   for (const tools::EvalResult& r : results) width = std::max<int>(width, r.preset.size());
-  std::printf("%-*s %9s %9s %8s %10s %7s %8s %9s\n", width, "preset", "ppl", "ppl fp16", "dppl %",
-              "KL nats", "top-1", "ratio", "pages");
+  std::printf("%-*s %9s %9s %8s %10s %7s %8s %8s %9s\n", width, "preset", "ppl", "ppl fp16",
+              "dppl %", "KL nats", "top-1", "ratio", "wire", "pages");
   for (const tools::EvalResult& r : results) {
-    std::printf("%-*s %9.3f %9.3f %+8.2f %10.5f %6.2f%% %7.2fx %9.1f\n", width, r.preset.c_str(),
-                r.ppl, r.ppl_fp16, 100.0 * (r.ppl / r.ppl_fp16 - 1), r.kl, 100.0 * r.top1, r.ratio,
-                r.pages);
+    std::printf("%-*s %9.3f %9.3f %+8.2f %10.5f %6.2f%% %7.2fx %7.2fx %9.1f\n", width,
+                r.preset.c_str(), r.ppl, r.ppl_fp16, 100.0 * (r.ppl / r.ppl_fp16 - 1), r.kl,
+                100.0 * r.top1, r.ratio, r.wire_ratio, r.pages);
   }
 }
 
@@ -139,6 +162,38 @@ absl::Status Run() {
     for (const std::string& name : kvstore::KvPresetNames()) {
       if (name != "fp16") o.presets.push_back(name);
     }
+  }
+  kvstore::KvTransformCalibration calibration;
+  for (absl::string_view spec :
+       absl::StrSplit(absl::GetFlag(FLAGS_wire_bits), ',', absl::SkipEmpty())) {
+    // "B" (keys and values) or "K/V".
+    const std::vector<absl::string_view> parts = absl::StrSplit(spec, '/');
+    tools::EvalOptions::WireBudget b;
+    if (parts.size() > 2 || !absl::SimpleAtod(parts[0], &b.k) ||
+        !absl::SimpleAtod(parts.back(), &b.v)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--wire_bits: \"%s\" is neither BITS nor KEY_BITS/VALUE_BITS", std::string(spec)));
+    }
+    o.wire_bits.push_back(b);
+  }
+  if (!o.wire_bits.empty()) {
+    SLUICE_ASSIGN_OR_RETURN(
+        std::vector<int32_t> calib_tokens,
+        l.Tokenize(absl::GetFlag(FLAGS_calibration_text), "--calibration_text"));
+    const int64_t want = absl::GetFlag(FLAGS_calibration_tokens);
+    if (want < 2 || static_cast<int64_t>(calib_tokens.size()) < want) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--calibration_text %s has %d tokens; --calibration_tokens asks for %d (at least 2)",
+          absl::GetFlag(FLAGS_calibration_text), calib_tokens.size(), want));
+    }
+    calib_tokens.resize(want);
+    const absl::Time start = absl::Now();
+    SLUICE_ASSIGN_OR_RETURN(
+        calibration, kvstore::CalibrateKvTransform(*l.llama, *l.backend, *l.gguf, calib_tokens));
+    std::fprintf(stderr, "wire codec: bases fitted on %lld tokens of %s in %.1f s\n",
+                 static_cast<long long>(want), absl::GetFlag(FLAGS_calibration_text).c_str(),
+                 absl::ToDoubleSeconds(absl::Now() - start));
+    o.calibration = &calibration;
   }
   SLUICE_ASSIGN_OR_RETURN(std::vector<tools::EvalResult> results,
                           tools::RunEval(o, *l.llama, *l.backend, l.tokens));

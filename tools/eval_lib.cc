@@ -8,6 +8,7 @@
 #include "kvstore/cache/paged_kv_cache.h"
 #include "kvstore/kv_preset.h"
 #include "tools/eval_metrics.h"
+#include "tools/eval_wire.h"
 
 namespace sluice::tools {
 namespace {
@@ -15,10 +16,13 @@ namespace {
 // One preset's cache for a batch of windows, and what it has measured so far.
 struct Arm {
   kvstore::KvPreset preset;
-  std::unique_ptr<kvstore::PagedKvCache> cache;
-  std::vector<float> logits;  // [batch, vocab]
+  EvalOptions::WireBudget wire;  // k > 0: prompts cross the transform-coded wire
+  kvstore::PagedKvCache* cache = nullptr;
+  std::unique_ptr<model::KvCache> owner;  // the cache, or the wire decorator holding it
+  std::vector<float> logits;              // [batch, vocab]
   EvalTotals totals;
   double held_bytes = 0, fp16_bytes = 0, pages = 0;
+  double wire_bytes = 0, wire_fp16_bytes = 0;
 };
 
 }  // namespace
@@ -48,11 +52,41 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
         "the text has %d tokens, fewer than one window of --context %d", tokens.size(), o.context));
   }
   const int32_t head_dim = static_cast<int32_t>(c.head_dim);
-  // Arm 0 is the fp16 reference; the presets follow.
-  std::vector<Arm> arms(o.presets.size() + 1);
+  if (!o.wire_bits.empty()) {
+    if (o.calibration == nullptr) {
+      return absl::InvalidArgumentError("a transform-coded wire needs a calibration");
+    }
+    if (backend.memory_space() != kernels::MemorySpace::kHost) {
+      return absl::UnimplementedError(
+          "the transform-coded wire is evaluated on host-memory backends only (--backend cpu)");
+    }
+    if (static_cast<int64_t>(o.calibration->k.size()) != c.layers ||
+        o.calibration->k[0].dim != c.kv_heads * c.head_dim) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "the calibration has %d layers of dim %d; the model %d of %d", o.calibration->k.size(),
+          o.calibration->k.empty() ? 0 : o.calibration->k[0].dim, c.layers,
+          c.kv_heads * c.head_dim));
+    }
+    for (const EvalOptions::WireBudget& b : o.wire_bits) {
+      for (double x : {b.k, b.v}) {
+        if (!(x > 0 && x <= kvstore::kMaxKvTransformBits)) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "wire bits per value %g outside (0, %d]", x, kvstore::kMaxKvTransformBits));
+        }
+      }
+    }
+  }
+  // Arm 0 is the fp16 reference; the presets follow, each then with every wire budget.
+  std::vector<Arm> arms(1);
   SLUICE_ASSIGN_OR_RETURN(arms[0].preset, kvstore::FindKvPreset("fp16", head_dim));
-  for (size_t i = 0; i < o.presets.size(); ++i) {
-    SLUICE_ASSIGN_OR_RETURN(arms[i + 1].preset, kvstore::FindKvPreset(o.presets[i], head_dim));
+  for (const std::string& spec : o.presets) {
+    SLUICE_ASSIGN_OR_RETURN(const kvstore::KvPreset preset, kvstore::FindKvPreset(spec, head_dim));
+    arms.emplace_back().preset = preset;
+    for (const EvalOptions::WireBudget& b : o.wire_bits) {
+      Arm& arm = arms.emplace_back();
+      arm.preset = preset;
+      arm.wire = b;
+    }
   }
   if (o.residual >= 0) {
     for (Arm& arm : arms) arm.preset.residual = o.residual;
@@ -75,20 +109,42 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
       SLUICE_ASSIGN_OR_RETURN(
           const int64_t pages,
           kvstore::PagesForSequence(arm.preset, c.layers, c.kv_heads, o.context));
-      SLUICE_ASSIGN_OR_RETURN(arm.cache, kvstore::PagedKvCache::Create({.layers = c.layers,
-                                                                        .heads = c.heads,
-                                                                        .kv_heads = c.kv_heads,
-                                                                        .head_dim = c.head_dim,
-                                                                        .preset = arm.preset,
-                                                                        .pages = pages * bn},
-                                                                       backend));
+      SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<kvstore::PagedKvCache> cache,
+                              kvstore::PagedKvCache::Create({.layers = c.layers,
+                                                             .heads = c.heads,
+                                                             .kv_heads = c.kv_heads,
+                                                             .head_dim = c.head_dim,
+                                                             .preset = arm.preset,
+                                                             .pages = pages * bn},
+                                                            backend));
+      arm.cache = cache.get();
+      if (arm.wire.k > 0) {
+        arm.owner = std::make_unique<TransformWireKvCache>(
+            std::move(cache), TransformWireKvCache::Options{.calibration = o.calibration,
+                                                            .key_bits = arm.wire.k,
+                                                            .value_bits = arm.wire.v,
+                                                            .sinks = o.wire_sinks,
+                                                            .window = arm.preset.residual,
+                                                            .model = c});
+      } else {
+        arm.owner = std::move(cache);
+      }
       arm.logits.resize(bn * c.vocab);
       std::vector<model::ForwardEntry> prompts;
       for (int64_t b = 0; b < bn; ++b) {
-        SLUICE_RETURN_IF_ERROR(arm.cache->AddSequence(b, o.context));
+        SLUICE_RETURN_IF_ERROR(arm.owner->AddSequence(b, o.context));
         prompts.push_back({b, absl::MakeConstSpan(tokens.data() + starts[b0 + b], half)});
       }
-      SLUICE_RETURN_IF_ERROR(llama.Forward(prompts, *arm.cache, arm.logits.data()));
+      SLUICE_RETURN_IF_ERROR(llama.Forward(prompts, *arm.owner, arm.logits.data()));
+      if (arm.wire.k > 0) {
+        const auto& wire = static_cast<const TransformWireKvCache&>(*arm.owner);
+        arm.wire_bytes += static_cast<double>(wire.wire_bytes());
+        arm.wire_fp16_bytes += static_cast<double>(wire.fp16_bytes());
+      } else {
+        const kvstore::KvCacheStats st = arm.cache->Stats();
+        arm.wire_bytes += static_cast<double>(st.held_bytes());
+        arm.wire_fp16_bytes += static_cast<double>(st.fp16_bytes());
+      }
     }
     for (int64_t t = half; t < o.context; ++t) {
       for (int64_t b = 0; b < bn; ++b) {
@@ -107,7 +163,7 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
         step.push_back({b, absl::MakeConstSpan(tokens.data() + starts[b0 + b] + t, 1)});
       }
       for (Arm& arm : arms) {
-        SLUICE_RETURN_IF_ERROR(llama.Forward(step, *arm.cache, arm.logits.data()));
+        SLUICE_RETURN_IF_ERROR(llama.Forward(step, *arm.owner, arm.logits.data()));
       }
     }
     for (Arm& arm : arms) {
@@ -115,13 +171,17 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
       arm.held_bytes += static_cast<double>(st.held_bytes());
       arm.fp16_bytes += static_cast<double>(st.fp16_bytes());
       arm.pages += static_cast<double>(st.pages.pages());
-      arm.cache.reset();
+      arm.cache = nullptr;
+      arm.owner.reset();
     }
   }
   std::vector<EvalResult> out;
   for (size_t i = 1; i < arms.size(); ++i) {
     const Arm& a = arms[i];
-    out.push_back({.preset = a.preset.name,
+    const std::string name =
+        a.wire.k > 0 ? absl::StrFormat("%s+kvtc%g/%g", a.preset.name, a.wire.k, a.wire.v)
+                     : a.preset.name;
+    out.push_back({.preset = name,
                    .tokens = a.totals.count(),
                    .windows = n,
                    .ppl = a.totals.ppl(),
@@ -129,6 +189,7 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
                    .kl = a.totals.kl(),
                    .top1 = a.totals.top1(),
                    .ratio = a.held_bytes > 0 ? a.fp16_bytes / a.held_bytes : 0,
+                   .wire_ratio = a.wire_bytes > 0 ? a.wire_fp16_bytes / a.wire_bytes : 0,
                    .pages = a.pages / n});
   }
   return out;

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kvstore/wire/kv_transform.h"
 #include "model/llama.h"
 
 namespace sluice::tools {
@@ -26,6 +27,15 @@ struct EvalOptions {
   int64_t batch = 4;                 // windows decoded together
   int32_t residual = -1;             // full-precision window of every preset; -1 = its own
   float budget = -1.f;               // fraction kept by evicting presets; -1 = their own
+  // The transform-coded wire (tools/eval_wire.h): every preset again with its prompts' KV
+  // through the codec at each of these budgets (code bits per key value and per value value),
+  // named "PRESET+kvtcK/V". Needs `calibration` and a host-memory backend.
+  struct WireBudget {
+    double k = 0, v = 0;
+  };
+  std::vector<WireBudget> wire_bits;
+  const kvstore::KvTransformCalibration* calibration = nullptr;
+  int64_t wire_sinks = 4;  // first tokens of each prompt that cross exact
   // Called after each decode step with (predictions done, predictions in all).
   std::function<void(int64_t, int64_t)> progress;
 };
@@ -40,6 +50,10 @@ struct EvalResult {
   // fp16 bytes of the KV against what the preset holds for it at the end of each window:
   // pages (whole, slack included), full-precision residual windows, codebooks.
   double ratio = 0;
+  // fp16 bytes of the prompts' KV against the bytes that cross from prefill to decode: the
+  // transform codec's blocks and exact rows for "+kvtc" arms; for the others, what the preset
+  // holds right after the prefill (pages and window), which its export carries.
+  double wire_ratio = 0;
   double pages = 0;  // pages per window at its end (all layers and kv-heads)
 };
 

@@ -4,44 +4,67 @@
 
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kvstore/wire/kv_transform_calibration.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/model_path.h"
 #include "model/tokenizer.h"
+#include "tools/eval_wire.h"
 
 namespace sluice::tools {
 namespace {
 
-TEST(Eval, Fp16MatchesItselfAndCompressedPresetsDivergeALittle) {
-  auto gguf = model::GgufFile::Open(model::DefaultModelPath());
-  if (gguf.status().code() == absl::StatusCode::kNotFound) {
-    GTEST_SKIP() << "model not fetched (./sluice fetch-model): " << gguf.status();
+// The real model on the CPU and the GPL-3's tokens (Debian's base-files ships it); skips the
+// test when the model is not fetched.
+class Eval : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto g = model::GgufFile::Open(model::DefaultModelPath());
+    if (g.status().code() == absl::StatusCode::kNotFound) {
+      GTEST_SKIP() << "model not fetched (./sluice fetch-model): " << g.status();
+    }
+    ASSERT_TRUE(g.ok()) << g.status();
+    gguf_ = *std::move(g);
+    auto vocab = model::VocabFromGguf(*gguf_);
+    ASSERT_TRUE(vocab.ok());
+    auto tokenizer = model::Tokenizer::Create(std::move(*vocab));
+    ASSERT_TRUE(tokenizer.ok());
+    auto cpu = kernels::CpuBackend::Create();
+    ASSERT_TRUE(cpu.ok());
+    cpu_ = *std::move(cpu);
+    auto llama = model::LlamaModel::Load(*gguf_, *cpu_);
+    ASSERT_TRUE(llama.ok()) << llama.status();
+    llama_ = *std::move(llama);
+    std::ifstream in("/usr/share/common-licenses/GPL-3");
+    std::stringstream text;
+    text << in.rdbuf();
+    auto tokens = (*tokenizer)->Encode(text.str(), false);
+    ASSERT_TRUE(tokens.ok());
+    tokens_ = *std::move(tokens);
   }
-  ASSERT_TRUE(gguf.ok()) << gguf.status();
-  auto vocab = model::VocabFromGguf(**gguf);
-  ASSERT_TRUE(vocab.ok());
-  auto tokenizer = model::Tokenizer::Create(std::move(*vocab));
-  ASSERT_TRUE(tokenizer.ok());
-  auto cpu = kernels::CpuBackend::Create();
-  ASSERT_TRUE(cpu.ok());
-  auto llama = model::LlamaModel::Load(**gguf, **cpu);
-  ASSERT_TRUE(llama.ok()) << llama.status();
-  std::ifstream in("/usr/share/common-licenses/GPL-3");  // Debian's base-files ships it
-  std::stringstream text;
-  text << in.rdbuf();
-  auto tokens = (*tokenizer)->Encode(text.str(), false);
-  ASSERT_TRUE(tokens.ok());
+
+  std::unique_ptr<model::GgufFile> gguf_;
+  std::unique_ptr<kernels::CpuBackend> cpu_;
+  std::unique_ptr<model::LlamaModel> llama_;
+  std::vector<int32_t> tokens_;
+};
+
+TEST_F(Eval, Fp16MatchesItselfAndCompressedPresetsDivergeALittle) {
+  auto& cpu = cpu_;
+  auto& llama = llama_;
+  const std::vector<int32_t>* tokens = &tokens_;
 
   EvalOptions o{.presets = {"fp16", "kivi2", "kvcomp"},
                 .context = 128,
                 .max_windows = 2,
                 .batch = 2,
                 .residual = 16};
-  auto results = RunEval(o, **llama, **cpu, *tokens);
+  auto results = RunEval(o, *llama, *cpu, *tokens);
   ASSERT_TRUE(results.ok()) << results.status();
   ASSERT_EQ(results->size(), 3u);
   const EvalResult& fp16 = (*results)[0];
@@ -68,18 +91,76 @@ TEST(Eval, Fp16MatchesItselfAndCompressedPresetsDivergeALittle) {
   }
 
   o.context = 1 << 20;
-  EXPECT_THAT(RunEval(o, **llama, **cpu, *tokens).status().message(),
+  EXPECT_THAT(RunEval(o, *llama, *cpu, *tokens).status().message(),
               ::testing::HasSubstr("--context"));
   o.context = 128;
-  EXPECT_THAT(RunEval(o, **llama, **cpu, std::vector<int32_t>(100, 1)).status().message(),
+  EXPECT_THAT(RunEval(o, *llama, *cpu, std::vector<int32_t>(100, 1)).status().message(),
               ::testing::HasSubstr("fewer than one window"));
   o.budget = 1.5f;
-  EXPECT_THAT(RunEval(o, **llama, **cpu, *tokens).status().message(),
+  EXPECT_THAT(RunEval(o, *llama, *cpu, *tokens).status().message(),
               ::testing::HasSubstr("--budget"));
   o.budget = -1.f;
   o.presets = {"nope"};
-  EXPECT_THAT(RunEval(o, **llama, **cpu, *tokens).status().message(),
+  EXPECT_THAT(RunEval(o, *llama, *cpu, *tokens).status().message(),
               ::testing::HasSubstr("unknown KV preset"));
+}
+
+// The transform-coded wire: bases fitted on the GPL-3's first 512 tokens, windows taken from
+// later in the text. At 8 bits per value the prompts cross nearly exact; at 2/4 in fewer bytes
+// and less exactly; bad budgets and calibrations are named.
+TEST_F(Eval, TheTransformCodedWireCrossesFewerBytesAtAKnownCost) {
+  auto& cpu = cpu_;
+  auto& llama = llama_;
+  auto& gguf = gguf_;
+  const std::vector<int32_t>* tokens = &tokens_;
+  ASSERT_GT(tokens->size(), 3000u);
+  auto calibration = kvstore::CalibrateKvTransform(
+      *llama, *cpu, *gguf, std::vector<int32_t>(tokens->begin(), tokens->begin() + 512));
+  ASSERT_TRUE(calibration.ok()) << calibration.status();
+  const std::vector<int32_t> later(tokens->begin() + 2000, tokens->end());
+
+  EvalOptions o{.presets = {"fp16"},
+                .context = 256,
+                .max_windows = 2,
+                .batch = 2,
+                .residual = 16,
+                .wire_bits = {{8, 8}, {2, 4}},
+                .calibration = &*calibration};
+  auto results = RunEval(o, *llama, *cpu, later);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 3u);
+  const EvalResult &plain = (*results)[0], &fine = (*results)[1], &coarse = (*results)[2];
+  EXPECT_EQ(fine.preset, "fp16+kvtc8/8");
+  EXPECT_EQ(coarse.preset, "fp16+kvtc2/4");
+  for (const EvalResult& r : *results) {
+    SCOPED_TRACE(r.preset);
+    EXPECT_GT(r.wire_ratio, 0.0);
+    EXPECT_EQ(r.ratio, plain.ratio);  // the same resident preset
+  }
+  // 8 bits: within a few thousandths of a nat (keys lose RoPE and get it back: a wrong position
+  // would cost far more).
+  EXPECT_LT(fine.kl, 0.01);
+  EXPECT_GT(fine.top1, 0.95);
+  EXPECT_GT(fine.wire_ratio, 1.3);
+  EXPECT_GT(coarse.kl, fine.kl);
+  EXPECT_LT(coarse.kl, 0.2);
+  EXPECT_GT(coarse.wire_ratio, 2.5);
+  EXPECT_GT(coarse.wire_ratio, fine.wire_ratio);
+
+  o.wire_bits = {{2, 9}};
+  EXPECT_THAT(RunEval(o, *llama, *cpu, later).status().message(),
+              ::testing::HasSubstr("wire bits per value 9"));
+  o.wire_bits = {{2, 4}};
+  o.calibration = nullptr;
+  EXPECT_THAT(RunEval(o, *llama, *cpu, later).status().message(),
+              ::testing::HasSubstr("needs a calibration"));
+  kvstore::KvTransformCalibration short_one = *calibration;
+  short_one.k.pop_back();
+  short_one.v.pop_back();
+  o.calibration = &short_one;
+  EXPECT_THAT(RunEval(o, *llama, *cpu, later).status().message(),
+              ::testing::HasSubstr("the calibration has"));
+  EXPECT_FALSE(kvstore::CalibrateKvTransform(*llama, *cpu, *gguf, {1}).ok());
 }
 
 TEST(EvalLib, CalibrationPicksTheSmallestKvWithinTheBar) {

@@ -1,0 +1,97 @@
+// Transform coding of a block of KV rows for the prefill-to-decode wire.
+//
+// A row is one token's values of one layer's keys (before RoPE) or values across all kv-heads:
+// kv_heads * head_dim floats. Rows are centred and rotated into a principal-component basis
+// fitted on a calibration text (FitKvTransformBasis), so that most of their variance sits in
+// few components; each component of a block is then quantized uniformly with a bit width of its
+// own, chosen under a bits-per-value budget from the block's own variances (0 bits for the tail:
+// the component is sent as its block mean), and the codes of each width are Huffman-coded with a
+// codebook built for the block and sent in it (kernels/huffman.h).
+//
+// Block wire form, little-endian (DecodeKvTransformBlock checks every field):
+//   offset  field            type   meaning
+//        0  magic            u32    "SKT1"
+//        4  basis_checksum   u32    KvTransformBasis::checksum of the basis it was coded in
+//        8  tokens           u32    rows in the block, >= 1
+//       12  dim              u16    values per row (the basis's dim)
+//       14  widths           u8     number of bit widths present (codebooks that follow)
+//       15  reserved         u8     0
+//       16  per component i (dim entries, by descending calibrated variance):
+//             bits u8 (0..8: sets the step), step f16 (> 0 where bits > 0), mean f16
+//        .  per width present, ascending: width u8, codebook (kernels::SerializeCodebook,
+//             u16 length first), payload bits u32, payload bytes (the codes of every
+//             component of that width, component after component, `tokens` codes each)
+#ifndef SLUICE_KVSTORE_WIRE_KV_TRANSFORM_H_
+#define SLUICE_KVSTORE_WIRE_KV_TRANSFORM_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace sluice::kvstore {
+
+inline constexpr int kMaxKvTransformBits = 8;
+
+// A principal-component basis of `dim`-value rows, under a metric: coefficient i of a row x is
+// encode_i . (x - mean), and x = mean + sum_i c_i decode_i. Without a metric, encode_i = decode_i,
+// the covariance's eigenvectors; with a metric M (the squared error that matters is
+// (x - y)^T M (x - y)), they are the eigenvectors of the covariance of M^1/2 x, taken through
+// M^1/2 and M^-1/2, so that equal errors in the coefficients are equal errors under M.
+struct KvTransformBasis {
+  int32_t dim = 0;
+  std::vector<float> mean;      // [dim]
+  std::vector<float> encode;    // [dim, dim]: row i is component i's encoding vector
+  std::vector<float> decode;    // [dim, dim]: row i is component i's direction
+  std::vector<float> variance;  // [dim], descending: the calibration coefficients' variance
+  uint32_t checksum = 0;        // CRC32C of dim, mean, encode, decode and variance
+};
+
+// The basis of n rows [n, dim] (n >= 2): their mean and the eigenvectors of their covariance (in
+// the metric's coordinates when `metric` [dim, dim], symmetric positive semi-definite, is given),
+// by descending eigenvalue (LAPACK's dsyevd through OpenBLAS). Directions the metric gives no
+// weight keep a tiny one (1e-6 of its largest). InvalidArgument for n < 2, dim < 1, a metric of
+// the wrong size or a non-finite value.
+absl::StatusOr<KvTransformBasis> FitKvTransformBasis(const float* rows, int64_t n, int32_t dim,
+                                                     absl::Span<const double> metric = {});
+
+// Bit widths (0..8) of components with these variances for an average of `bits_per_value` code
+// bits per value before entropy coding: each bit goes, one at a time, where it removes the most
+// squared error of a Gaussian component under its optimal uniform quantizer.
+std::vector<uint8_t> AllocateKvTransformBits(absl::Span<const double> variance,
+                                             double bits_per_value);
+
+// Codes rows [n, basis.dim] into a block at `bits_per_value` (0 < bits <= 8). InvalidArgument
+// for n < 1, n >= 2^32, a bad budget or a non-finite value.
+absl::StatusOr<std::string> EncodeKvTransformBlock(const KvTransformBasis& basis, const float* rows,
+                                                   int64_t n, double bits_per_value);
+
+// Rows of a block, for callers that size buffers before decoding. DataLoss/InvalidArgument as
+// DecodeKvTransformBlock for a header that does not parse.
+absl::StatusOr<int64_t> KvTransformBlockTokens(std::string_view block);
+
+// Decodes a block into rows [tokens, basis.dim]. FailedPrecondition if it was coded in another
+// basis (the checksums differ); DataLoss for a truncated block or a code stream that does not
+// decode; InvalidArgument for a field out of range; each names the field.
+absl::Status DecodeKvTransformBlock(const KvTransformBasis& basis, std::string_view block,
+                                    float* rows, int64_t capacity_rows);
+
+// Every layer's key and value bases of a model, fitted on one calibration text.
+struct KvTransformCalibration {
+  std::vector<KvTransformBasis> k, v;  // [layers]; keys before RoPE
+};
+
+// File form: "SKTC" u32 version 1, layers u32, dim u32, then per layer the key basis and the
+// value basis (mean, encode, decode, variance as f32), then the CRC32C of everything before it.
+std::string SerializeKvTransformCalibration(const KvTransformCalibration& calibration);
+// DataLoss for a truncated file or a checksum that does not match; InvalidArgument for fields
+// out of range. `what` (the file's path) starts every message.
+absl::StatusOr<KvTransformCalibration> ParseKvTransformCalibration(std::string_view bytes,
+                                                                   std::string_view what);
+
+}  // namespace sluice::kvstore
+
+#endif  // SLUICE_KVSTORE_WIRE_KV_TRANSFORM_H_

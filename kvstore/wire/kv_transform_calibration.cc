@@ -1,0 +1,123 @@
+#include "kvstore/wire/kv_transform_calibration.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "kernels/ref/rope.h"
+#include "kvstore/cache/paged_kv_cache.h"
+#include "kvstore/cache/recording_kv_cache.h"
+#include "kvstore/kv_preset.h"
+
+namespace sluice::kvstore {
+namespace {
+
+// sum over the query heads g of kv-head h of W_o[:, g]^T W_o[:, g], block-diagonal over the
+// kv-heads: [kv_heads * head_dim]^2.
+absl::StatusOr<std::vector<double>> ValueMetric(const model::GgufFile& gguf,
+                                                const model::LlamaConfig& c, int layer) {
+  const std::string name = absl::StrFormat("blk.%d.attn_output.weight", layer);
+  const model::GgufTensor* t = gguf.FindTensor(name);
+  if (t == nullptr) return absl::NotFoundError(absl::StrCat("the model has no ", name));
+  SLUICE_ASSIGN_OR_RETURN(const std::vector<float> w, gguf.ToFloat(*t));
+  const int64_t q_dim = c.heads * c.head_dim, dim = c.kv_heads * c.head_dim;
+  if (static_cast<int64_t>(w.size()) != q_dim * c.hidden) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s has %d values, not %d x %d", name, w.size(), c.hidden, q_dim));
+  }
+  const int64_t group = c.heads / c.kv_heads, d = c.head_dim;
+  std::vector<double> m(dim * dim, 0.0);
+  for (int64_t r = 0; r < c.hidden; ++r) {
+    const float* row = w.data() + r * q_dim;
+    for (int64_t g = 0; g < c.heads; ++g) {
+      const int64_t h = g / group;
+      const float* x = row + g * d;
+      for (int64_t a = 0; a < d; ++a) {
+        double* out = m.data() + (h * d + a) * dim + h * d;
+        for (int64_t b = 0; b < d; ++b) out[b] += static_cast<double>(x[a]) * x[b];
+      }
+    }
+  }
+  return m;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RecordingKvCache>> RecordFullPrecisionKv(
+    model::LlamaModel& llama, kernels::Backend& backend, absl::Span<const int32_t> tokens) {
+  const model::LlamaConfig& c = llama.config();
+  if (backend.memory_space() != kernels::MemorySpace::kHost) {
+    return absl::UnimplementedError(
+        "recording KV reads it on the host: use a host-memory backend (cpu)");
+  }
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n < 1 || n > c.context_length) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a recorded pass takes 1 to %d tokens (the model's context), not %d", c.context_length, n));
+  }
+  SLUICE_ASSIGN_OR_RETURN(KvPreset fp16, FindKvPreset("fp16", static_cast<int32_t>(c.head_dim)));
+  fp16.residual = static_cast<int32_t>(n);  // every token stays in fp32
+  SLUICE_ASSIGN_OR_RETURN(auto inner, PagedKvCache::Create({.layers = c.layers,
+                                                            .heads = c.heads,
+                                                            .kv_heads = c.kv_heads,
+                                                            .head_dim = c.head_dim,
+                                                            .preset = fp16,
+                                                            .pages = 1},
+                                                           backend));
+  auto rec =
+      std::make_unique<RecordingKvCache>(std::move(inner), c.layers, c.kv_heads * c.head_dim);
+  SLUICE_RETURN_IF_ERROR(rec->AddSequence(0, n));
+  std::vector<float> logits(c.vocab);
+  SLUICE_RETURN_IF_ERROR(llama.Forward({{0, tokens}}, *rec, logits.data()));
+  return rec;
+}
+
+void RotateKeyRows(const model::LlamaConfig& c, float* rows, int64_t tokens, int64_t first,
+                   bool inverse) {
+  std::vector<int32_t> positions(tokens);
+  for (int64_t t = 0; t < tokens; ++t) {
+    positions[t] = static_cast<int32_t>(inverse ? -(first + t) : first + t);
+  }
+  // The model's RoPE (model/llama.cc): interleaved pairs; a negated position turns back.
+  kernels::ref::Rope({.x = rows,
+                      .positions = positions.data(),
+                      .tokens = tokens,
+                      .heads = c.kv_heads,
+                      .head_dim = c.head_dim,
+                      .rope_dim = c.rope_dim,
+                      .theta_base = c.rope_theta,
+                      .neox = false});
+}
+
+absl::StatusOr<KvTransformCalibration> CalibrateKvTransform(model::LlamaModel& llama,
+                                                            kernels::Backend& backend,
+                                                            const model::GgufFile& gguf,
+                                                            const std::vector<int32_t>& tokens) {
+  const model::LlamaConfig& c = llama.config();
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("calibration takes at least 2 tokens, not %d", n));
+  }
+  SLUICE_ASSIGN_OR_RETURN(const std::unique_ptr<RecordingKvCache> rec,
+                          RecordFullPrecisionKv(llama, backend, tokens));
+  const int64_t dim = c.kv_heads * c.head_dim;
+  KvTransformCalibration out;
+  for (int layer = 0; layer < c.layers; ++layer) {
+    std::vector<float> k = rec->k(layer);
+    RotateKeyRows(c, k.data(), n, 0, /*inverse=*/true);
+    SLUICE_ASSIGN_OR_RETURN(KvTransformBasis kb,
+                            FitKvTransformBasis(k.data(), n, static_cast<int32_t>(dim)));
+    SLUICE_ASSIGN_OR_RETURN(const std::vector<double> metric, ValueMetric(gguf, c, layer));
+    SLUICE_ASSIGN_OR_RETURN(
+        KvTransformBasis vb,
+        FitKvTransformBasis(rec->v(layer).data(), n, static_cast<int32_t>(dim), metric));
+    out.k.push_back(std::move(kb));
+    out.v.push_back(std::move(vb));
+  }
+  return out;
+}
+
+}  // namespace sluice::kvstore

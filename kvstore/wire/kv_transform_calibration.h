@@ -1,0 +1,41 @@
+// Fitting a model's transform-codec bases (kv_transform.h) on a calibration text, and the RoPE
+// the codec takes off keys before coding them and puts back after.
+#ifndef SLUICE_KVSTORE_WIRE_KV_TRANSFORM_CALIBRATION_H_
+#define SLUICE_KVSTORE_WIRE_KV_TRANSFORM_CALIBRATION_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kvstore/cache/recording_kv_cache.h"
+#include "kvstore/wire/kv_transform.h"
+#include "model/gguf.h"
+#include "model/llama.h"
+
+namespace sluice::kvstore {
+
+// Every layer's key (before RoPE) and value bases from one forward pass over `tokens` (at
+// least 2, at most the model's context) with full-precision KV, on a host-memory backend.
+// Values are fitted under the metric of the output projection: a value error e of kv-head h
+// costs the sum over h's query heads g of |W_o[:, g] e|^2 in the layer's output (W_o from
+// `gguf`'s attn_output weights).
+absl::StatusOr<KvTransformCalibration> CalibrateKvTransform(model::LlamaModel& llama,
+                                                            kernels::Backend& backend,
+                                                            const model::GgufFile& gguf,
+                                                            const std::vector<int32_t>& tokens);
+
+// One forward pass over `tokens` (one sequence, at most the model's context) with every key and
+// value kept in fp32 and recorded (post-RoPE keys), on a host-memory backend.
+absl::StatusOr<std::unique_ptr<RecordingKvCache>> RecordFullPrecisionKv(
+    model::LlamaModel& llama, kernels::Backend& backend, absl::Span<const int32_t> tokens);
+
+// Key rows [tokens, kv_heads, head_dim] on the host at positions first .. first + tokens - 1:
+// takes RoPE off (inverse) or puts it on, as the model applies it.
+void RotateKeyRows(const model::LlamaConfig& config, float* rows, int64_t tokens, int64_t first,
+                   bool inverse);
+
+}  // namespace sluice::kvstore
+
+#endif  // SLUICE_KVSTORE_WIRE_KV_TRANSFORM_CALIBRATION_H_
