@@ -30,6 +30,8 @@ constexpr size_t kBlockHeaderBytes = 16;
 // Codes are steps from the mean, -128..127 (stored +128): the width sets the step; codes beyond
 // the Gaussian's 2^width levels are rare and the Huffman code makes them long, not clipped.
 constexpr int kCodeLevels = 256;
+// Rows of a block: OpenBLAS takes int dimensions.
+constexpr int64_t kMaxBlockRows = (int64_t{1} << 31) - 1;
 
 // The optimal uniform quantizer of a unit Gaussian with 2^b levels (Max, 1960): its step and
 // its mean squared error; b = 0 sends the mean (error 1).
@@ -223,8 +225,8 @@ std::vector<uint8_t> AllocateKvTransformBits(absl::Span<const double> variance,
 absl::StatusOr<std::string> EncodeKvTransformBlock(const KvTransformBasis& basis, const float* rows,
                                                    int64_t n, double bits_per_value) {
   const int32_t dim = basis.dim;
-  if (n < 1 || n >= (int64_t{1} << 32)) {
-    return absl::InvalidArgumentError(absl::StrFormat("a block holds 1 to 2^32-1 rows, not %d", n));
+  if (n < 1 || n > kMaxBlockRows) {
+    return absl::InvalidArgumentError(absl::StrFormat("a block holds 1 to 2^31-1 rows, not %d", n));
   }
   if (dim < 1 || dim > 65535 || basis.mean.size() != static_cast<size_t>(dim) ||
       basis.encode.size() != static_cast<size_t>(dim) * dim) {
@@ -346,7 +348,10 @@ absl::StatusOr<BlockHeader> ReadHeader(Reader& r) {
     return absl::InvalidArgumentError(
         absl::StrFormat("transform block: magic 0x%08x is not \"SKT1\"", magic));
   }
-  if (h.tokens == 0) return absl::InvalidArgumentError("transform block: tokens is 0");
+  if (h.tokens == 0 || h.tokens > kMaxBlockRows) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("transform block: tokens %d outside 1 to 2^31-1", h.tokens));
+  }
   if (h.dim == 0) return absl::InvalidArgumentError("transform block: dim is 0");
   if (h.widths > kMaxKvTransformBits) {
     return absl::InvalidArgumentError(

@@ -3,24 +3,28 @@
 // A row is one token's values of one layer's keys (before RoPE) or values across all kv-heads:
 // kv_heads * head_dim floats. Rows are centred and rotated into a principal-component basis
 // fitted on a calibration text (FitKvTransformBasis), so that most of their variance sits in
-// few components; each component of a block is then quantized uniformly with a bit width of its
-// own, chosen under a bits-per-value budget from the block's own variances (0 bits for the tail:
-// the component is sent as its block mean), and the codes of each width are Huffman-coded with a
-// codebook built for the block and sent in it (kernels/huffman.h).
+// few components. Each component of a block gets a bit width, chosen under a bits-per-value
+// budget from the block's own variances (0 bits for the tail: the component is sent as its block
+// mean); the width sets a uniform step (a Gaussian's optimal one for 2^width levels), and each
+// code is the coefficient's step from the mean, -128..127, not clipped at the width's levels
+// (rare far codes cost long Huffman codes instead of clipping errors). The codes of each width
+// are Huffman-coded with a codebook built for the block and sent in it (kernels/huffman.h).
+// A value is reconstructed as mean + (code + 1/2) * step. The block carries no checksum of its
+// own: between workers it is to travel as pages do, each checked by its CRC32C.
 //
 // Block wire form, little-endian (DecodeKvTransformBlock checks every field):
 //   offset  field            type   meaning
 //        0  magic            u32    "SKT1"
 //        4  basis_checksum   u32    KvTransformBasis::checksum of the basis it was coded in
-//        8  tokens           u32    rows in the block, >= 1
+//        8  tokens           u32    rows in the block, 1 to 2^31-1
 //       12  dim              u16    values per row (the basis's dim)
 //       14  widths           u8     number of bit widths present (codebooks that follow)
 //       15  reserved         u8     0
 //       16  per component i (dim entries, by descending calibrated variance):
 //             bits u8 (0..8: sets the step), step f16 (> 0 where bits > 0), mean f16
 //        .  per width present, ascending: width u8, codebook (kernels::SerializeCodebook,
-//             u16 length first), payload bits u32, payload bytes (the codes of every
-//             component of that width, component after component, `tokens` codes each)
+//             u16 length first), payload bits u32, payload bytes (the codes, stored + 128, of
+//             every component of that width, component after component, `tokens` codes each)
 #ifndef SLUICE_KVSTORE_WIRE_KV_TRANSFORM_H_
 #define SLUICE_KVSTORE_WIRE_KV_TRANSFORM_H_
 
@@ -65,7 +69,7 @@ std::vector<uint8_t> AllocateKvTransformBits(absl::Span<const double> variance,
                                              double bits_per_value);
 
 // Codes rows [n, basis.dim] into a block at `bits_per_value` (0 < bits <= 8). InvalidArgument
-// for n < 1, n >= 2^32, a bad budget or a non-finite value.
+// for n outside 1 to 2^31-1, a bad budget or a non-finite value.
 absl::StatusOr<std::string> EncodeKvTransformBlock(const KvTransformBasis& basis, const float* rows,
                                                    int64_t n, double bits_per_value);
 
