@@ -162,6 +162,8 @@ class Image(unittest.TestCase):
         }
         cls.commands = commands
         for role in ("decode", "prefill", "router"):
+            # A container a killed run left behind holds the name.
+            subprocess.run(["buildah", "rm", "sluice-image-test-" + role], capture_output=True)
             ctr = run(["buildah", "from", "--pull=never", "--name", "sluice-image-test-" + role,
                        "--add-host", "sluice-prefill:127.0.0.1",
                        "--add-host", "sluice-decode:127.0.0.1", TAG]).strip()

@@ -60,6 +60,9 @@ ABSL_FLAG(std::string, wire_bits, "",
 ABSL_FLAG(std::string, calibration_text, "/usr/share/common-licenses/GPL-3",
           "Text the wire codec's bases are fitted on (Debian's base-files ships the GPL-3).");
 ABSL_FLAG(int64_t, calibration_tokens, 4096, "Tokens of --calibration_text to fit on.");
+ABSL_FLAG(bool, wire_cross_layer, false,
+          "Wire codec: predict each layer's keys and values from the layer before's and code "
+          "what the prediction misses.");
 ABSL_FLAG(bool, json, false, "One JSON line per preset on stdout instead of a table.");
 ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else the cache).");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
@@ -189,7 +192,8 @@ absl::Status Run() {
     calib_tokens.resize(want);
     const absl::Time start = absl::Now();
     SLUICE_ASSIGN_OR_RETURN(
-        calibration, kvstore::CalibrateKvTransform(*l.llama, *l.backend, *l.gguf, calib_tokens));
+        calibration, kvstore::CalibrateKvTransform(*l.llama, *l.backend, *l.gguf, calib_tokens,
+                                                   absl::GetFlag(FLAGS_wire_cross_layer)));
     std::fprintf(stderr, "wire codec: bases fitted on %lld tokens of %s in %.1f s\n",
                  static_cast<long long>(want), absl::GetFlag(FLAGS_calibration_text).c_str(),
                  absl::ToDoubleSeconds(absl::Now() - start));

@@ -147,6 +147,30 @@ TEST_F(Eval, TheTransformCodedWireCrossesFewerBytesAtAKnownCost) {
   EXPECT_GT(coarse.wire_ratio, 2.5);
   EXPECT_GT(coarse.wire_ratio, fine.wire_ratio);
 
+  // Cross-layer prediction: layers after the first get predictors, and what they leave of
+  // the values varies less than the values themselves in most layers.
+  auto cross = kvstore::CalibrateKvTransform(
+      *llama, *cpu, *gguf, std::vector<int32_t>(tokens->begin(), tokens->begin() + 512),
+      /*cross_layer=*/true);
+  ASSERT_TRUE(cross.ok()) << cross.status();
+  int less = 0;
+  const int layers = static_cast<int>(cross->v.size());
+  EXPECT_TRUE(cross->k_predict[0].empty());
+  for (int l = 1; l < layers; ++l) {
+    ASSERT_FALSE(cross->v_predict[l].empty()) << l;
+    double residual = 0, plain_var = 0;
+    for (float x : cross->v[l].variance) residual += x;
+    for (float x : calibration->v[l].variance) plain_var += x;
+    less += residual < plain_var;
+  }
+  EXPECT_GE(less, (layers - 1) * 8 / 10);
+  o.calibration = &*cross;
+  o.wire_bits = {{8, 8}};
+  auto crossed = RunEval(o, *llama, *cpu, later);
+  ASSERT_TRUE(crossed.ok()) << crossed.status();
+  EXPECT_LT((*crossed)[1].kl, 0.01);  // predictions are added back exactly as subtracted
+  o.calibration = &*calibration;
+
   o.wire_bits = {{2, 9}};
   EXPECT_THAT(RunEval(o, *llama, *cpu, later).status().message(),
               ::testing::HasSubstr("wire bits per value 9"));

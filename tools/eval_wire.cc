@@ -13,6 +13,8 @@ namespace sluice::tools {
 
 absl::Status TransformWireKvCache::BeginStep(absl::Span<const model::StepEntry> batch) {
   step_.clear();
+  prev_k_.clear();
+  prev_v_.clear();
   rows_ = 0;
   for (const model::StepEntry& e : batch) {
     SLUICE_ASSIGN_OR_RETURN(const int64_t start, inner_->Length(e.seq));
@@ -22,7 +24,8 @@ absl::Status TransformWireKvCache::BeginStep(absl::Span<const model::StepEntry> 
   return inner_->BeginStep(batch);
 }
 
-absl::Status TransformWireKvCache::CodeRows(int layer, bool keys, const Entry& e, float* rows) {
+absl::Status TransformWireKvCache::CodeRows(int layer, bool keys, const Entry& e, float* rows,
+                                            const float* prev, float* decoded) {
   const int64_t dim = o_.model.kv_heads * o_.model.head_dim;
   const int64_t lo = std::clamp<int64_t>(o_.sinks - e.start, 0, e.tokens);
   const int64_t hi = std::max<int64_t>(lo, e.tokens - o_.window);
@@ -36,12 +39,19 @@ absl::Status TransformWireKvCache::CodeRows(int layer, bool keys, const Entry& e
   }
   wire_bytes_ += (e.tokens - (hi - lo)) * dim * 2;
   fp16_bytes_ += e.tokens * dim * 2;
+  // What the decode side holds of every row, keys without RoPE: the next layer's prediction
+  // starts from it.
+  std::copy(rows, rows + e.tokens * dim, decoded);
+  if (keys) kvstore::RotateKeyRows(o_.model, decoded, e.tokens, e.start, /*inverse=*/true);
   if (hi == lo) return absl::OkStatus();
-  float* coded = rows + lo * dim;
+  float* coded = decoded + lo * dim;
   const int64_t n = hi - lo;
-  if (keys) {
-    kvstore::RotateKeyRows(o_.model, coded, n, e.start + lo, /*inverse=*/true);
+  const std::vector<float>* predict = nullptr;
+  if (prev != nullptr) {
+    const auto& table = keys ? o_.calibration->k_predict : o_.calibration->v_predict;
+    if (layer < static_cast<int>(table.size()) && !table[layer].empty()) predict = &table[layer];
   }
+  if (predict) kvstore::ApplyKvPrediction(*predict, prev + lo * dim, coded, n, dim, false);
   const kvstore::KvTransformBasis& basis =
       keys ? o_.calibration->k[layer] : o_.calibration->v[layer];
   SLUICE_ASSIGN_OR_RETURN(
@@ -49,9 +59,10 @@ absl::Status TransformWireKvCache::CodeRows(int layer, bool keys, const Entry& e
       kvstore::EncodeKvTransformBlock(basis, coded, n, keys ? o_.key_bits : o_.value_bits));
   SLUICE_RETURN_IF_ERROR(kvstore::DecodeKvTransformBlock(basis, block, coded, n));
   wire_bytes_ += static_cast<int64_t>(block.size());
-  if (keys) {
-    kvstore::RotateKeyRows(o_.model, coded, n, e.start + lo, /*inverse=*/false);
-  }
+  if (predict) kvstore::ApplyKvPrediction(*predict, prev + lo * dim, coded, n, dim, true);
+  float* out = rows + lo * dim;
+  std::copy(coded, coded + n * dim, out);
+  if (keys) kvstore::RotateKeyRows(o_.model, out, n, e.start + lo, /*inverse=*/false);
   return absl::OkStatus();
 }
 
@@ -66,14 +77,25 @@ absl::Status TransformWireKvCache::Write(int layer, const float* k, const float*
   const int64_t dim = o_.model.kv_heads * o_.model.head_dim;
   k_.assign(k, k + rows_ * dim);
   v_.assign(v, v + rows_ * dim);
+  // The previous layer's decoded rows hold for this step only; layer 0 has none.
+  const bool have_prev = layer > 0 && static_cast<int64_t>(prev_k_.size()) == rows_ * dim;
+  cur_k_.resize(rows_ * dim);
+  cur_v_.resize(rows_ * dim);
   int64_t row = 0;
   for (const Entry& e : step_) {
     if (e.tokens > 1) {
-      SLUICE_RETURN_IF_ERROR(CodeRows(layer, true, e, k_.data() + row * dim));
-      SLUICE_RETURN_IF_ERROR(CodeRows(layer, false, e, v_.data() + row * dim));
+      const size_t at = row * dim;
+      SLUICE_RETURN_IF_ERROR(CodeRows(layer, true, e, k_.data() + at,
+                                      have_prev ? prev_k_.data() + at : nullptr,
+                                      cur_k_.data() + at));
+      SLUICE_RETURN_IF_ERROR(CodeRows(layer, false, e, v_.data() + at,
+                                      have_prev ? prev_v_.data() + at : nullptr,
+                                      cur_v_.data() + at));
     }
     row += e.tokens;
   }
+  prev_k_.swap(cur_k_);
+  prev_v_.swap(cur_v_);
   return inner_->Write(layer, k_.data(), v_.data());
 }
 

@@ -56,13 +56,17 @@ class TransformWireKvCache final : public model::KvCache {
   struct Entry {
     int64_t tokens = 0, start = 0;  // rows of the step; position of the first
   };
-  absl::Status CodeRows(int layer, bool keys, const Entry& e, float* rows);
+  // Codes one entry's rows of a layer in place (keys with RoPE, as written); `decoded` gets what
+  // the decode side holds of them (keys without RoPE); `prev` is the previous layer's, or null.
+  absl::Status CodeRows(int layer, bool keys, const Entry& e, float* rows, const float* prev,
+                        float* decoded);
 
   std::unique_ptr<model::KvCache> inner_;
   const Options o_;
   std::vector<Entry> step_;
   int64_t rows_ = 0;
   std::vector<float> k_, v_;
+  std::vector<float> prev_k_, prev_v_, cur_k_, cur_v_;  // decoded rows [rows_, dim] by layer
   int64_t wire_bytes_ = 0, fp16_bytes_ = 0;
 };
 

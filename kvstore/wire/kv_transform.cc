@@ -71,6 +71,18 @@ class Reader {
   size_t pos_ = 0;
 };
 
+// Whether every layer after the first has both predictors of its dim (and layer 0 none).
+bool HasPredictors(const KvTransformCalibration& c) {
+  if (c.k.size() < 2 || c.k_predict.size() != c.k.size() || c.v_predict.size() != c.k.size()) {
+    return false;
+  }
+  const size_t want = static_cast<size_t>(c.k[0].dim) * c.k[0].dim + c.k[0].dim;
+  for (size_t l = 1; l < c.k.size(); ++l) {
+    if (c.k_predict[l].size() != want || c.v_predict[l].size() != want) return false;
+  }
+  return true;
+}
+
 uint32_t BasisChecksum(const KvTransformBasis& b) {
   uint32_t crc = Crc32c(&b.dim, sizeof(b.dim));
   for (const std::vector<float>* part : {&b.mean, &b.encode, &b.decode, &b.variance}) {
@@ -494,12 +506,18 @@ std::string SerializeKvTransformCalibration(const KvTransformCalibration& c) {
   PutU32(out, 1);
   PutU32(out, static_cast<uint32_t>(c.k.size()));
   PutU32(out, static_cast<uint32_t>(c.k.empty() ? 0 : c.k[0].dim));
+  const bool predict = HasPredictors(c);
+  PutU32(out, predict ? 1 : 0);
   for (size_t l = 0; l < c.k.size(); ++l) {
     for (const KvTransformBasis* b : {&c.k[l], &c.v[l]}) {
       PutF32s(out, b->mean);
       PutF32s(out, b->encode);
       PutF32s(out, b->decode);
       PutF32s(out, b->variance);
+    }
+    if (predict && l > 0) {
+      PutF32s(out, c.k_predict[l]);
+      PutF32s(out, c.v_predict[l]);
     }
   }
   PutU32(out, Crc32c(out.data(), out.size()));
@@ -510,8 +528,9 @@ absl::StatusOr<KvTransformCalibration> ParseKvTransformCalibration(std::string_v
                                                                    std::string_view what_view) {
   const std::string what(what_view);
   Reader r(bytes);
-  uint32_t magic = 0, version = 0, layers = 0, dim = 0;
-  if (!r.Take(&magic, 4) || !r.Take(&version, 4) || !r.Take(&layers, 4) || !r.Take(&dim, 4)) {
+  uint32_t magic = 0, version = 0, layers = 0, dim = 0, flags = 0;
+  if (!r.Take(&magic, 4) || !r.Take(&version, 4) || !r.Take(&layers, 4) || !r.Take(&dim, 4) ||
+      !r.Take(&flags, 4)) {
     return absl::DataLossError(absl::StrCat(what, ": shorter than a calibration's header"));
   }
   if (magic != kCalibrationMagic) {
@@ -520,15 +539,21 @@ absl::StatusOr<KvTransformCalibration> ParseKvTransformCalibration(std::string_v
   if (version != 1) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: version %d, expected 1", what, version));
   }
+  if (flags > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: flags %d (only bit 0 is defined)", what, flags));
+  }
   if (layers < 1 || layers > 1024 || dim < 1 || dim > 65535) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: %d layers of dim %d are out of range", what, layers, dim));
   }
   const size_t per_basis = (2 * static_cast<size_t>(dim) + 2 * static_cast<size_t>(dim) * dim) * 4;
-  if (bytes.size() != 16 + 2 * layers * per_basis + 4) {
+  const size_t per_predictor = (static_cast<size_t>(dim) * dim + dim) * 4;
+  const size_t want =
+      20 + 2 * layers * per_basis + (flags ? 2 * (layers - 1) * per_predictor : 0) + 4;
+  if (bytes.size() != want) {
     return absl::DataLossError(absl::StrFormat("%s: %d bytes, %d layers of dim %d need %d", what,
-                                               bytes.size(), layers, dim,
-                                               16 + 2 * layers * per_basis + 4));
+                                               bytes.size(), layers, dim, want));
   }
   uint32_t stored = 0;
   std::memcpy(&stored, bytes.data() + bytes.size() - 4, 4);
@@ -555,6 +580,20 @@ absl::StatusOr<KvTransformCalibration> ParseKvTransformCalibration(std::string_v
       }
       b.checksum = BasisChecksum(b);
       side->push_back(std::move(b));
+    }
+    c.k_predict.emplace_back();
+    c.v_predict.emplace_back();
+    if (flags && l > 0) {
+      for (std::vector<float>* p : {&c.k_predict.back(), &c.v_predict.back()}) {
+        p->resize(static_cast<size_t>(dim) * dim + dim);
+        r.Take(p->data(), p->size() * 4);
+        for (float x : *p) {
+          if (!std::isfinite(x)) {
+            return absl::InvalidArgumentError(
+                absl::StrFormat("%s: layer %d's predictor holds a non-finite value", what, l));
+          }
+        }
+      }
     }
   }
   return c;

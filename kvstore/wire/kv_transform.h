@@ -86,10 +86,17 @@ absl::Status DecodeKvTransformBlock(const KvTransformBasis& basis, std::string_v
 // Every layer's key and value bases of a model, fitted on one calibration text.
 struct KvTransformCalibration {
   std::vector<KvTransformBasis> k, v;  // [layers]; keys before RoPE
+  // Cross-layer prediction, when fitted: per layer, empty (layer 0) or W [dim, dim] row-major
+  // then bias [dim]: a row of layer l is predicted as bias + W x from the same token's row x of
+  // layer l - 1 (as decoded), and the basis codes what the prediction misses.
+  std::vector<std::vector<float>> k_predict, v_predict;
 };
 
-// File form: "SKTC" u32 version 1, layers u32, dim u32, then per layer the key basis and the
-// value basis (mean, encode, decode, variance as f32), then the CRC32C of everything before it.
+// File form: "SKTC" u32 version 1, layers u32, dim u32, flags u32 (bit 0: predictors), then per
+// layer the key basis and the value basis (mean, encode, decode, variance as f32) and, with
+// predictors, for layers after the first the key and the value predictor (W then bias, f32),
+// then the CRC32C of everything before it. Predictors are written only when every layer after
+// the first has both.
 std::string SerializeKvTransformCalibration(const KvTransformCalibration& calibration);
 // DataLoss for a truncated file or a checksum that does not match; InvalidArgument for fields
 // out of range. `what` (the file's path) starts every message.

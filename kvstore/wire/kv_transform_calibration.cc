@@ -1,5 +1,7 @@
 #include "kvstore/wire/kv_transform_calibration.h"
 
+#include <cblas.h>
+
 #include <string>
 #include <utility>
 
@@ -11,8 +13,61 @@
 #include "kvstore/cache/recording_kv_cache.h"
 #include "kvstore/kv_preset.h"
 
+extern "C" {
+// LAPACK (OpenBLAS): solves A X = B for symmetric positive definite A (Cholesky).
+void dposv_(const char* uplo, const int* n, const int* nrhs, double* a, const int* lda, double* b,
+            const int* ldb, int* info);
+}
+
 namespace sluice::kvstore {
 namespace {
+
+// W and bias minimising sum |y - bias - W x|^2 over the rows (ridge 1e-3 of the mean variance).
+absl::StatusOr<std::vector<float>> FitPredictor(const float* x, const float* y, int64_t n,
+                                                int64_t dim) {
+  std::vector<double> mx(dim, 0.0), my(dim, 0.0);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < dim; ++j) {
+      mx[j] += x[t * dim + j];
+      my[j] += y[t * dim + j];
+    }
+  }
+  for (int64_t j = 0; j < dim; ++j) {
+    mx[j] /= static_cast<double>(n);
+    my[j] /= static_cast<double>(n);
+  }
+  // a = Cxx; b's column j = Cxy[:, j] (column-major): the solution's column j is W's row j.
+  std::vector<double> a(dim * dim, 0.0), b(dim * dim, 0.0), xc(dim), yc(dim);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < dim; ++j) {
+      xc[j] = x[t * dim + j] - mx[j];
+      yc[j] = y[t * dim + j] - my[j];
+    }
+    for (int64_t j = 0; j < dim; ++j) {
+      for (int64_t i = 0; i < dim; ++i) {
+        a[j * dim + i] += xc[i] * xc[j];
+        b[j * dim + i] += xc[i] * yc[j];
+      }
+    }
+  }
+  double trace = 0;
+  for (int64_t i = 0; i < dim; ++i) trace += a[i * dim + i];
+  for (int64_t i = 0; i < dim; ++i) a[i * dim + i] += 1e-3 * trace / dim + 1e-12;
+  int info = 0, nd = static_cast<int>(dim);
+  dposv_("U", &nd, &nd, a.data(), &nd, b.data(), &nd, &info);
+  if (info != 0) return absl::InternalError(absl::StrFormat("dposv: info %d", info));
+  std::vector<float> out(dim * dim + dim);
+  for (int64_t j = 0; j < dim; ++j) {
+    double bias = my[j];
+    for (int64_t i = 0; i < dim; ++i) {
+      const double w = b[j * dim + i];
+      out[j * dim + i] = static_cast<float>(w);
+      bias -= w * mx[i];
+    }
+    out[dim * dim + j] = static_cast<float>(bias);
+  }
+  return out;
+}
 
 // sum over the query heads g of kv-head h of W_o[:, g]^T W_o[:, g], block-diagonal over the
 // kv-heads: [kv_heads * head_dim]^2.
@@ -91,10 +146,25 @@ void RotateKeyRows(const model::LlamaConfig& c, float* rows, int64_t tokens, int
                       .neox = false});
 }
 
+void ApplyKvPrediction(absl::Span<const float> predict, const float* prev, float* rows, int64_t n,
+                       int64_t dim, bool add) {
+  const float* w = predict.data();
+  const float* bias = w + dim * dim;
+  const float sign = add ? 1.f : -1.f;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < dim; ++j) rows[t * dim + j] += sign * bias[j];
+  }
+  // rows += sign * prev W^T.
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(dim),
+              static_cast<int>(dim), sign, prev, static_cast<int>(dim), w, static_cast<int>(dim),
+              1.f, rows, static_cast<int>(dim));
+}
+
 absl::StatusOr<KvTransformCalibration> CalibrateKvTransform(model::LlamaModel& llama,
                                                             kernels::Backend& backend,
                                                             const model::GgufFile& gguf,
-                                                            const std::vector<int32_t>& tokens) {
+                                                            const std::vector<int32_t>& tokens,
+                                                            bool cross_layer) {
   const model::LlamaConfig& c = llama.config();
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n < 2) {
@@ -105,17 +175,31 @@ absl::StatusOr<KvTransformCalibration> CalibrateKvTransform(model::LlamaModel& l
                           RecordFullPrecisionKv(llama, backend, tokens));
   const int64_t dim = c.kv_heads * c.head_dim;
   KvTransformCalibration out;
+  std::vector<float> prev_k;
   for (int layer = 0; layer < c.layers; ++layer) {
     std::vector<float> k = rec->k(layer);
     RotateKeyRows(c, k.data(), n, 0, /*inverse=*/true);
+    std::vector<float> v = rec->v(layer);
+    std::vector<float> kp, vp;
+    if (cross_layer && layer > 0) {
+      SLUICE_ASSIGN_OR_RETURN(kp, FitPredictor(prev_k.data(), k.data(), n, dim));
+      SLUICE_ASSIGN_OR_RETURN(vp, FitPredictor(rec->v(layer - 1).data(), v.data(), n, dim));
+    }
+    std::vector<float> this_k = k;
+    if (!kp.empty()) {
+      ApplyKvPrediction(kp, prev_k.data(), k.data(), n, dim, /*add=*/false);
+      ApplyKvPrediction(vp, rec->v(layer - 1).data(), v.data(), n, dim, /*add=*/false);
+    }
+    prev_k = std::move(this_k);
     SLUICE_ASSIGN_OR_RETURN(KvTransformBasis kb,
                             FitKvTransformBasis(k.data(), n, static_cast<int32_t>(dim)));
     SLUICE_ASSIGN_OR_RETURN(const std::vector<double> metric, ValueMetric(gguf, c, layer));
-    SLUICE_ASSIGN_OR_RETURN(
-        KvTransformBasis vb,
-        FitKvTransformBasis(rec->v(layer).data(), n, static_cast<int32_t>(dim), metric));
+    SLUICE_ASSIGN_OR_RETURN(KvTransformBasis vb,
+                            FitKvTransformBasis(v.data(), n, static_cast<int32_t>(dim), metric));
     out.k.push_back(std::move(kb));
     out.v.push_back(std::move(vb));
+    out.k_predict.push_back(std::move(kp));
+    out.v_predict.push_back(std::move(vp));
   }
   return out;
 }

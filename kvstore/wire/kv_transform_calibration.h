@@ -21,10 +21,19 @@ namespace sluice::kvstore {
 // Values are fitted under the metric of the output projection: a value error e of kv-head h
 // costs the sum over h's query heads g of |W_o[:, g] e|^2 in the layer's output (W_o from
 // `gguf`'s attn_output weights).
+// With `cross_layer`, each layer after the first also gets a linear predictor from the layer
+// before (ridge least squares on the calibration rows) and its bases are fitted on what the
+// predictor misses.
 absl::StatusOr<KvTransformCalibration> CalibrateKvTransform(model::LlamaModel& llama,
                                                             kernels::Backend& backend,
                                                             const model::GgufFile& gguf,
-                                                            const std::vector<int32_t>& tokens);
+                                                            const std::vector<int32_t>& tokens,
+                                                            bool cross_layer = false);
+
+// rows [n, dim] -= (or += with `add`) the prediction bias + W prev[t] of `predict` (a
+// KvTransformCalibration predictor of dim).
+void ApplyKvPrediction(absl::Span<const float> predict, const float* prev, float* rows, int64_t n,
+                       int64_t dim, bool add);
 
 // One forward pass over `tokens` (one sequence, at most the model's context) with every key and
 // value kept in fp32 and recorded (post-RoPE keys), on a host-memory backend.

@@ -241,10 +241,28 @@ TEST(KvTransform, CalibrationFilesRoundTripAndCorruptionIsNamed) {
     c.k.push_back(*FitKvTransformBasis(k.data(), 200, kDim));
     c.v.push_back(*FitKvTransformBasis(v.data(), 200, kDim));
   }
+  // Without predictors, then with them (layers 1 and 2).
+  {
+    auto plain = ParseKvTransformCalibration(SerializeKvTransformCalibration(c), "plain.bin");
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    ASSERT_EQ(plain->k_predict.size(), 3u);
+    for (const auto& p : plain->k_predict) EXPECT_TRUE(p.empty());
+  }
+  std::normal_distribution<float> g;
+  c.k_predict.assign(3, {});
+  c.v_predict.assign(3, {});
+  for (int l = 1; l < 3; ++l) {
+    for (auto* p : {&c.k_predict[l], &c.v_predict[l]}) {
+      p->resize(kDim * kDim + kDim);
+      for (float& x : *p) x = g(rng);
+    }
+  }
   const std::string bytes = SerializeKvTransformCalibration(c);
   auto back = ParseKvTransformCalibration(bytes, "calib.bin");
   ASSERT_TRUE(back.ok()) << back.status();
   ASSERT_EQ(back->k.size(), 3u);
+  EXPECT_EQ(back->k_predict, c.k_predict);
+  EXPECT_EQ(back->v_predict, c.v_predict);
   for (int l = 0; l < 3; ++l) {
     EXPECT_EQ(back->k[l].checksum, c.k[l].checksum);
     EXPECT_EQ(back->v[l].checksum, c.v[l].checksum);
