@@ -178,9 +178,13 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
   std::vector<EvalResult> out;
   for (size_t i = 1; i < arms.size(); ++i) {
     const Arm& a = arms[i];
-    const std::string name =
-        a.wire.k > 0 ? absl::StrFormat("%s+kvtc%g/%g", a.preset.name, a.wire.k, a.wire.v)
-                     : a.preset.name;
+    // "+kvtcK/V", or "+kvtcxK/V" with cross-layer prediction.
+    const bool cross = o.calibration != nullptr &&
+                       std::any_of(o.calibration->k_predict.begin(), o.calibration->k_predict.end(),
+                                   [](const std::vector<float>& p) { return !p.empty(); });
+    const std::string name = a.wire.k > 0 ? absl::StrFormat("%s+kvtc%s%g/%g", a.preset.name,
+                                                            cross ? "x" : "", a.wire.k, a.wire.v)
+                                          : a.preset.name;
     out.push_back({.preset = name,
                    .tokens = a.totals.count(),
                    .windows = n,

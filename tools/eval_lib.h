@@ -29,7 +29,8 @@ struct EvalOptions {
   float budget = -1.f;               // fraction kept by evicting presets; -1 = their own
   // The transform-coded wire (tools/eval_wire.h): every preset again with its prompts' KV
   // through the codec at each of these budgets (code bits per key value and per value value),
-  // named "PRESET+kvtcK/V". Needs `calibration` and a host-memory backend.
+  // named "PRESET+kvtcK/V" ("PRESET+kvtcxK/V" when the calibration predicts across layers).
+  // Needs `calibration` and a host-memory backend.
   struct WireBudget {
     double k = 0, v = 0;
   };

@@ -168,6 +168,7 @@ TEST_F(Eval, TheTransformCodedWireCrossesFewerBytesAtAKnownCost) {
   o.wire_bits = {{8, 8}};
   auto crossed = RunEval(o, *llama, *cpu, later);
   ASSERT_TRUE(crossed.ok()) << crossed.status();
+  EXPECT_EQ((*crossed)[1].preset, "fp16+kvtcx8/8");
   EXPECT_LT((*crossed)[1].kl, 0.01);  // predictions are added back exactly as subtracted
   o.calibration = &*calibration;
 
