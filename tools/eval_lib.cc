@@ -179,9 +179,7 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
   for (size_t i = 1; i < arms.size(); ++i) {
     const Arm& a = arms[i];
     // "+kvtcK/V", or "+kvtcxK/V" with cross-layer prediction.
-    const bool cross = o.calibration != nullptr &&
-                       std::any_of(o.calibration->k_predict.begin(), o.calibration->k_predict.end(),
-                                   [](const std::vector<float>& p) { return !p.empty(); });
+    const bool cross = o.calibration != nullptr && kvstore::HasKvPredictors(*o.calibration);
     const std::string name = a.wire.k > 0 ? absl::StrFormat("%s+kvtc%s%g/%g", a.preset.name,
                                                             cross ? "x" : "", a.wire.k, a.wire.v)
                                           : a.preset.name;

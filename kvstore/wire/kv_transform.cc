@@ -71,8 +71,22 @@ class Reader {
   size_t pos_ = 0;
 };
 
-// Whether every layer after the first has both predictors of its dim (and layer 0 none).
-bool HasPredictors(const KvTransformCalibration& c) {
+// InvalidArgument naming the first non-finite value of rows [n, dim].
+absl::Status CheckFinite(const float* rows, int64_t n, int32_t dim, const char* what) {
+  for (int64_t t = 0; t < n; ++t) {
+    for (int32_t j = 0; j < dim; ++j) {
+      if (!std::isfinite(rows[t * dim + j])) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s %d holds a non-finite value at %d", what, t, j));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool HasKvPredictors(const KvTransformCalibration& c) {
   if (c.k.size() < 2 || c.k_predict.size() != c.k.size() || c.v_predict.size() != c.k.size()) {
     return false;
   }
@@ -82,6 +96,8 @@ bool HasPredictors(const KvTransformCalibration& c) {
   }
   return true;
 }
+
+namespace {
 
 uint32_t BasisChecksum(const KvTransformBasis& b) {
   uint32_t crc = Crc32c(&b.dim, sizeof(b.dim));
@@ -151,14 +167,11 @@ absl::StatusOr<KvTransformBasis> FitKvTransformBasis(const float* rows, int64_t 
       }
     }
   }
+  if (absl::Status st = CheckFinite(rows, n, dim, "calibration row"); !st.ok()) return st;
   std::vector<double> mean(dim, 0.0);
   for (int64_t t = 0; t < n; ++t) {
     for (int32_t j = 0; j < dim; ++j) {
       const float x = rows[t * dim + j];
-      if (!std::isfinite(x)) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("calibration row %d holds a non-finite value at %d", t, j));
-      }
       mean[j] += x;
     }
   }
@@ -251,15 +264,11 @@ absl::StatusOr<std::string> EncodeKvTransformBlock(const KvTransformBasis& basis
         absl::StrFormat("bits per value %g outside (0, %d]", bits_per_value, kMaxKvTransformBits));
   }
   // Coefficients, component-major: coef = encode (rows - mean)^T, [dim, n] (OpenBLAS).
+  if (absl::Status st = CheckFinite(rows, n, dim, "row"); !st.ok()) return st;
   std::vector<float> centred(static_cast<size_t>(n) * dim);
   for (int64_t t = 0; t < n; ++t) {
     for (int32_t j = 0; j < dim; ++j) {
-      const float x = rows[t * dim + j];
-      if (!std::isfinite(x)) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("row %d holds a non-finite value at %d", t, j));
-      }
-      centred[t * dim + j] = x - basis.mean[j];
+      centred[t * dim + j] = rows[t * dim + j] - basis.mean[j];
     }
   }
   std::vector<float> coef(static_cast<size_t>(dim) * n);
@@ -506,7 +515,7 @@ std::string SerializeKvTransformCalibration(const KvTransformCalibration& c) {
   PutU32(out, 1);
   PutU32(out, static_cast<uint32_t>(c.k.size()));
   PutU32(out, static_cast<uint32_t>(c.k.empty() ? 0 : c.k[0].dim));
-  const bool predict = HasPredictors(c);
+  const bool predict = HasKvPredictors(c);
   PutU32(out, predict ? 1 : 0);
   for (size_t l = 0; l < c.k.size(); ++l) {
     for (const KvTransformBasis* b : {&c.k[l], &c.v[l]}) {

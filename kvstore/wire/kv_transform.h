@@ -92,6 +92,9 @@ struct KvTransformCalibration {
   std::vector<std::vector<float>> k_predict, v_predict;
 };
 
+// Whether every layer after the first has a key and a value predictor of the bases' dim.
+bool HasKvPredictors(const KvTransformCalibration& calibration);
+
 // File form: "SKTC" u32 version 1, layers u32, dim u32, flags u32 (bit 0: predictors), then per
 // layer the key basis and the value basis (mean, encode, decode, variance as f32) and, with
 // predictors, for layers after the first the key and the value predictor (W then bias, f32),
