@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/ggml_quant.h"
 #include "kernels/huffman.h"
+#include "kvstore/wire/byte_io.h"
 #include "kvstore/wire/crc32c.h"
 
 extern "C" {
@@ -40,37 +41,6 @@ constexpr std::array<double, kMaxKvTransformBits + 1> kGaussianStep = {
 constexpr std::array<double, kMaxKvTransformBits + 1> kGaussianError = {
     1.0, 0.3634, 0.1188, 0.03744, 0.01154, 0.003490, 0.001035, 0.0003021, 0.00008719};
 
-void PutU8(std::string& s, uint8_t x) { s.push_back(static_cast<char>(x)); }
-void PutU16(std::string& s, uint16_t x) { s.append(reinterpret_cast<const char*>(&x), 2); }
-void PutU32(std::string& s, uint32_t x) { s.append(reinterpret_cast<const char*>(&x), 4); }
-void PutF32s(std::string& s, const std::vector<float>& x) {
-  s.append(reinterpret_cast<const char*>(x.data()), x.size() * sizeof(float));
-}
-
-// Reads fields in order from a byte string, remembering the first shortfall.
-class Reader {
- public:
-  explicit Reader(std::string_view b) : b_(b) {}
-  bool Take(void* out, size_t n) {
-    if (b_.size() - pos_ < n) return false;
-    std::memcpy(out, b_.data() + pos_, n);
-    pos_ += n;
-    return true;
-  }
-  bool Skip(size_t n, std::string_view* out) {
-    if (b_.size() - pos_ < n) return false;
-    *out = b_.substr(pos_, n);
-    pos_ += n;
-    return true;
-  }
-  size_t pos() const { return pos_; }
-  size_t left() const { return b_.size() - pos_; }
-
- private:
-  std::string_view b_;
-  size_t pos_ = 0;
-};
-
 // InvalidArgument naming the first non-finite value of rows [n, dim].
 absl::Status CheckFinite(const float* rows, int64_t n, int32_t dim, const char* what) {
   for (int64_t t = 0; t < n; ++t) {
@@ -95,6 +65,19 @@ bool HasKvPredictors(const KvTransformCalibration& c) {
     if (c.k_predict[l].size() != want || c.v_predict[l].size() != want) return false;
   }
   return true;
+}
+
+uint32_t KvTransformCalibrationChecksum(const KvTransformCalibration& c) {
+  uint32_t crc = 0;
+  for (size_t l = 0; l < c.k.size(); ++l) {
+    for (const KvTransformBasis* b : {&c.k[l], l < c.v.size() ? &c.v[l] : nullptr}) {
+      if (b != nullptr) crc = Crc32c(&b->checksum, sizeof(b->checksum), crc);
+    }
+  }
+  for (const auto* side : {&c.k_predict, &c.v_predict}) {
+    for (const std::vector<float>& p : *side) crc = Crc32c(p.data(), p.size() * sizeof(float), crc);
+  }
+  return crc;
 }
 
 namespace {
@@ -356,7 +339,7 @@ struct BlockHeader {
   uint8_t widths = 0;
 };
 
-absl::StatusOr<BlockHeader> ReadHeader(Reader& r) {
+absl::StatusOr<BlockHeader> ReadHeader(ByteReader& r) {
   uint32_t magic = 0;
   BlockHeader h;
   uint8_t reserved = 0;
@@ -385,7 +368,7 @@ absl::StatusOr<BlockHeader> ReadHeader(Reader& r) {
 }  // namespace
 
 absl::StatusOr<int64_t> KvTransformBlockTokens(std::string_view block) {
-  Reader r(block);
+  ByteReader r(block);
   auto h = ReadHeader(r);
   if (!h.ok()) return h.status();
   return h->tokens;
@@ -393,7 +376,7 @@ absl::StatusOr<int64_t> KvTransformBlockTokens(std::string_view block) {
 
 absl::Status DecodeKvTransformBlock(const KvTransformBasis& basis, std::string_view block,
                                     float* rows, int64_t capacity_rows) {
-  Reader r(block);
+  ByteReader r(block);
   auto header = ReadHeader(r);
   if (!header.ok()) return header.status();
   const BlockHeader& h = *header;
@@ -536,7 +519,7 @@ std::string SerializeKvTransformCalibration(const KvTransformCalibration& c) {
 absl::StatusOr<KvTransformCalibration> ParseKvTransformCalibration(std::string_view bytes,
                                                                    std::string_view what_view) {
   const std::string what(what_view);
-  Reader r(bytes);
+  ByteReader r(bytes);
   uint32_t magic = 0, version = 0, layers = 0, dim = 0, flags = 0;
   if (!r.Take(&magic, 4) || !r.Take(&version, 4) || !r.Take(&layers, 4) || !r.Take(&dim, 4) ||
       !r.Take(&flags, 4)) {

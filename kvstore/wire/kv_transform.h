@@ -95,6 +95,10 @@ struct KvTransformCalibration {
 // Whether every layer after the first has a key and a value predictor of the bases' dim.
 bool HasKvPredictors(const KvTransformCalibration& calibration);
 
+// A calibration's identity on the wire: CRC32C over every basis's checksum and every predictor.
+// Two ends code and decode with the same calibration exactly when these agree.
+uint32_t KvTransformCalibrationChecksum(const KvTransformCalibration& calibration);
+
 // File form: "SKTC" u32 version 1, layers u32, dim u32, flags u32 (bit 0: predictors), then per
 // layer the key basis and the value basis (mean, encode, decode, variance as f32) and, with
 // predictors, for layers after the first the key and the value predictor (W then bias, f32),
