@@ -33,7 +33,6 @@
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "tools/eval_lib.h"
-#include "tools/eval_wire.h"
 
 ABSL_FLAG(std::string, text, "", "UTF-8 text file to evaluate on (required).");
 ABSL_FLAG(std::string, preset, "",

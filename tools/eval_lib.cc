@@ -2,13 +2,14 @@
 
 #include <algorithm>
 #include <memory>
+#include <string>
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kvstore/cache/paged_kv_cache.h"
 #include "kvstore/kv_preset.h"
+#include "kvstore/wire/wire_encoding_kv_cache.h"
 #include "tools/eval_metrics.h"
-#include "tools/eval_wire.h"
 
 namespace sluice::tools {
 namespace {
@@ -100,6 +101,8 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
         arm.preset.policy.budget = o.budget;
     }
   }
+  const uint32_t calibration_checksum =
+      o.calibration ? kvstore::KvTransformCalibrationChecksum(*o.calibration) : 0;
   const int64_t half = o.context / 2, n = static_cast<int64_t>(starts.size());
   const int64_t total = n * (o.context - half);
   int64_t done = 0;
@@ -119,27 +122,38 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
                                                             backend));
       arm.cache = cache.get();
       if (arm.wire.k > 0) {
-        arm.owner = std::make_unique<TransformWireKvCache>(
-            std::move(cache), TransformWireKvCache::Options{.calibration = o.calibration,
-                                                            .key_bits = arm.wire.k,
-                                                            .value_bits = arm.wire.v,
-                                                            .sinks = o.wire_sinks,
-                                                            .window = arm.preset.residual,
-                                                            .model = c});
+        arm.owner = std::make_unique<kvstore::WireEncodingKvCache>(
+            std::move(cache), kvstore::WireEncodingKvCache::Pass::kDecoded);
       } else {
         arm.owner = std::move(cache);
       }
       arm.logits.resize(bn * c.vocab);
       std::vector<model::ForwardEntry> prompts;
+      auto* wire = arm.wire.k > 0 ? static_cast<kvstore::WireEncodingKvCache*>(arm.owner.get())
+                                  : nullptr;
       for (int64_t b = 0; b < bn; ++b) {
         SLUICE_RETURN_IF_ERROR(arm.owner->AddSequence(b, o.context));
         prompts.push_back({b, absl::MakeConstSpan(tokens.data() + starts[b0 + b], half)});
+        if (wire == nullptr) continue;
+        // The prompt crosses as a decode worker would get it: sinks and the window the cache
+        // keeps exact, the rest coded.
+        SLUICE_RETURN_IF_ERROR(wire->StartEncoding(
+            b, {.calibration = o.calibration,
+                .calibration_checksum = calibration_checksum,
+                .model = c,
+                .key_bits = arm.wire.k,
+                .value_bits = arm.wire.v,
+                .shape = {.tokens = half,
+                          .sinks = o.wire_sinks,
+                          .tail = arm.cache->WindowAfterPrompt(half)}}));
       }
       SLUICE_RETURN_IF_ERROR(llama.Forward(prompts, *arm.owner, arm.logits.data()));
-      if (arm.wire.k > 0) {
-        const auto& wire = static_cast<const TransformWireKvCache&>(*arm.owner);
-        arm.wire_bytes += static_cast<double>(wire.wire_bytes());
-        arm.wire_fp16_bytes += static_cast<double>(wire.fp16_bytes());
+      if (wire != nullptr) {
+        for (int64_t b = 0; b < bn; ++b) {
+          arm.wire_fp16_bytes += static_cast<double>(wire->EncodedFp16Bytes(b));
+          SLUICE_ASSIGN_OR_RETURN(const std::string stream, wire->FinishEncoding(b));
+          arm.wire_bytes += static_cast<double>(stream.size());
+        }
       } else {
         const kvstore::KvCacheStats st = arm.cache->Stats();
         arm.wire_bytes += static_cast<double>(st.held_bytes());

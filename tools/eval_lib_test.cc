@@ -14,7 +14,6 @@
 #include "model/llama.h"
 #include "model/model_path.h"
 #include "model/tokenizer.h"
-#include "tools/eval_wire.h"
 
 namespace sluice::tools {
 namespace {

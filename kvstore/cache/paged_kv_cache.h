@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/container/node_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
@@ -183,6 +184,18 @@ class PagedKvCache final : public model::KvCache {
   // AlreadyExists for a live `seq`.
   absl::StatusOr<int64_t> ImportSequence(int64_t seq, int64_t max_tokens, std::string_view state,
                                          absl::Span<const PageId> pages);
+
+  // The transform-coded wire (kvstore/wire/kv_wire_codec.h): a prompt's KV crosses as rows
+  // rather than pages. Tokens that a sequence whose first commit holds `tokens` tokens keeps in
+  // its full-precision window: the prompt's last rows, which the wire sends exact.
+  int64_t WindowAfterPrompt(int64_t tokens) const;
+  // Starts `seq` (room for `max_tokens`) with `tokens` tokens committed as one prompt step is,
+  // from the rows `rows` fills layer by layer, in order (k and v: [tokens, kv_heads, head_dim]
+  // in host memory, keys with RoPE). FailedPrecondition for presets whose policy acts on the
+  // prompt's attention (no attention runs here); whatever fails, nothing of `seq` is left.
+  using RowSource = absl::FunctionRef<absl::Status(int layer, float* k, float* v)>;
+  absl::Status AddSequenceFromRows(int64_t seq, int64_t max_tokens, int64_t tokens,
+                                   RowSource rows);
 
   // The pages' bytes to and from host memory. kByPoolId lays the host memory out as the pool is
   // (page id i at i * page_bytes from `host`): a device pool's pages go to such a host copy

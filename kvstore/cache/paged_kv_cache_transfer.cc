@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "kernels/device_buffer.h"
 #include "kernels/huffman.h"
 #include "kernels/kv_huffman.h"
 #include "kvstore/cache/paged_kv_cache.h"
@@ -337,6 +338,53 @@ absl::StatusOr<int64_t> PagedKvCache::ImportSequence(int64_t seq, int64_t max_to
   }
   seqs_.emplace(seq, std::move(s));
   return listed;
+}
+
+int64_t PagedKvCache::WindowAfterPrompt(int64_t tokens) const {
+  return tokens - FlushCount(Seq{}, tokens);
+}
+
+absl::Status PagedKvCache::AddSequenceFromRows(int64_t seq, int64_t max_tokens, int64_t tokens,
+                                               RowSource rows) {
+  if (options_.preset.policy.kind != KvPolicyKind::kNone) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "preset %s chooses tokens by the prompt's attention, which a prompt that crossed as rows "
+        "did not run here; rows go only into presets that keep every token",
+        options_.preset.name));
+  }
+  if (tokens < 1) return absl::InvalidArgumentError("a prompt of rows needs at least one token");
+  SLUICE_RETURN_IF_ERROR(AddSequence(seq, max_tokens));
+  const size_t bytes = static_cast<size_t>(tokens * row_) * sizeof(float);
+  std::vector<float> k(tokens * row_), v(tokens * row_);
+  const bool device = backend_.memory_space() != kernels::MemorySpace::kHost;
+  kernels::DeviceBuffer dk, dv;
+  auto run = [&]() -> absl::Status {
+    if (device) {
+      SLUICE_ASSIGN_OR_RETURN(dk, kernels::DeviceBuffer::Create(backend_, bytes));
+      SLUICE_ASSIGN_OR_RETURN(dv, kernels::DeviceBuffer::Create(backend_, bytes));
+    }
+    const model::StepEntry entry{.seq = seq, .tokens = tokens};
+    SLUICE_RETURN_IF_ERROR(BeginStep({&entry, 1}));
+    for (int l = 0; l < options_.layers; ++l) {
+      SLUICE_RETURN_IF_ERROR(rows(l, k.data(), v.data()));
+      if (device) {
+        SLUICE_RETURN_IF_ERROR(dk.Upload(k.data(), bytes));
+        SLUICE_RETURN_IF_ERROR(dv.Upload(v.data(), bytes));
+        SLUICE_RETURN_IF_ERROR(Write(l, dk.as<float>(), dv.as<float>()));
+        // The next layer's rows overwrite the host buffers: this one's must have left them.
+        SLUICE_RETURN_IF_ERROR(backend_.Synchronize());
+      } else {
+        SLUICE_RETURN_IF_ERROR(Write(l, k.data(), v.data()));
+      }
+    }
+    return Commit();
+  };
+  if (absl::Status st = run(); !st.ok()) {
+    AbortStep();
+    RemoveSequence(seq).IgnoreError();
+    return st;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace sluice::kvstore

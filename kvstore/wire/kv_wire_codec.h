@@ -71,6 +71,8 @@ class KvWireEncoder {
   // The stream, once every position and layer has been added; FailedPrecondition before.
   absl::StatusOr<std::string> Finish();
 
+  // Floats of one row: kv_heads * head_dim.
+  int64_t row_floats() const { return dim_; }
   // Bytes coded so far, and the same rows as fp16.
   int64_t bytes() const { return static_cast<int64_t>(out_.size()); }
   int64_t fp16_bytes() const { return fp16_bytes_; }
