@@ -32,6 +32,26 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
       tokenizer->unk_id() != tokenizer->eos_id()) {
     rt->stop_tokens_.push_back(tokenizer->unk_id());  // <|endoftext|> ends documents
   }
+  if (!options.kv_calibration.empty()) {
+    SLUICE_ASSIGN_OR_RETURN(rt->kv_calibration_,
+                            kvstore::ReadKvTransformCalibration(options.kv_calibration));
+    const model::LlamaConfig& c = rt->model_->config();
+    if (static_cast<int64_t>(rt->kv_calibration_->k.size()) != c.layers ||
+        rt->kv_calibration_->k[0].dim != c.kv_heads * c.head_dim) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: a calibration of %d layers of dim %d; %s has %d layers of dim %d",
+          options.kv_calibration, rt->kv_calibration_->k.size(), rt->kv_calibration_->k[0].dim,
+          options.model_path, c.layers, c.kv_heads * c.head_dim));
+    }
+    rt->kv_calibration_checksum_ = kvstore::KvTransformCalibrationChecksum(*rt->kv_calibration_);
+  }
+  if (!options.wire_bits.empty()) {
+    if (!rt->kv_calibration_) {
+      return absl::InvalidArgumentError(
+          "--wire_bits codes the wire with a calibration: give --kv_calibration FILE");
+    }
+    SLUICE_ASSIGN_OR_RETURN(rt->wire_bits_, kvstore::ParseKvWireBits(options.wire_bits));
+  }
   // The default preset must work before the first request asks for it.
   SLUICE_RETURN_IF_ERROR(rt->CacheFor("").status());
   return rt;
@@ -68,6 +88,11 @@ absl::StatusOr<WorkerRuntime::Cache*> WorkerRuntime::CacheFor(const std::string&
       cache.transport_pages = cache.cache->mutable_pool().data(0);
     }
     SLUICE_RETURN_IF_ERROR(transport_->RegisterSource(cache.transport_pages, bytes));
+  }
+  if (!options_.receiver && wire_bits_.key > 0 &&
+      preset.policy.kind == kvstore::KvPolicyKind::kNone) {
+    cache.wire = std::make_unique<kvstore::WireEncodingKvCache>(
+        cache.cache.get(), kvstore::WireEncodingKvCache::Pass::kComputed);
   }
   return &caches_.emplace(name, std::move(cache)).first->second;
 }

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,9 @@
 #include "absl/types/span.h"
 #include "kernels/backend.h"
 #include "kvstore/cache/paged_kv_cache.h"
+#include "kvstore/wire/kv_transform.h"
+#include "kvstore/wire/kv_wire_codec.h"
+#include "kvstore/wire/wire_encoding_kv_cache.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "proto/sluice.pb.h"
@@ -44,6 +48,12 @@ struct WorkerRuntimeOptions {
   // Senders: a host copy between each pool and the transport even when the pool is host
   // memory: the path a device pool takes, checkable without a GPU (tests).
   bool stage_pools = false;
+  // The transform-coded wire (kvstore/wire/kv_wire_codec.h): the calibration file both ends
+  // load ("" = none; `./sluice calibrate` writes it beside the model). A sender with
+  // `wire_bits` ("K/V" code bits per value; "" = pages) codes the prompts of presets that keep
+  // every token with it; a receiver decodes whatever arrives coded with the same file.
+  std::string kv_calibration;
+  std::string wire_bits;
 };
 
 class WorkerRuntime {
@@ -71,6 +81,13 @@ class WorkerRuntime {
     const uint8_t* TransportPage(kvstore::PageId id) const {
       return transport_pages + static_cast<size_t>(id) * cache->pool().page_bytes();
     }
+    // Senders with a transform-coded wire, for presets that keep every token: the cache the
+    // model runs on, which codes the prompts it is told to (kvstore/wire/
+    // wire_encoding_kv_cache.h); null otherwise (pages cross).
+    std::unique_ptr<kvstore::WireEncodingKvCache> wire;
+    model::KvCache& model_cache() const {
+      return wire ? static_cast<model::KvCache&>(*wire) : *cache;
+    }
     // Pages to the transport's copy before they are put (nothing when unstaged).
     absl::Status ToTransport(absl::Span<const kvstore::PageId> ids) const {
       return staged ? cache->CopyPagesToHost(ids, transport_pages) : absl::OkStatus();
@@ -89,6 +106,14 @@ class WorkerRuntime {
   // Every cache made so far, by preset name.
   const std::map<std::string, Cache>& caches() const { return caches_; }
   std::map<std::string, Cache>& caches() { return caches_; }
+  // The transform-coded wire's calibration (null without --kv_calibration), its checksum and
+  // file, and a sender's code bits (key 0: pages cross).
+  const kvstore::KvTransformCalibration* kv_calibration() const {
+    return kv_calibration_ ? &*kv_calibration_ : nullptr;
+  }
+  uint32_t kv_calibration_checksum() const { return kv_calibration_checksum_; }
+  const std::string& kv_calibration_path() const { return options_.kv_calibration; }
+  kvstore::KvWireBits wire_bits() const { return wire_bits_; }
   // The preset name `spec` resolves to (the default preset for an empty one).
   std::string PresetName(const std::string& spec) const {
     return spec.empty() ? options_.default_preset : spec;
@@ -106,6 +131,9 @@ class WorkerRuntime {
   std::string model_name_;
   std::vector<int32_t> stop_tokens_;
   std::map<std::string, Cache> caches_;
+  std::optional<kvstore::KvTransformCalibration> kv_calibration_;
+  uint32_t kv_calibration_checksum_ = 0;
+  kvstore::KvWireBits wire_bits_;
 };
 
 // The logprob of `token` under logits [vocab] (log-softmax of the raw logits) and, when

@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "kvstore/kv_preset.h"
 #include "kvstore/wire/crc32c.h"
+#include "kvstore/wire/kv_wire_codec.h"
 
 namespace sluice::decode {
 
@@ -129,6 +130,11 @@ DecodeWorker::DecodeWorker(WorkerRuntime& runtime, prometheus::Registry& registr
                         .Help("Time of one decode step over the batch.")
                         .Register(registry)
                         .Add({}, kStepBuckets)),
+      wire_decode_seconds_(prometheus::BuildHistogram()
+                               .Name("sluice_kv_wire_decode_seconds")
+                               .Help("Time to decode one transform-coded prompt into the cache.")
+                               .Register(registry)
+                               .Add({}, kStepBuckets)),
       batch_size_(prometheus::BuildHistogram()
                       .Name("sluice_decode_batch_size")
                       .Help("Sequences in one decode step.")
@@ -355,14 +361,18 @@ void DecodeWorker::ExpireReservations() {
 absl::StatusOr<std::string> DecodeWorker::TakeState(const Reservation& r,
                                                     const rpc::GenerateRequest& request) {
   const int64_t bytes = request.state_bytes();
-  if (bytes <= 0 || bytes > r.state_bytes) {
+  // A transform-coded stream fills the window from its start; a state follows the pages.
+  const bool coded = request.wire_codec() != 0;
+  const int64_t room =
+      coded ? static_cast<int64_t>(r.window->size()) : static_cast<int64_t>(r.state_bytes);
+  if (bytes <= 0 || bytes > room) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("KV sequence state: %d bytes announced, the reservation's window holds %d",
-                        bytes, r.state_bytes));
+        absl::StrFormat("%s: %d bytes announced, the reservation's window holds %d",
+                        coded ? "KV wire stream" : "KV sequence state", bytes, room));
   }
   const auto* window = static_cast<const uint8_t*>(r.window->base());
-  std::string state(reinterpret_cast<const char*>(window + r.window->size() - r.state_bytes),
-                    static_cast<size_t>(bytes));
+  const size_t at = coded ? 0 : r.window->size() - r.state_bytes;
+  std::string state(reinterpret_cast<const char*>(window + at), static_cast<size_t>(bytes));
   const uint32_t crc = kvstore::Crc32c(state.data(), state.size());
   if (crc != request.state_crc32c()) {
     return absl::DataLossError(absl::StrFormat(
@@ -403,7 +413,9 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
         // pages it put move from the window into the pool, where the import checks each one.
         Reservation& reserved = it->second;
         const int64_t sent = request.pages();
-        absl::StatusOr<std::string> state = TakeState(reserved, request);
+        const absl::Status wire = request.wire_codec() != 0 ? CheckWire(request) : absl::OkStatus();
+        absl::StatusOr<std::string> state =
+            wire.ok() ? TakeState(reserved, request) : absl::StatusOr<std::string>(wire);
         // A prompt that fits the full-precision window sends no page at all.
         if (state.ok() && (sent < 0 || sent > static_cast<int64_t>(reserved.pages.size()))) {
           state = absl::InvalidArgumentError(absl::StrFormat(
@@ -418,6 +430,17 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
         const int64_t prompt = request.prompt_size();
         const int64_t room = prompt + params.max_tokens;
         const uint64_t seq = next_id_++;
+        if (request.wire_codec() != 0) {
+          // The prompt's rows, decoded layer by layer, commit into the cache's own format; the
+          // reservation's pages go back to the pool first, for the commit to take.
+          FreeReservation(it);
+          const absl::Status imported = ImportWire(*cache, seq, room, prompt, *state);
+          if (!imported.ok()) {
+            import_failures_.Increment();
+            return imported;
+          }
+          return StartRunning(request, cache, seq, room);
+        }
         const absl::Span<const kvstore::PageId> pages =
             absl::MakeConstSpan(reserved.pages).subspan(0, static_cast<size_t>(sent));
         const absl::Status moved = cache->cache->CopyPagesFromHost(
@@ -442,37 +465,87 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
               "the KV state holds %d tokens, the prompt has %d", length.value_or(-1), prompt));
         }
         FreeReservation(it);
-
-        Running r;
-        r.request_id = request.request_id();
-        r.seq = static_cast<int64_t>(seq);
-        r.cache = cache;
-        r.params = params;
-        r.sampler = std::make_unique<model::Sampler>(params);
-        // The prefill worker sampled the first token (after the ones a migrated request made).
-        r.sampler->Skip(1 + sp.skip_samples());
-        r.history.assign(request.prompt().begin(), request.prompt().end());
-        r.last = request.first().token();
-        r.history.push_back(r.last);
-        r.replay.assign(request.replay().begin(), request.replay().end());
-        r.generated = 1;
-        r.room = room;
-        r.logprobs = request.sampling().logprobs();
-        r.top_logprobs = request.sampling().top_logprobs();
-        r.stream = std::make_shared<TokenStream>();
-        r.last_token_time = absl::Now();
-        auto stream = r.stream;
-        running_.emplace(seq, std::move(r));
-        // The first token may already end it.
-        const bool stop = std::find(params.stop_tokens.begin(), params.stop_tokens.end(),
-                                    request.first().token()) != params.stop_tokens.end();
-        if (stop) {
-          Finish(seq, "stop");
-        } else if (params.max_tokens <= 1) {
-          Finish(seq, "length");
-        }
-        return stream;
+        return StartRunning(request, cache, seq, room);
       });
+}
+
+absl::Status DecodeWorker::CheckWire(const rpc::GenerateRequest& request) const {
+  if (request.wire_codec() != kvstore::kKvWireCodecTransform) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("KV wire codec %d is unknown (1: transform-coded)", request.wire_codec()));
+  }
+  if (rt_.kv_calibration() == nullptr) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: the prompt's KV arrived transform-coded (calibration %08x) and this decode worker "
+        "loaded no calibration (--kv_calibration)",
+        options_.name, request.wire_calibration()));
+  }
+  if (request.wire_calibration() != rt_.kv_calibration_checksum()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: the prompt's KV was coded with calibration %08x, %s is calibration %08x (the "
+        "prefill and decode workers must load the same file)",
+        options_.name, request.wire_calibration(), rt_.kv_calibration_path(),
+        rt_.kv_calibration_checksum()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeWorker::ImportWire(WorkerRuntime::Cache& cache, uint64_t seq, int64_t room,
+                                      int64_t prompt, std::string_view stream) {
+  const absl::Time start = absl::Now();
+  SLUICE_ASSIGN_OR_RETURN(
+      kvstore::KvWireDecoder decoder,
+      kvstore::KvWireDecoder::Open(rt_.kv_calibration(), rt_.kv_calibration_checksum(),
+                                   rt_.kv_calibration_path(), rt_.config(), stream));
+  if (decoder.shape().tokens != prompt) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the KV wire stream holds %d tokens, the prompt has %d", decoder.shape().tokens, prompt));
+  }
+  if (decoder.shape().tail != cache.cache->WindowAfterPrompt(prompt)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the KV wire stream keeps %d rows exact at the end, preset %s keeps %d in its window",
+        decoder.shape().tail, cache.cache->preset().name, cache.cache->WindowAfterPrompt(prompt)));
+  }
+  SLUICE_RETURN_IF_ERROR(cache.cache->AddSequenceFromRows(
+      static_cast<int64_t>(seq), room, prompt,
+      [&](int layer, float* k, float* v) { return decoder.DecodeLayer(layer, k, v); }));
+  wire_decode_seconds_.Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::StartRunning(
+    const rpc::GenerateRequest& request, WorkerRuntime::Cache* cache, uint64_t seq, int64_t room) {
+  const rpc::SamplingParams& sp = request.sampling();
+  SLUICE_ASSIGN_OR_RETURN(const model::SamplingParams params, CheckedSampling(sp));
+  Running r;
+  r.request_id = request.request_id();
+  r.seq = static_cast<int64_t>(seq);
+  r.cache = cache;
+  r.params = params;
+  r.sampler = std::make_unique<model::Sampler>(params);
+  // The prefill worker sampled the first token (after the ones a migrated request made).
+  r.sampler->Skip(1 + sp.skip_samples());
+  r.history.assign(request.prompt().begin(), request.prompt().end());
+  r.last = request.first().token();
+  r.history.push_back(r.last);
+  r.replay.assign(request.replay().begin(), request.replay().end());
+  r.generated = 1;
+  r.room = room;
+  r.logprobs = request.sampling().logprobs();
+  r.top_logprobs = request.sampling().top_logprobs();
+  r.stream = std::make_shared<TokenStream>();
+  r.last_token_time = absl::Now();
+  auto stream = r.stream;
+  running_.emplace(seq, std::move(r));
+  // The first token may already end it.
+  const bool stop = std::find(params.stop_tokens.begin(), params.stop_tokens.end(),
+                              request.first().token()) != params.stop_tokens.end();
+  if (stop) {
+    Finish(seq, "stop");
+  } else if (params.max_tokens <= 1) {
+    Finish(seq, "length");
+  }
+  return stream;
 }
 
 void DecodeWorker::Cancel(const std::shared_ptr<TokenStream>& stream) {

@@ -27,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -143,6 +144,16 @@ class DecodeWorker {
   // announces it (size, CRC32C). InvalidArgument for a size the window cannot hold, DataLoss
   // for a checksum that does not match.
   absl::StatusOr<std::string> TakeState(const Reservation& r, const rpc::GenerateRequest& request);
+  // A transform-coded prompt: the codec known and the calibration this worker loaded.
+  absl::Status CheckWire(const rpc::GenerateRequest& request) const;
+  // Decodes the stream layer by layer into the cache as sequence `seq`, committed in the
+  // preset's format; nothing of `seq` is left on error.
+  absl::Status ImportWire(WorkerRuntime::Cache& cache, uint64_t seq, int64_t room, int64_t prompt,
+                          std::string_view stream);
+  // The imported sequence `seq` starts generating (the scheduler's part of Generate).
+  absl::StatusOr<std::shared_ptr<TokenStream>> StartRunning(const rpc::GenerateRequest& request,
+                                                            WorkerRuntime::Cache* cache,
+                                                            uint64_t seq, int64_t room);
   // The reservation `id` if `client` holds it; NotFound otherwise.
   absl::StatusOr<std::map<uint64_t, Reservation>::iterator> FindReservation(
       uint64_t id, const std::string& client);
@@ -189,6 +200,7 @@ class DecodeWorker {
   prometheus::Counter& import_failures_;
   prometheus::Counter& client_bound_refusals_;
   prometheus::Histogram& step_seconds_;
+  prometheus::Histogram& wire_decode_seconds_;
   prometheus::Histogram& batch_size_;
 
   std::thread thread_;

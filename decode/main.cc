@@ -35,6 +35,9 @@ ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the cluster token every gRPC call must carry (./sluice up writes one); "
           "empty: calls need none.");
+ABSL_FLAG(std::string, kv_calibration, "",
+          "Transform-coded wire: the calibration file (./sluice calibrate writes one beside the "
+          "model); prefill and decode workers must load the same one.");
 ABSL_FLAG(int, max_presets, 4, "KV presets (each with its own page pool) kept at once.");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (UCX_TLS), e.g. \"shm,tcp\"; empty: UCX's.");
 ABSL_FLAG(double, reservation_ttl, 60,
@@ -69,7 +72,8 @@ absl::Status Run() {
                                         .kv_pages = absl::GetFlag(FLAGS_kv_pages),
                                         .default_preset = absl::GetFlag(FLAGS_preset),
                                         .max_presets = absl::GetFlag(FLAGS_max_presets),
-                                        .receiver = true},
+                                        .receiver = true,
+                                        .kv_calibration = absl::GetFlag(FLAGS_kv_calibration)},
                                        transport->get());
   if (!runtime.ok()) return runtime.status();
   auto registry = std::make_shared<prometheus::Registry>();

@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "kvstore/kv_preset.h"
 #include "kvstore/wire/crc32c.h"
+#include "kvstore/wire/kv_wire_codec.h"
 #include "model/sampler.h"
 
 namespace sluice::prefill {
@@ -43,6 +44,26 @@ PrefillWorker::PrefillWorker(WorkerRuntime& runtime, transport::Transport& trans
                           .Help("KV pages sent while the prompt's later layers still computed.")
                           .Register(registry)
                           .Add({})),
+      wire_bytes_pages_(prometheus::BuildCounter()
+                            .Name("sluice_kv_wire_bytes_total")
+                            .Help("Bytes of prompts' KV sent to decode workers, by codec.")
+                            .Register(registry)
+                            .Add({{"codec", "pages"}})),
+      wire_bytes_kvtc_(prometheus::BuildCounter()
+                           .Name("sluice_kv_wire_bytes_total")
+                           .Help("Bytes of prompts' KV sent to decode workers, by codec.")
+                           .Register(registry)
+                           .Add({{"codec", "kvtc"}})),
+      wire_fp16_bytes_pages_(prometheus::BuildCounter()
+                                 .Name("sluice_kv_wire_fp16_bytes_total")
+                                 .Help("The same prompts' KV as fp16, by the codec it crossed in.")
+                                 .Register(registry)
+                                 .Add({{"codec", "pages"}})),
+      wire_fp16_bytes_kvtc_(prometheus::BuildCounter()
+                                .Name("sluice_kv_wire_fp16_bytes_total")
+                                .Help("The same prompts' KV as fp16, by the codec it crossed in.")
+                                .Register(registry)
+                                .Add({{"codec", "kvtc"}})),
       transfer_seconds_(prometheus::BuildHistogram()
                             .Name("sluice_kv_transfer_seconds")
                             .Help("Time to put one sequence's pages and flush them.")
@@ -173,7 +194,7 @@ void PrefillWorker::Fail(JobPtr job, absl::Status error) {
     Enqueue({.job = std::move(job), .last = true, .error = std::move(error)});
     return;
   }
-  if (job->cache != nullptr) job->cache->cache->RemoveSequence(job->seq).IgnoreError();
+  if (job->cache != nullptr) job->cache->model_cache().RemoveSequence(job->seq).IgnoreError();
   job->done.set_value(std::move(error));
 }
 
@@ -215,6 +236,21 @@ void PrefillWorker::Step() {
         job->seq = next_seq_++;
         st = (*c)->cache->AddSequence(job->seq, job->request.prompt_size());
       }
+      if (st.ok() && (*c)->wire) {
+        // The prompt crosses transform-coded: its sinks and the rows the decode side's window
+        // will hold exact, the rest coded as each chunk writes it.
+        const int64_t n = job->request.prompt_size();
+        const kvstore::KvWireBits bits = rt_.wire_bits();
+        st = (*c)->wire->StartEncoding(
+            job->seq, {.calibration = rt_.kv_calibration(),
+                       .calibration_checksum = rt_.kv_calibration_checksum(),
+                       .model = rt_.config(),
+                       .key_bits = bits.key,
+                       .value_bits = bits.value,
+                       .shape = {.tokens = n, .tail = (*c)->cache->WindowAfterPrompt(n)}});
+        if (!st.ok()) (*c)->cache->RemoveSequence(job->seq).IgnoreError();
+        job->coded = st.ok();
+      }
       if (!st.ok()) {
         Fail(std::move(job), st);
         continue;
@@ -233,7 +269,7 @@ void PrefillWorker::Step() {
     entries.push_back({job->seq, absl::MakeConstSpan(job->request.prompt().data() + job->next,
                                                      static_cast<size_t>(n))});
     counts.push_back(n);
-    if (job->next + n == job->request.prompt_size()) {
+    if (job->next + n == job->request.prompt_size() && !job->coded) {
       // The last chunk: each layer's pages leave as soon as the layer is done, where the
       // preset allows it.
       Job* raw = job.get();
@@ -261,7 +297,7 @@ void PrefillWorker::Step() {
   const int64_t vocab = rt_.config().vocab;
   std::vector<float> logits(entries.size() * vocab);
   const absl::Time t0 = absl::Now();
-  const absl::Status st = rt_.model().Forward(entries, *cache->cache, logits.data());
+  const absl::Status st = rt_.model().Forward(entries, cache->model_cache(), logits.data());
   const absl::Duration took = absl::Now() - t0;
   // Finished (or failed) jobs leave the queue.
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -295,9 +331,45 @@ void PrefillWorker::Complete(JobPtr job, absl::Span<const float> logits) {
   }
   prefill_seconds_.Observe(absl::ToDoubleSeconds(job->compute));
   out.set_prefill_seconds(absl::ToDoubleSeconds(job->compute));
+  std::string stream;
+  if (job->coded) {
+    auto coded = job->cache->wire->FinishEncoding(job->seq);
+    if (!coded.ok()) {
+      Fail(std::move(job), coded.status());
+      return;
+    }
+    stream = *std::move(coded);
+  }
   auto exported = job->cache->cache->ExportSequence(job->seq);
   if (!exported.ok()) {
     Fail(std::move(job), exported.status());
+    return;
+  }
+  const model::LlamaConfig& c = rt_.config();
+  const int64_t page_bytes = job->cache->cache->pool().page_bytes();
+  const int64_t fp16_bytes = req.prompt_size() * c.layers * c.kv_heads * c.head_dim * 2 * 2;
+  // What the decode side will hold: the pages and the state.
+  out.set_kv_bytes(static_cast<int64_t>(exported->pages.size()) * page_bytes +
+                   static_cast<int64_t>(exported->state.size()));
+  out.set_kv_fp16_bytes(fp16_bytes);
+  if (job->coded) {
+    // One stream from the window's start, in place of pages and state.
+    const int64_t room = int64_t{req.pages()} * page_bytes + req.state_bytes();
+    if (static_cast<int64_t>(stream.size()) > room) {
+      Fail(std::move(job), absl::ResourceExhaustedError(absl::StrFormat(
+                               "the prompt's transform-coded KV takes %d bytes, the decode "
+                               "worker's window holds %d",
+                               stream.size(), room)));
+      return;
+    }
+    out.set_pages(0);
+    out.set_state_bytes(static_cast<int64_t>(stream.size()));
+    out.set_state_crc32c(kvstore::Crc32c(stream.data(), stream.size()));
+    out.set_wire_codec(kvstore::kKvWireCodecTransform);
+    out.set_wire_calibration(rt_.kv_calibration_checksum());
+    wire_bytes_kvtc_.Increment(static_cast<double>(stream.size()));
+    wire_fp16_bytes_kvtc_.Increment(static_cast<double>(fp16_bytes));
+    Enqueue({.job = job, .last = true, .state = std::move(stream), .coded = true});
     return;
   }
   if (exported->pages.size() > static_cast<size_t>(req.pages())) {
@@ -306,8 +378,6 @@ void PrefillWorker::Complete(JobPtr job, absl::Span<const float> logits) {
                              exported->pages.size(), req.pages())));
     return;
   }
-  const model::LlamaConfig& c = rt_.config();
-  const int64_t page_bytes = job->cache->cache->pool().page_bytes();
   const int64_t state_room = req.state_bytes();
   if (static_cast<int64_t>(exported->state.size()) > state_room) {
     Fail(std::move(job), absl::ResourceExhaustedError(absl::StrFormat(
@@ -318,9 +388,8 @@ void PrefillWorker::Complete(JobPtr job, absl::Span<const float> logits) {
   out.set_pages(static_cast<int64_t>(exported->pages.size()));
   out.set_state_bytes(static_cast<int64_t>(exported->state.size()));
   out.set_state_crc32c(kvstore::Crc32c(exported->state.data(), exported->state.size()));
-  out.set_kv_bytes(static_cast<int64_t>(exported->pages.size()) * page_bytes +
-                   static_cast<int64_t>(exported->state.size()));
-  out.set_kv_fp16_bytes(req.prompt_size() * c.layers * c.kv_heads * c.head_dim * 2 * 2);
+  wire_bytes_pages_.Increment(static_cast<double>(out.kv_bytes()));
+  wire_fp16_bytes_pages_.Increment(static_cast<double>(fp16_bytes));
   // What the layers did not stream yet, then the flush.
   Send send{.job = job, .first = job->streamed, .last = true, .state = std::move(exported->state)};
   send.pages.assign(exported->pages.begin() + job->streamed, exported->pages.end());
@@ -350,7 +419,7 @@ void PrefillWorker::SendLoop() {
     Post([this, send = std::move(send)]() mutable {
       --sending_;
       Job& j = *send.job;
-      j.cache->cache->RemoveSequence(j.seq).IgnoreError();
+      j.cache->model_cache().RemoveSequence(j.seq).IgnoreError();
       j.cache = nullptr;
       if (!j.send_error.ok()) {
         j.done.set_value(j.send_error);
@@ -385,7 +454,7 @@ absl::Status PrefillWorker::SendPages(Send& send) {
   }
   if (st.ok() && send.last && !send.state.empty()) {
     st = sender.Put(send.state.data(), send.state.size(),
-                    static_cast<uint64_t>(req.pages()) * page_bytes);
+                    send.coded ? 0 : static_cast<uint64_t>(req.pages()) * page_bytes);
     job.sent_bytes += static_cast<int64_t>(send.state.size());
   }
   if (st.ok() && send.last) st = sender.Flush(options_.transfer_timeout);

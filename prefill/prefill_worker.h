@@ -1,7 +1,9 @@
 // The prefill worker: runs prompts through the model in chunks, compresses their KV into pages
 // as the preset says (prompt-phase policy, quantization, Huffman coding, all inside the cache),
 // samples the first token, and writes the pages and the sequence's state into the window a
-// decode worker exposed for the reservation, over the transport.
+// decode worker exposed for the reservation, over the transport. With a transform-coded wire
+// (--wire_bits and --kv_calibration; presets that keep every token), the prompt's rows are
+// coded as each chunk computes them and one stream crosses instead of pages and state.
 //
 // One scheduler thread owns the model and the caches. It takes waiting prompts first come,
 // first served, and runs up to `chunk_tokens` prompt tokens a step, from one prompt or several
@@ -68,6 +70,7 @@ class PrefillWorker {
     absl::Duration compute;
     rpc::PrefillResponse response;
     int64_t streamed = 0;  // pages handed to the sender by layer, in export order
+    bool coded = false;    // its KV crosses transform-coded (the cache's wire), not as pages
     // Sender thread only: the connection to the reservation's window, the transfer so far.
     std::unique_ptr<transport::Sender> sender;
     absl::Status send_error;
@@ -83,7 +86,8 @@ class PrefillWorker {
     std::vector<kvstore::PageId> pages;
     int64_t first = 0;  // index of pages[0] in export order (and in the window)
     bool last = false;
-    std::string state;
+    std::string state;  // or, `coded`, the transform-coded stream, put at the window's start
+    bool coded = false;
     absl::Status error;
   };
 
@@ -128,6 +132,12 @@ class PrefillWorker {
   prometheus::Counter& transfer_bytes_;
   prometheus::Counter& transfer_failures_;
   prometheus::Counter& streamed_pages_;
+  // What crossed to decode workers by codec ("pages": pages and state; "kvtc": the
+  // transform-coded stream), and the same prompts' KV as fp16.
+  prometheus::Counter& wire_bytes_pages_;
+  prometheus::Counter& wire_bytes_kvtc_;
+  prometheus::Counter& wire_fp16_bytes_pages_;
+  prometheus::Counter& wire_fp16_bytes_kvtc_;
   prometheus::Histogram& transfer_seconds_;
   prometheus::Histogram& prefill_seconds_;
   prometheus::Gauge& running_gauge_;

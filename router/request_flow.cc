@@ -218,6 +218,8 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowReq
       gen.set_pages(static_cast<int32_t>(prefilled->pages()));
       gen.set_state_bytes(prefilled->state_bytes());
       gen.set_state_crc32c(prefilled->state_crc32c());
+      gen.set_wire_codec(prefilled->wire_codec());
+      gen.set_wire_calibration(prefilled->wire_calibration());
       *gen.mutable_first() = prefilled->first();
       if (!r.replay.empty()) {
         // The first token is the one the request generated first (the prefill, given the same

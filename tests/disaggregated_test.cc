@@ -5,7 +5,9 @@
 // a put reaches only the window of the reservation it serves, and a client holds a bounded
 // share of the pool.
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +18,9 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kvstore/cache/paged_kv_cache.h"
 #include "kvstore/kv_preset.h"
+#include "kvstore/wire/kv_transform.h"
+#include "kvstore/wire/kv_transform_calibration.h"
+#include "kvstore/wire/kv_wire_codec.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/model_path.h"
@@ -135,7 +140,9 @@ class Disaggregated : public testing::Test {
                                     .kv_pages = 4096,
                                     .default_preset = "sluice",
                                     .max_presets = 8,
-                                    .stage_pools = stage_pools_},
+                                    .stage_pools = stage_pools_,
+                                    .kv_calibration = kv_calibration_,
+                                    .wire_bits = wire_bits_},
                                    transport_.get());
     ASSERT_TRUE(p.ok()) << p.status();
     auto d = WorkerRuntime::Create({.model_path = path_,
@@ -144,7 +151,8 @@ class Disaggregated : public testing::Test {
                                     .kv_pages = 4096,
                                     .default_preset = "sluice",
                                     .max_presets = 8,
-                                    .receiver = true},
+                                    .receiver = true,
+                                    .kv_calibration = kv_calibration_},
                                    transport_.get());
     ASSERT_TRUE(d.ok()) << d.status();
     prefill_rt_ = *std::move(p);
@@ -261,6 +269,8 @@ class Disaggregated : public testing::Test {
   }
 
   bool stage_pools_ = false;  // set before SetUp: pages pass through host copies of the pools
+  // Set before SetUp: the transform-coded wire (both workers' calibration, the prefill's bits).
+  std::string kv_calibration_, wire_bits_;
   std::string path_;
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<WorkerRuntime> prefill_rt_, decode_rt_;
@@ -538,6 +548,97 @@ TEST_F(DisaggregatedThroughHostCopies, SplitGenerationGivesTheSameTokensAsOnePro
   }
   // Pages streamed by layer (fp16, sluice) and sent after the commit (h2o).
   for (const char* preset : {"fp16", "sluice", "h2o"}) ExpectSameTokensAsOneProcess(*this, preset);
+}
+
+// The transform-coded wire between the workers: bases and cross-layer predictors fitted on the
+// GPL-3's first 512 tokens (not the prompt), 8 code bits per value.
+class DisaggregatedTransformWire : public Disaggregated {
+ protected:
+  static std::string Calibrate(const std::string& model, int64_t first, const std::string& to) {
+    auto gguf = model::GgufFile::Open(model);
+    auto backend = kernels::CpuBackend::Create({.threads = 1});
+    auto llama = model::LlamaModel::Load(**gguf, **backend);
+    auto tok = model::Tokenizer::Create(*model::VocabFromGguf(**gguf));
+    std::ifstream in("/usr/share/common-licenses/GPL-3");
+    std::stringstream text;
+    text << in.rdbuf();
+    auto ids = (*tok)->Encode(text.str(), false);
+    EXPECT_TRUE(ids.ok() && ids->size() > static_cast<size_t>(first + 512));
+    const std::vector<int32_t> tokens(ids->begin() + first, ids->begin() + first + 512);
+    auto cal = kvstore::CalibrateKvTransform(**llama, **backend, **gguf, tokens, true);
+    EXPECT_TRUE(cal.ok()) << cal.status();
+    std::ofstream(to, std::ios::binary) << kvstore::SerializeKvTransformCalibration(*cal);
+    return to;
+  }
+  void SetUp() override {
+    if (!std::filesystem::exists(model::DefaultModelPath())) GTEST_SKIP() << "no model";
+    if (!std::filesystem::exists("/usr/share/common-licenses/GPL-3")) GTEST_SKIP() << "no GPL-3";
+    kv_calibration_ =
+        Calibrate(model::DefaultModelPath(), 0, testing::TempDir() + "/disaggregated.kvtc");
+    wire_bits_ = "8/8";
+    Disaggregated::SetUp();
+  }
+};
+
+TEST_F(DisaggregatedTransformWire, PromptsCrossCodedAndGenerateAsOneProcess) {
+  // fp16 pages on the decode side: at 8 bits the greedy tokens are one process's, in about
+  // 0.6 of fp16's bytes; the prefill worker counts them.
+  auto run = Start("fp16", Greedy(12));
+  ASSERT_TRUE(run.ok()) << run.status();
+  const rpc::PrefillResponse prefilled = (*run)->prefilled;
+  EXPECT_EQ(prefilled.wire_codec(), kvstore::kKvWireCodecTransform);
+  EXPECT_EQ(prefilled.pages(), 0);
+  EXPECT_EQ(prefilled.transfer_bytes(), prefilled.state_bytes());
+  EXPECT_LT(prefilled.transfer_bytes(), prefilled.kv_fp16_bytes() * 7 / 10);
+  std::string reason;
+  std::vector<int32_t> got = {prefilled.first().token()};
+  for (int32_t token : Drain(*(*run)->stream, &reason)) got.push_back(token);
+  EXPECT_TRUE((*run)->stream->Finish().ok());
+  run->reset();
+  EXPECT_EQ(got, Local("fp16", 12));
+  EXPECT_EQ(Counter("sluice_kv_wire_bytes_total"), prefilled.transfer_bytes());
+  EXPECT_EQ(Counter("sluice_kv_wire_fp16_bytes_total"), prefilled.kv_fp16_bytes());
+  ExpectNothingHeld();
+  // KIVI-4 pages from the decoded rows; a preset that selects by attention sends its pages.
+  for (const char* preset : {"sluice", "snapkv"}) {
+    SCOPED_TRACE(preset);
+    auto r = Start(preset, Greedy(8));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ((*r)->prefilled.wire_codec(), std::string(preset) == "sluice" ? 1u : 0u);
+    std::vector<int32_t> tokens = Drain(*(*r)->stream, &reason);
+    EXPECT_TRUE((*r)->stream->Finish().ok());
+    EXPECT_FALSE(tokens.empty());
+    r->reset();
+    ExpectNothingHeld();
+  }
+}
+
+TEST_F(DisaggregatedTransformWire, ADecodeWorkerWithAnotherCalibrationRefusesByName) {
+  const std::string other =
+      Calibrate(path_, 2000, testing::TempDir() + "/disaggregated-other.kvtc");
+  for (const std::string& file : {other, std::string()}) {
+    SCOPED_TRACE(file.empty() ? "no calibration" : "another calibration");
+    auto d = WorkerRuntime::Create({.model_path = path_,
+                                    .backend = "cpu",
+                                    .threads = 1,
+                                    .kv_pages = 1024,
+                                    .default_preset = "sluice",
+                                    .receiver = true,
+                                    .kv_calibration = file},
+                                   transport_.get());
+    ASSERT_TRUE(d.ok()) << d.status();
+    prometheus::Registry registry;
+    decode::DecodeWorker decode(**d, registry, {.name = "decode-x"});
+    LocalWorkers workers(*prefill_, decode, nullptr);
+    router::RequestFlow flow(workers, {});
+    auto run =
+        flow.Start({.request_id = 9, .prompt = prompt_, .sampling = Greedy(4), .preset = "fp16"});
+    ASSERT_FALSE(run.ok());
+    EXPECT_NE(run.status().message().find(file.empty() ? "no calibration" : other),
+              std::string::npos)
+        << run.status();
+    EXPECT_EQ(decode.Stats().kv_pages_reserved(), 0);
+  }
 }
 
 TEST_F(Disaggregated, ADrainIsUndone) {

@@ -27,6 +27,7 @@
 #include "kvstore/kv_preset.h"
 #include "kvstore/wire/kv_transform.h"
 #include "kvstore/wire/kv_transform_calibration.h"
+#include "kvstore/wire/kv_wire_codec.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/model_path.h"
@@ -56,6 +57,8 @@ ABSL_FLAG(std::string, wire_bits, "",
           "Transform-coded wire: evaluate every preset again with its prompts' KV through the "
           "codec at each of these budgets, comma-separated, each code bits per value for keys "
           "and values (3) or for keys/values (2/4); empty: none.");
+ABSL_FLAG(std::string, kv_calibration, "",
+          "--wire_bits: a calibration file (./sluice calibrate) instead of fitting one here.");
 ABSL_FLAG(std::string, calibration_text, "/usr/share/common-licenses/GPL-3",
           "Text the wire codec's bases are fitted on (Debian's base-files ships the GPL-3).");
 ABSL_FLAG(int64_t, calibration_tokens, 4096, "Tokens of --calibration_text to fit on.");
@@ -168,17 +171,16 @@ absl::Status Run() {
   kvstore::KvTransformCalibration calibration;
   for (absl::string_view spec :
        absl::StrSplit(absl::GetFlag(FLAGS_wire_bits), ',', absl::SkipEmpty())) {
-    // "B" (keys and values) or "K/V".
-    const std::vector<absl::string_view> parts = absl::StrSplit(spec, '/');
-    tools::EvalOptions::WireBudget b;
-    if (parts.size() > 2 || !absl::SimpleAtod(parts[0], &b.k) ||
-        !absl::SimpleAtod(parts.back(), &b.v)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "--wire_bits: \"%s\" is neither BITS nor KEY_BITS/VALUE_BITS", std::string(spec)));
-    }
+    SLUICE_ASSIGN_OR_RETURN(const kvstore::KvWireBits bits,
+                            kvstore::ParseKvWireBits(std::string(spec)));
+    const tools::EvalOptions::WireBudget b{.k = bits.key, .v = bits.value};
     o.wire_bits.push_back(b);
   }
-  if (!o.wire_bits.empty()) {
+  if (!o.wire_bits.empty() && !absl::GetFlag(FLAGS_kv_calibration).empty()) {
+    SLUICE_ASSIGN_OR_RETURN(
+        calibration, kvstore::ReadKvTransformCalibration(absl::GetFlag(FLAGS_kv_calibration)));
+    o.calibration = &calibration;
+  } else if (!o.wire_bits.empty()) {
     SLUICE_ASSIGN_OR_RETURN(
         std::vector<int32_t> calib_tokens,
         l.Tokenize(absl::GetFlag(FLAGS_calibration_text), "--calibration_text"));

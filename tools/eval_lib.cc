@@ -129,23 +129,23 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
       }
       arm.logits.resize(bn * c.vocab);
       std::vector<model::ForwardEntry> prompts;
-      auto* wire = arm.wire.k > 0 ? static_cast<kvstore::WireEncodingKvCache*>(arm.owner.get())
-                                  : nullptr;
+      auto* wire =
+          arm.wire.k > 0 ? static_cast<kvstore::WireEncodingKvCache*>(arm.owner.get()) : nullptr;
       for (int64_t b = 0; b < bn; ++b) {
         SLUICE_RETURN_IF_ERROR(arm.owner->AddSequence(b, o.context));
         prompts.push_back({b, absl::MakeConstSpan(tokens.data() + starts[b0 + b], half)});
         if (wire == nullptr) continue;
         // The prompt crosses as a decode worker would get it: sinks and the window the cache
         // keeps exact, the rest coded.
-        SLUICE_RETURN_IF_ERROR(wire->StartEncoding(
-            b, {.calibration = o.calibration,
-                .calibration_checksum = calibration_checksum,
-                .model = c,
-                .key_bits = arm.wire.k,
-                .value_bits = arm.wire.v,
-                .shape = {.tokens = half,
-                          .sinks = o.wire_sinks,
-                          .tail = arm.cache->WindowAfterPrompt(half)}}));
+        SLUICE_RETURN_IF_ERROR(
+            wire->StartEncoding(b, {.calibration = o.calibration,
+                                    .calibration_checksum = calibration_checksum,
+                                    .model = c,
+                                    .key_bits = arm.wire.k,
+                                    .value_bits = arm.wire.v,
+                                    .shape = {.tokens = half,
+                                              .sinks = o.wire_sinks,
+                                              .tail = arm.cache->WindowAfterPrompt(half)}}));
       }
       SLUICE_RETURN_IF_ERROR(llama.Forward(prompts, *arm.owner, arm.logits.data()));
       if (wire != nullptr) {

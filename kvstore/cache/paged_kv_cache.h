@@ -194,8 +194,7 @@ class PagedKvCache final : public model::KvCache {
   // in host memory, keys with RoPE). FailedPrecondition for presets whose policy acts on the
   // prompt's attention (no attention runs here); whatever fails, nothing of `seq` is left.
   using RowSource = absl::FunctionRef<absl::Status(int layer, float* k, float* v)>;
-  absl::Status AddSequenceFromRows(int64_t seq, int64_t max_tokens, int64_t tokens,
-                                   RowSource rows);
+  absl::Status AddSequenceFromRows(int64_t seq, int64_t max_tokens, int64_t tokens, RowSource rows);
 
   // The pages' bytes to and from host memory. kByPoolId lays the host memory out as the pool is
   // (page id i at i * page_bytes from `host`): a device pool's pages go to such a host copy

@@ -6,6 +6,8 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <queue>
 #include <utility>
 
@@ -589,6 +591,17 @@ absl::StatusOr<KvTransformCalibration> ParseKvTransformCalibration(std::string_v
     }
   }
   return c;
+}
+
+absl::StatusOr<KvTransformCalibration> ReadKvTransformCalibration(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat(path, ": no KV transform calibration there (./sluice calibrate writes one)"));
+  }
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
+  return ParseKvTransformCalibration(bytes, path);
 }
 
 }  // namespace sluice::kvstore

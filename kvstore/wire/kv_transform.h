@@ -109,6 +109,9 @@ std::string SerializeKvTransformCalibration(const KvTransformCalibration& calibr
 // out of range. `what` (the file's path) starts every message.
 absl::StatusOr<KvTransformCalibration> ParseKvTransformCalibration(std::string_view bytes,
                                                                    std::string_view what);
+// The calibration file at `path` (`./sluice calibrate` writes it beside the model): NotFound or
+// the parse's errors, each naming the path.
+absl::StatusOr<KvTransformCalibration> ReadKvTransformCalibration(const std::string& path);
 
 }  // namespace sluice::kvstore
 

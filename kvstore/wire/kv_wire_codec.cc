@@ -4,8 +4,10 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "kernels/ggml_quant.h"
 #include "kvstore/wire/byte_io.h"
@@ -30,10 +32,10 @@ absl::Status CheckCalibration(const KvTransformCalibration* c, const model::Llam
   const int64_t dim = m.kv_heads * m.head_dim;
   if (c == nullptr || static_cast<int64_t>(c->k.size()) != m.layers ||
       static_cast<int64_t>(c->v.size()) != m.layers || c->k[0].dim != dim) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: the calibration has %d layers of dim %d; the model %d of %d", what,
-        c == nullptr ? 0 : c->k.size(), c == nullptr || c->k.empty() ? 0 : c->k[0].dim, m.layers,
-        dim));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: the calibration has %d layers of dim %d; the model %d of %d", what,
+                        c == nullptr ? 0 : c->k.size(),
+                        c == nullptr || c->k.empty() ? 0 : c->k[0].dim, m.layers, dim));
   }
   return absl::OkStatus();
 }
@@ -44,6 +46,25 @@ const std::vector<float>* Predictor(const KvTransformCalibration& c, int layer, 
 }
 
 }  // namespace
+
+absl::StatusOr<KvWireBits> ParseKvWireBits(std::string_view spec) {
+  const std::vector<absl::string_view> parts =
+      absl::StrSplit(absl::string_view(spec.data(), spec.size()), '/');
+  KvWireBits b;
+  if (parts.size() > 2 || !absl::SimpleAtod(parts[0], &b.key) ||
+      !absl::SimpleAtod(parts.back(), &b.value)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "wire bits \"%s\" are neither BITS nor KEY_BITS/VALUE_BITS", std::string(spec)));
+  }
+  for (double x : {b.key, b.value}) {
+    if (!(x > 0 && x <= kMaxKvTransformBits)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("wire bits \"%s\": %g bits per value outside (0, %d]", std::string(spec),
+                          x, kMaxKvTransformBits));
+    }
+  }
+  return b;
+}
 
 KvWireEncoder::KvWireEncoder(const Options& o) : o_(o), dim_(o.model.kv_heads * o.model.head_dim) {
   out_.resize(kStreamHeaderBytes);
@@ -58,8 +79,8 @@ absl::StatusOr<KvWireEncoder> KvWireEncoder::Create(const Options& o) {
     }
   }
   const KvWireShape& s = o.shape;
-  if (s.tokens < 1 || s.tokens > UINT32_MAX || s.sinks < 0 || s.tail < 0 ||
-      s.sinks > UINT32_MAX || s.tail > UINT32_MAX) {
+  if (s.tokens < 1 || s.tokens > UINT32_MAX || s.sinks < 0 || s.tail < 0 || s.sinks > UINT32_MAX ||
+      s.tail > UINT32_MAX) {
     return absl::InvalidArgumentError(
         absl::StrFormat("KV wire encoder: tokens=%d sinks=%d tail=%d", s.tokens, s.sinks, s.tail));
   }
@@ -94,8 +115,9 @@ absl::Status KvWireEncoder::CodeSide(int layer, bool keys, int64_t start, int64_
   const std::vector<float>* predict = Predictor(*o_.calibration, layer, keys);
   if (predict) ApplyKvPrediction(*predict, prev.data() + lo * dim_, coded, m, dim_, false);
   const KvTransformBasis& basis = (keys ? o_.calibration->k : o_.calibration->v)[layer];
-  SLUICE_ASSIGN_OR_RETURN(const std::string block,
-                          EncodeKvTransformBlock(basis, coded, m, keys ? o_.key_bits : o_.value_bits));
+  SLUICE_ASSIGN_OR_RETURN(
+      const std::string block,
+      EncodeKvTransformBlock(basis, coded, m, keys ? o_.key_bits : o_.value_bits));
   PutU32(out_, static_cast<uint32_t>(block.size()));
   out_ += block;
   // What the decoder will hold: the next layer predicts from it.
@@ -109,8 +131,8 @@ absl::Status KvWireEncoder::CodeSide(int layer, bool keys, int64_t start, int64_
   return absl::OkStatus();
 }
 
-absl::Status KvWireEncoder::Add(int layer, int64_t start, int64_t n, const float* k,
-                                const float* v, float* decoded_k, float* decoded_v) {
+absl::Status KvWireEncoder::Add(int layer, int64_t start, int64_t n, const float* k, const float* v,
+                                float* decoded_k, float* decoded_v) {
   if (next_layer_ == 0) {
     if (start != next_ || n < 1 || start + n > o_.shape.tokens || layer != 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -172,9 +194,9 @@ absl::StatusOr<KvWireDecoder> KvWireDecoder::Open(const KvTransformCalibration* 
   uint32_t magic = 0, checksum = 0, tokens = 0, sinks = 0, tail = 0, chunks = 0;
   uint8_t codec = 0, reserved[3] = {};
   uint16_t layers = 0, dim = 0;
-  if (!r.Take(&magic, 4) || !r.Take(&codec, 1) || !r.Take(reserved, 3) ||
-      !r.Take(&checksum, 4) || !r.Take(&layers, 2) || !r.Take(&dim, 2) || !r.Take(&tokens, 4) ||
-      !r.Take(&sinks, 4) || !r.Take(&tail, 4) || !r.Take(&chunks, 4)) {
+  if (!r.Take(&magic, 4) || !r.Take(&codec, 1) || !r.Take(reserved, 3) || !r.Take(&checksum, 4) ||
+      !r.Take(&layers, 2) || !r.Take(&dim, 2) || !r.Take(&tokens, 4) || !r.Take(&sinks, 4) ||
+      !r.Take(&tail, 4) || !r.Take(&chunks, 4)) {
     return absl::DataLossError(
         absl::StrFormat("KV wire stream: %d bytes, shorter than its header", stream.size()));
   }
@@ -220,12 +242,13 @@ absl::StatusOr<KvWireDecoder> KvWireDecoder::Open(const KvTransformCalibration* 
       Part part;
       uint32_t block = 0;
       if (!r.Skip(exact, &part.exact) || !r.Take(&block, 4) || !r.Skip(block, &part.block)) {
-        return absl::DataLossError(absl::StrFormat(
-            "KV wire stream: truncated in chunk %d, layer %d's %s", i, p / 2, p % 2 ? "values" : "keys"));
+        return absl::DataLossError(
+            absl::StrFormat("KV wire stream: truncated in chunk %d, layer %d's %s", i, p / 2,
+                            p % 2 ? "values" : "keys"));
       }
       if ((block == 0) != (hi == lo)) {
-        return bad(absl::StrFormat("chunk %d, layer %d's %s: a %d-byte block for %d coded rows",
-                                   i, p / 2, p % 2 ? "values" : "keys", block, hi - lo));
+        return bad(absl::StrFormat("chunk %d, layer %d's %s: a %d-byte block for %d coded rows", i,
+                                   p / 2, p % 2 ? "values" : "keys", block, hi - lo));
       }
       c.parts.push_back(part);
     }
@@ -257,9 +280,9 @@ absl::Status KvWireDecoder::DecodeSide(int layer, bool keys, const Chunk& c, con
   float* coded = cur.data() + first * dim_;
   const KvTransformBasis& basis = (keys ? calibration_->k : calibration_->v)[layer];
   if (absl::Status st = DecodeKvTransformBlock(basis, part.block, coded, m); !st.ok()) {
-    return absl::Status(st.code(), absl::StrFormat("KV wire stream: chunk at %d, layer %d's %s: %s",
-                                                   c.start, layer, keys ? "keys" : "values",
-                                                   st.message()));
+    return absl::Status(
+        st.code(), absl::StrFormat("KV wire stream: chunk at %d, layer %d's %s: %s", c.start, layer,
+                                   keys ? "keys" : "values", st.message()));
   }
   const std::vector<float>* predict = Predictor(*calibration_, layer, keys);
   if (predict) ApplyKvPrediction(*predict, prev.data() + first * dim_, coded, m, dim_, true);

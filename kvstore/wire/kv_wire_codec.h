@@ -42,20 +42,29 @@
 namespace sluice::kvstore {
 
 inline constexpr uint8_t kKvWireCodecTransform = 1;
+// The attention sinks a prompt's stream keeps exact (KVTC's 4).
+inline constexpr int64_t kKvWireSinks = 4;
+
+// Code bits per key value and per value value, each in (0, 8].
+struct KvWireBits {
+  double key = 0, value = 0;
+};
+// "B" (keys and values alike) or "K/V". InvalidArgument naming the spec.
+absl::StatusOr<KvWireBits> ParseKvWireBits(std::string_view spec);
 
 // What both ends of one sequence's stream agree on besides the calibration.
 struct KvWireShape {
-  int64_t tokens = 0;  // the prompt
-  int64_t sinks = 4;   // first positions sent exact
-  int64_t tail = 0;    // last positions sent exact
+  int64_t tokens = 0;            // the prompt
+  int64_t sinks = kKvWireSinks;  // first positions sent exact
+  int64_t tail = 0;              // last positions sent exact
 };
 
 class KvWireEncoder {
  public:
   struct Options {
     const KvTransformCalibration* calibration = nullptr;  // outlives the encoder
-    uint32_t calibration_checksum = 0;  // KvTransformCalibrationChecksum(*calibration)
-    model::LlamaConfig model;           // shapes and RoPE
+    uint32_t calibration_checksum = 0;    // KvTransformCalibrationChecksum(*calibration)
+    model::LlamaConfig model;             // shapes and RoPE
     double key_bits = 2, value_bits = 4;  // code bits per value before entropy coding, (0, 8]
     KvWireShape shape;
   };
@@ -85,9 +94,9 @@ class KvWireEncoder {
   Options o_;
   int64_t dim_ = 0;
   std::string out_;
-  int64_t next_ = 0;       // the next chunk's first position
-  int64_t chunk_n_ = 0;    // the open chunk's rows
-  int next_layer_ = 0;     // the open chunk's next layer
+  int64_t next_ = 0;     // the next chunk's first position
+  int64_t chunk_n_ = 0;  // the open chunk's rows
+  int next_layer_ = 0;   // the open chunk's next layer
   int64_t chunks_ = 0;
   int64_t fp16_bytes_ = 0;
   std::vector<float> prev_k_, prev_v_, cur_k_, cur_v_;  // coded rows as decoded, without RoPE

@@ -97,8 +97,8 @@ Coded Encode(const KvTransformCalibration& cal, const KvWireShape& shape,
   for (int64_t n : chunks) {
     for (int l = 0; l < m.layers; ++l) {
       const size_t at = start * dim;
-      EXPECT_TRUE(enc->Add(l, start, n, k[l].data() + at, v[l].data() + at,
-                           out.k[l].data() + at, out.v[l].data() + at)
+      EXPECT_TRUE(enc->Add(l, start, n, k[l].data() + at, v[l].data() + at, out.k[l].data() + at,
+                           out.v[l].data() + at)
                       .ok());
     }
     start += n;
@@ -122,8 +122,8 @@ TEST(KvWireCodec, DecoderReproducesTheEncodersRowsBitForBit) {
     std::vector<std::vector<float>> in_k, in_v;
     const Coded coded = Encode(cal, shape, {37, 50, 13}, 3, rng, &in_k, &in_v);
     EXPECT_LT(static_cast<int64_t>(coded.stream.size()), coded.fp16_bytes);
-    auto dec = KvWireDecoder::Open(&cal, KvTransformCalibrationChecksum(cal), "cal", m,
-                                   coded.stream);
+    auto dec =
+        KvWireDecoder::Open(&cal, KvTransformCalibrationChecksum(cal), "cal", m, coded.stream);
     ASSERT_TRUE(dec.ok()) << dec.status();
     EXPECT_EQ(dec->shape().tokens, 100);
     std::vector<float> k(100 * dim), v(100 * dim);
@@ -177,8 +177,8 @@ TEST(KvWireCodec, RefusesAnotherCalibrationNamingTheFile) {
   const KvTransformCalibration cal = RandomCalibration(rng, false);
   const KvTransformCalibration other = RandomCalibration(rng, false);
   const Coded coded = Encode(cal, {.tokens = 20, .sinks = 4, .tail = 4}, {20}, 2, rng);
-  auto dec = KvWireDecoder::Open(&other, KvTransformCalibrationChecksum(other),
-                                 "/models/x.kvtc", SmallModel(), coded.stream);
+  auto dec = KvWireDecoder::Open(&other, KvTransformCalibrationChecksum(other), "/models/x.kvtc",
+                                 SmallModel(), coded.stream);
   ASSERT_EQ(dec.status().code(), absl::StatusCode::kFailedPrecondition) << dec.status();
   EXPECT_NE(dec.status().message().find("/models/x.kvtc"), std::string::npos);
 }
@@ -221,15 +221,14 @@ TEST(KvWireCodec, EncoderTakesChunksAndLayersInOrder) {
   EXPECT_FALSE(enc->Add(1, 0, 10, rows.data(), rows.data()).ok());  // layer 0 first
   EXPECT_FALSE(enc->Add(0, 5, 10, rows.data(), rows.data()).ok());  // from position 0
   ASSERT_TRUE(enc->Add(0, 0, 10, rows.data(), rows.data()).ok());
-  EXPECT_FALSE(enc->Add(1, 0, 9, rows.data(), rows.data()).ok());   // the chunk's size
+  EXPECT_FALSE(enc->Add(1, 0, 9, rows.data(), rows.data()).ok());  // the chunk's size
   EXPECT_EQ(enc->Finish().status().code(), absl::StatusCode::kFailedPrecondition);
   model::LlamaConfig wider = m;
   wider.kv_heads = 3;
-  EXPECT_FALSE(KvWireEncoder::Create({.calibration = &cal, .model = wider,
-                                      .shape = {.tokens = 20}})
-                   .ok());
-  EXPECT_FALSE(KvWireEncoder::Create({.calibration = &cal, .model = m, .key_bits = 9,
-                                      .shape = {.tokens = 20}})
+  EXPECT_FALSE(
+      KvWireEncoder::Create({.calibration = &cal, .model = wider, .shape = {.tokens = 20}}).ok());
+  EXPECT_FALSE(KvWireEncoder::Create(
+                   {.calibration = &cal, .model = m, .key_bits = 9, .shape = {.tokens = 20}})
                    .ok());
 }
 

@@ -81,9 +81,9 @@ absl::Status WireEncodingKvCache::Write(int layer, const float* k, const float* 
   for (const Entry& e : step_) {
     if (e.encoder != nullptr) {
       const size_t at = static_cast<size_t>(row * row_floats);
-      SLUICE_RETURN_IF_ERROR(
-          e.encoder->Add(layer, e.start, e.tokens, k + at, v + at,
-                         decoded ? k_.data() + at : nullptr, decoded ? v_.data() + at : nullptr));
+      SLUICE_RETURN_IF_ERROR(e.encoder->Add(layer, e.start, e.tokens, k + at, v + at,
+                                            decoded ? k_.data() + at : nullptr,
+                                            decoded ? v_.data() + at : nullptr));
     }
     row += e.tokens;
   }

@@ -134,10 +134,9 @@ TEST(WireEncodingKvCache, TheDecodeSideHoldsWhatTheWireDelivered) {
     auto dec = KvWireDecoder::Open(&cal, sum, "cal", Model(), *stream);
     ASSERT_TRUE(dec.ok()) << dec.status();
     ASSERT_TRUE(decode
-                    ->AddSequenceFromRows(3, 200, kTokens,
-                                          [&](int l, float* k, float* v) {
-                                            return dec->DecodeLayer(l, k, v);
-                                          })
+                    ->AddSequenceFromRows(
+                        3, 200, kTokens,
+                        [&](int l, float* k, float* v) { return dec->DecodeLayer(l, k, v); })
                     .ok());
     EXPECT_EQ(decode->Length(3).value_or(-1), kTokens);
     // The same KV: the same window, and attention over it answers alike (up to the order of
@@ -148,7 +147,8 @@ TEST(WireEncodingKvCache, TheDecodeSideHoldsWhatTheWireDelivered) {
     const uint32_t seed = rng();
     const std::vector<float> a = AttendOnce(*prefill, 7, seed), b = AttendOnce(*decode, 3, seed);
     ASSERT_EQ(a.size(), b.size());
-    for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-5f * (1 + std::fabs(a[i]))) << i;
+    for (size_t i = 0; i < a.size(); ++i)
+      ASSERT_NEAR(a[i], b[i], 1e-5f * (1 + std::fabs(a[i]))) << i;
   }
 }
 
@@ -202,8 +202,7 @@ TEST(WireEncodingKvCache, AFailedStepEndsTheStreamAndRowsLeaveNothingBehindOnErr
   auto failing = [](int l, float*, float*) {
     return l == 2 ? absl::DataLossError("layer 2 is damaged") : absl::OkStatus();
   };
-  EXPECT_EQ(cache->AddSequenceFromRows(5, 300, 200, failing).code(),
-            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(cache->AddSequenceFromRows(5, 300, 200, failing).code(), absl::StatusCode::kDataLoss);
   EXPECT_FALSE(cache->Length(5).ok());
   EXPECT_EQ(cache->pool().used_pages(), used);
   std::unique_ptr<PagedKvCache> snap = MakeCache(**cpu, "snapkv");
