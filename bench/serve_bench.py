@@ -8,8 +8,12 @@ Two loads, each against both servers, one server at a time:
   streams   --streams concurrent streams, each sending --stream-requests requests of
             --stream-prompt tokens back to back.
 For each: generated tokens/s, requests/s, TTFT and inter-token latency p50/p99, end-to-end
-latency; for sluice also the KV pages it held at peak (and their FP16 equivalent) and the bytes
-its prefill workers streamed to decode. Prints a table and writes JSON (--out).
+latency; for sluice also the KV pages it held at peak (and their FP16 equivalent), the bytes
+its prefill workers streamed to decode, and their prefill tokens/s (prompt tokens over the
+forward time they took). The system "sluice+kvtc" is sluice with the prompts' KV sent
+transform-coded (--wire-bits; the calibration beside the model, ./sluice calibrate): the same
+load with the codec on and off in one run, its wire bytes against fp16's. Prints a table and
+writes JSON (--out).
 
 A server that dies during a load (a crashed peer) is reported as crashed, with how its process
 ended and its last words, in the table and the JSON, and the run exits with status 1; a request
@@ -66,6 +70,7 @@ def percentile(xs, p):
 # (<|endoftext|> 0, <|im_start|> 1, <|im_end|> 2 in SmolLM2's vocabulary).
 NO_EOS = {
     "sluice": {"ignore_eos": True},
+    "sluice+kvtc": {"ignore_eos": True},
     "llama.cpp": {"logit_bias": {"0": -100, "1": -100, "2": -100}},
 }
 
@@ -147,6 +152,13 @@ def _stream_request(host, port, model, prompt, max_tokens, extra):
         out["prompt_tokens"] = usage.get("prompt_tokens")
         out["completion_tokens"] = usage.get("completion_tokens")
     return out
+
+
+# What the sluice systems' workers are sampled for (summed over workers and labels).
+SLUICE_METRICS = ["sluice_kv_pages_used", "sluice_kv_transfer_bytes_total",
+                  "sluice_kv_compression_ratio", "sluice_prefill_tokens_total",
+                  "sluice_prefill_seconds_sum", "sluice_kv_wire_bytes_total",
+                  "sluice_kv_wire_fp16_bytes_total"]
 
 
 class Sampler:
@@ -298,6 +310,8 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--preset", default="sluice")
+    ap.add_argument("--wire-bits", default="2/4",
+                    help="sluice+kvtc: code bits per key/value of the transform-coded wire")
     ap.add_argument("--rate", type=float, default=0.08, help="Poisson arrivals per second")
     ap.add_argument("--requests", type=int, default=16, help="Poisson requests")
     ap.add_argument("--prompt-min", type=int, default=512)
@@ -340,12 +354,15 @@ def main():
     }
     loads = args.loads.split(",")
     for system in args.systems.split(","):
-        port = 18000 if system == "sluice" else 18100
-        if system == "sluice":
+        sluice = system.startswith("sluice")
+        port = 18000 if sluice else 18100
+        if sluice:
             cmd = [args.up, "--model=" + args.model, "--port=%d" % port,
                    "--threads=%d" % args.threads, "--preset=" + args.preset,
                    "--prefill_port=18200", "--decode_port=18300", "--metrics_port=18400",
                    "--backend=" + args.backend]
+            if system == "sluice+kvtc":
+                cmd.append("--wire_bits=" + args.wire_bits)
             if args.bin_dir:
                 cmd.append("--bin_dir=" + args.bin_dir)
             metrics = {"decode": ["http://127.0.0.1:18501/metrics"],
@@ -363,11 +380,10 @@ def main():
         log = tempfile.TemporaryFile()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
         try:
-            wait_http("http://127.0.0.1:%d/%s" % (port, "health" if system == "sluice" else
-                                                   "v1/models"), proc)
+            wait_http("http://127.0.0.1:%d/%s" % (port, "health" if sluice else "v1/models"), proc)
             model = json.loads(urllib.request.urlopen(
                 "http://127.0.0.1:%d/v1/models" % port).read())["data"][0]["id"]
-            if system == "sluice":
+            if sluice:
                 # What the workers compute on, as they say (the machine's device if any).
                 workers = json.loads(urllib.request.urlopen(
                     "http://127.0.0.1:%d/v1/workers" % port).read())["workers"]
@@ -382,9 +398,7 @@ def main():
                 print("bench serve: %s, %s load" % (system, load), file=sys.stderr)
                 sampler = None
                 if metrics:
-                    sampler = Sampler(metrics["decode"] + metrics["prefill"],
-                                      ["sluice_kv_pages_used", "sluice_kv_transfer_bytes_total",
-                                       "sluice_kv_compression_ratio"])
+                    sampler = Sampler(metrics["decode"] + metrics["prefill"], SLUICE_METRICS)
                     before = sampler.read()
                     sampler.__enter__()
                 if load == "poisson":
@@ -400,8 +414,16 @@ def main():
                     s["kv_pages_peak"] = sampler.peak["sluice_kv_pages_used"]
                     s["kv_bytes_peak"] = sampler.peak["sluice_kv_pages_used"] * 16384
                     s["kv_compression_ratio_peak"] = sampler.peak["sluice_kv_compression_ratio"]
-                    s["transfer_bytes"] = (sampler.last["sluice_kv_transfer_bytes_total"] -
-                                           before["sluice_kv_transfer_bytes_total"])
+                    grew = {n: sampler.last[n] - before[n] for n in SLUICE_METRICS}
+                    s["transfer_bytes"] = grew["sluice_kv_transfer_bytes_total"]
+                    s["prefill_tokens"] = grew["sluice_prefill_tokens_total"]
+                    s["prefill_seconds"] = grew["sluice_prefill_seconds_sum"]
+                    s["prefill_tokens_per_s"] = (s["prefill_tokens"] / s["prefill_seconds"]
+                                                 if s["prefill_seconds"] > 0 else None)
+                    s["wire_bytes"] = grew["sluice_kv_wire_bytes_total"]
+                    s["wire_fp16_bytes"] = grew["sluice_kv_wire_fp16_bytes_total"]
+                    s["wire_ratio"] = (s["wire_fp16_bytes"] / s["wire_bytes"]
+                                       if s["wire_bytes"] > 0 else None)
                 else:
                     # llama.cpp keeps an FP16 K and V for all n_ctx positions of its one slot.
                     s["kv_bytes_allocated"] = 8192 * 30 * 3 * 64 * 2 * 2
@@ -444,6 +466,16 @@ def main():
                 "%.1f*" % (s["kv_bytes_allocated"] / 2**20),
                 "%.1f" % (s["transfer_bytes"] / 2**20) if "transfer_bytes" in s else "-"))
     print("* llama.cpp: its FP16 KV for the full 8192-token context, allocated at start")
+    wired = [(system, load, s) for system, loads_out in report["results"].items()
+             if "failed" not in loads_out for load, s in loads_out.items()
+             if s.get("prefill_tokens_per_s")]
+    if wired:
+        print("\n%-12s %-8s %14s %14s %12s" % ("system", "load", "prefill tok/s", "wire MiB",
+                                              "wire vs fp16"))
+        for system, load, s in wired:
+            print("%-12s %-8s %14.1f %14.1f %11.2fx" % (
+                system, load, s["prefill_tokens_per_s"], s["wire_bytes"] / 2**20,
+                s["wire_ratio"] or 0))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2)

@@ -1,6 +1,7 @@
 #include "model/model_path.h"
 
 #include <cstdlib>
+#include <string>
 
 namespace sluice::model {
 
@@ -14,6 +15,15 @@ std::string DefaultModelPath() {
     cache = std::string(home == nullptr ? "" : home) + "/.cache";
   }
   return cache + "/sluice/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+std::string KvCalibrationPath(const std::string& model_path) {
+  const std::string ext = ".gguf";
+  std::string base = model_path;
+  if (base.size() >= ext.size() && base.compare(base.size() - ext.size(), ext.size(), ext) == 0) {
+    base.resize(base.size() - ext.size());
+  }
+  return base + ".kvtc";
 }
 
 }  // namespace sluice::model

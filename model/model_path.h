@@ -9,6 +9,10 @@ namespace sluice::model {
 
 std::string DefaultModelPath();
 
+// Where `./sluice calibrate` keeps the transform-coded wire's calibration of a model: beside
+// it, its name without ".gguf" plus ".kvtc".
+std::string KvCalibrationPath(const std::string& model_path);
+
 }  // namespace sluice::model
 
 #endif  // SLUICE_MODEL_MODEL_PATH_H_

@@ -101,7 +101,8 @@ class Cluster:
     fresh ports, up to three times."""
 
     def __init__(self, preset="sluice", kv_pages=4096, workers=1, placement="least_loaded",
-                 decode_list=False, router_args=()):
+                 decode_list=False, router_args=(), prefill_args=(), decode_args=()):
+        self.prefill_args, self.decode_args = list(prefill_args), list(decode_args)
         for attempt in range(3):
             try:
                 self._start(preset, kv_pages, workers, placement, decode_list, list(router_args))
@@ -129,14 +130,15 @@ class Cluster:
             self.start("decode-%d" % i, [binary("decode"), "--port=%d" % port,
                                          "--metrics_port=%d" % metrics,
                                          "--kv_pages=%d" % kv_pages]
-                       + common)
+                       + common + self.decode_args)
             self.decode_metrics_ports.append(metrics)
             if i == 0:
                 self.decode_metrics = metrics
             port, metrics = free_port(), free_port()
             prefill.append("127.0.0.1:%d" % port)
             self.start("prefill-%d" % i, [binary("prefill"), "--port=%d" % port,
-                                          "--metrics_port=%d" % metrics] + common)
+                                          "--metrics_port=%d" % metrics] + common +
+                       self.prefill_args)
             if i == 0:
                 self.prefill_metrics = metrics
         self.decode_addrs = decode
@@ -614,6 +616,37 @@ def answers_together(test, c, body, first, n):
         test.assertEqual(status, 200, text + "\nrouter log:\n" + c.log("router"))
         test.assertEqual(json.loads(text)["choices"][0]["message"]["content"],
                          json.loads(first)["choices"][0]["message"]["content"])
+
+
+class TransformWire(unittest.TestCase):
+    """Prompts' KV crossing transform-coded between real processes (./sluice up --wire_bits),
+    with the calibration ./sluice test fits beside the model."""
+
+    def test_a_coded_prompt_answers_and_crosses_in_fewer_bytes(self):
+        if not MODEL:
+            self.skipTest("SLUICE_MODEL is not set (./sluice test sets it)")
+        cal = re.sub(r"\.gguf$", "", MODEL) + ".kvtc"
+        if not os.path.exists(cal):
+            self.skipTest("no calibration at %s (./sluice calibrate)" % cal)
+        c = Cluster(preset="fp16", prefill_args=["--kv_calibration=" + cal, "--wire_bits=3/5"],
+                    decode_args=["--kv_calibration=" + cal])
+        try:
+            body = {"model": c.model, "temperature": 0, "max_tokens": 24,
+                    "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+            status, answer = post(c.url + "/v1/chat/completions", body)
+            self.assertEqual(status, 200, answer)
+            self.assertIn("Paris", json.loads(answer)["choices"][0]["message"]["content"])
+            _, metrics = get("http://127.0.0.1:%d/metrics" % c.prefill_metrics)
+            coded = re.search(r'sluice_kv_wire_bytes_total\{codec="kvtc"\} (\S+)', metrics)
+            fp16 = re.search(r'sluice_kv_wire_fp16_bytes_total\{codec="kvtc"\} (\S+)', metrics)
+            self.assertTrue(coded and fp16, metrics)
+            self.assertGreater(float(coded.group(1)), 0)
+            # The prompt is short: the first 4 tokens and the last ones cross exact.
+            self.assertLess(float(coded.group(1)), float(fp16.group(1)) / 1.5)
+            _, metrics = get("http://127.0.0.1:%d/metrics" % c.decode_metrics)
+            self.assertRegex(metrics, r"sluice_kv_wire_decode_seconds_count [1-9]")
+        finally:
+            c.stop()
 
 
 class Failover(unittest.TestCase):

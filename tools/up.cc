@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -46,6 +47,12 @@ ABSL_FLAG(std::string, backend, "auto",
 ABSL_FLAG(int, device, 0, "GPU every worker uses with --backend=cuda|auto.");
 ABSL_FLAG(bool, record_steps, true,
           "Workers on CUDA replay small decode steps as CUDA graphs; false: every op launched.");
+ABSL_FLAG(std::string, kv_calibration, "",
+          "Transform-coded wire: the calibration file; empty = beside the model (.kvtc) when "
+          "there is one (./sluice calibrate).");
+ABSL_FLAG(std::string, wire_bits, "",
+          "Transform-coded wire: code bits per key/value (\"2/4\") for the prompts' KV of presets "
+          "that keep every token; empty: pages cross as they are held.");
 ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else the cache).");
 ABSL_FLAG(std::string, bin_dir, "", "Where the prefill/, decode/ and router/ binaries are.");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports for the page streams; empty: UCX's choice.");
@@ -182,6 +189,15 @@ int Run(const char* argv0) {
     }
   } remove_token{token_file, made_token};
   const std::string auth_flag = "--auth_token_file=" + token_file;
+  std::string calibration = absl::GetFlag(FLAGS_kv_calibration);
+  if (calibration.empty() && std::filesystem::exists(model::KvCalibrationPath(model))) {
+    calibration = model::KvCalibrationPath(model);
+  }
+  if (!absl::GetFlag(FLAGS_wire_bits).empty() && calibration.empty()) {
+    std::cerr << "sluice up: --wire_bits needs a calibration: run ./sluice calibrate (it writes "
+              << model::KvCalibrationPath(model) << ") or give --kv_calibration\n";
+    return 1;
+  }
   const std::string common_flags[] = {
       "--model=" + model,
       auth_flag,
@@ -191,7 +207,8 @@ int Run(const char* argv0) {
       "--backend=" + absl::GetFlag(FLAGS_backend),
       absl::StrCat("--device=", absl::GetFlag(FLAGS_device)),
       absl::StrCat("--record_steps=", absl::GetFlag(FLAGS_record_steps) ? "true" : "false"),
-      "--ucx_tls=" + absl::GetFlag(FLAGS_ucx_tls)};
+      "--ucx_tls=" + absl::GetFlag(FLAGS_ucx_tls),
+      "--kv_calibration=" + calibration};
   std::vector<Child> children;
   std::vector<std::string> prefill_addrs, decode_addrs, metrics;
   auto start = [&](const std::string& name, std::vector<std::string> argv) {
@@ -224,7 +241,8 @@ int Run(const char* argv0) {
     metrics.push_back(absl::StrFormat("http://%s:%d/metrics", host, mport));
     std::vector<std::string> argv = {
         bin + "/prefill/prefill", absl::StrFormat("--name=prefill-%d", i),
-        absl::StrFormat("--port=%d", port), absl::StrFormat("--metrics_port=%d", mport)};
+        absl::StrFormat("--port=%d", port), absl::StrFormat("--metrics_port=%d", mport),
+        "--wire_bits=" + absl::GetFlag(FLAGS_wire_bits)};
     argv.insert(argv.end(), std::begin(common_flags), std::end(common_flags));
     ok = start(absl::StrFormat("prefill-%d", i), argv);
   }

@@ -232,8 +232,27 @@ std::vector<uint8_t> AllocateKvTransformBits(absl::Span<const double> variance,
   return bits;
 }
 
+namespace {
+
+// A component's value for code q (stored + 128): the middle of its step.
+float CodeValue(float mean, float step, int q) {
+  return mean + (static_cast<float>(q - kCodeLevels / 2) + 0.5f) * step;
+}
+
+// rows [n, dim] = mean + coef^T decode, coef component-major [dim, n] (OpenBLAS).
+void Reconstruct(const KvTransformBasis& basis, const std::vector<float>& coef, int64_t n,
+                 float* rows) {
+  const int32_t dim = basis.dim;
+  for (int64_t t = 0; t < n; ++t) std::copy(basis.mean.begin(), basis.mean.end(), rows + t * dim);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(n), dim, dim, 1.f,
+              coef.data(), static_cast<int>(n), basis.decode.data(), dim, 1.f, rows, dim);
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> EncodeKvTransformBlock(const KvTransformBasis& basis, const float* rows,
-                                                   int64_t n, double bits_per_value) {
+                                                   int64_t n, double bits_per_value,
+                                                   float* reconstructed) {
   const int32_t dim = basis.dim;
   if (n < 1 || n > kMaxBlockRows) {
     return absl::InvalidArgumentError(absl::StrFormat("a block holds 1 to 2^31-1 rows, not %d", n));
@@ -295,6 +314,15 @@ absl::StatusOr<std::string> EncodeKvTransformBlock(const KvTransformBasis& basis
     PutU16(out, kernels::FloatToFp16(c.step));
     PutU16(out, kernels::FloatToFp16(c.mean));
   }
+  // What the decoder will make of the codes, when asked: every component from its mean, coded
+  // ones from their codes below.
+  std::vector<float> decoded;
+  if (reconstructed != nullptr) {
+    decoded.resize(static_cast<size_t>(dim) * n);
+    for (int32_t i = 0; i < dim; ++i) {
+      std::fill_n(decoded.begin() + static_cast<size_t>(i) * n, n, comp[i].mean);
+    }
+  }
   std::vector<uint8_t> symbols;
   for (int w = 1; w <= kMaxKvTransformBits; ++w) {
     const std::vector<int32_t>& members = by_width[w];
@@ -310,6 +338,9 @@ absl::StatusOr<std::string> EncodeKvTransformBlock(const KvTransformBasis& basis
                                  levels - 1);
         symbols[r * n + t] = static_cast<uint8_t>(q);
         ++histogram[q];
+        if (reconstructed != nullptr) {
+          decoded[static_cast<size_t>(members[r]) * n + t] = CodeValue(c.mean, c.step, q);
+        }
       }
     }
     auto book = kernels::BuildHuffmanCodebook(static_cast<uint32_t>(w), histogram);
@@ -330,6 +361,7 @@ absl::StatusOr<std::string> EncodeKvTransformBlock(const KvTransformBasis& basis
     PutU32(out, static_cast<uint32_t>(bits));
     out.append(reinterpret_cast<const char*>(payload.data()), (bits + 7) / 8);
   }
+  if (reconstructed != nullptr) Reconstruct(basis, decoded, n, reconstructed);
   return out;
 }
 
@@ -464,7 +496,6 @@ absl::Status DecodeKvTransformBlock(const KvTransformBasis& basis, std::string_v
           absl::StrFormat("transform block: truncated in the codes of width %d", w));
     }
     uint64_t pos = 0;
-    const int half = kCodeLevels / 2;
     for (const int32_t i : by_width[w]) {
       auto next = kernels::DecodeRowWithin(*book, payload, pos, bits, n, symbols.data());
       if (!next.ok()) {
@@ -474,9 +505,7 @@ absl::Status DecodeKvTransformBlock(const KvTransformBasis& basis, std::string_v
       }
       pos = *next;
       float* c = coef.data() + static_cast<size_t>(i) * n;
-      for (int64_t t = 0; t < n; ++t) {
-        c[t] = comp[i].mean + (static_cast<float>(symbols[t] - half) + 0.5f) * comp[i].step;
-      }
+      for (int64_t t = 0; t < n; ++t) c[t] = CodeValue(comp[i].mean, comp[i].step, symbols[t]);
     }
     if (pos != bits) {
       return absl::DataLossError(absl::StrFormat(
@@ -487,10 +516,7 @@ absl::Status DecodeKvTransformBlock(const KvTransformBasis& basis, std::string_v
     return absl::DataLossError(
         absl::StrFormat("transform block: %d bytes after its last code", r.left()));
   }
-  // rows = mean + coef^T decode (OpenBLAS).
-  for (int64_t t = 0; t < n; ++t) std::copy(basis.mean.begin(), basis.mean.end(), rows + t * dim);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(n), dim, dim, 1.f,
-              coef.data(), static_cast<int>(n), basis.decode.data(), dim, 1.f, rows, dim);
+  Reconstruct(basis, coef, n, rows);
   return absl::OkStatus();
 }
 

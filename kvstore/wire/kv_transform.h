@@ -68,10 +68,13 @@ absl::StatusOr<KvTransformBasis> FitKvTransformBasis(const float* rows, int64_t 
 std::vector<uint8_t> AllocateKvTransformBits(absl::Span<const double> variance,
                                              double bits_per_value);
 
-// Codes rows [n, basis.dim] into a block at `bits_per_value` (0 < bits <= 8). InvalidArgument
-// for n outside 1 to 2^31-1, a bad budget or a non-finite value.
+// Codes rows [n, basis.dim] into a block at `bits_per_value` (0 < bits <= 8). `reconstructed`
+// [n, dim], when given (it may be `rows`), gets what DecodeKvTransformBlock will make of the
+// block, bit for bit, without decoding it. InvalidArgument for n outside 1 to 2^31-1, a bad budget
+// or a non-finite value.
 absl::StatusOr<std::string> EncodeKvTransformBlock(const KvTransformBasis& basis, const float* rows,
-                                                   int64_t n, double bits_per_value);
+                                                   int64_t n, double bits_per_value,
+                                                   float* reconstructed = nullptr);
 
 // Rows of a block, for callers that size buffers before decoding. DataLoss/InvalidArgument as
 // DecodeKvTransformBlock for a header that does not parse.

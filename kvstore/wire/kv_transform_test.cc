@@ -153,6 +153,13 @@ TEST(KvTransform, BlocksRoundTripAtEveryBudget) {
     ASSERT_EQ(*KvTransformBlockTokens(*block), n);
     std::vector<float> out(n * kDim);
     ASSERT_TRUE(DecodeKvTransformBlock(*basis, *block, out.data(), n).ok());
+    // The encoder's own reconstruction is the decoder's, bit for bit (and may overwrite its
+    // input).
+    std::vector<float> again = rows;
+    auto same = EncodeKvTransformBlock(*basis, again.data(), n, budget, again.data());
+    ASSERT_TRUE(same.ok());
+    EXPECT_EQ(*same, *block);
+    EXPECT_EQ(0, std::memcmp(again.data(), out.data(), out.size() * sizeof(float))) << budget;
     const double err = RelativeError(rows, out);
     EXPECT_LT(err, last) << budget;
     last = err;

@@ -115,13 +115,12 @@ absl::Status KvWireEncoder::CodeSide(int layer, bool keys, int64_t start, int64_
   const std::vector<float>* predict = Predictor(*o_.calibration, layer, keys);
   if (predict) ApplyKvPrediction(*predict, prev.data() + lo * dim_, coded, m, dim_, false);
   const KvTransformBasis& basis = (keys ? o_.calibration->k : o_.calibration->v)[layer];
+  // `coded` becomes what the decoder will hold: the next layer predicts from it.
   SLUICE_ASSIGN_OR_RETURN(
       const std::string block,
-      EncodeKvTransformBlock(basis, coded, m, keys ? o_.key_bits : o_.value_bits));
+      EncodeKvTransformBlock(basis, coded, m, keys ? o_.key_bits : o_.value_bits, coded));
   PutU32(out_, static_cast<uint32_t>(block.size()));
   out_ += block;
-  // What the decoder will hold: the next layer predicts from it.
-  SLUICE_RETURN_IF_ERROR(DecodeKvTransformBlock(basis, block, coded, m));
   if (predict) ApplyKvPrediction(*predict, prev.data() + lo * dim_, coded, m, dim_, true);
   if (decoded != nullptr) {
     float* out = decoded + lo * dim_;

@@ -105,7 +105,7 @@ TEST(WireEncodingKvCache, TheDecodeSideHoldsWhatTheWireDelivered) {
   const KvTransformCalibration cal = Calibration(rng);
   const uint32_t sum = KvTransformCalibrationChecksum(cal);
   constexpr int64_t kTokens = 150;
-  for (const char* preset : {"fp16", "sluice", "kivi2", "int8"}) {
+  for (const char* preset : {"fp16", "sluice", "kivi2", "int8", "kvcomp"}) {
     SCOPED_TRACE(preset);
     std::unique_ptr<PagedKvCache> prefill = MakeCache(**cpu, preset);
     WireEncodingKvCache wire(prefill.get(), WireEncodingKvCache::Pass::kDecoded);
