@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,8 +21,12 @@
 #include "kernels/registry.h"
 #include "kvstore/cache/paged_kv_cache.h"
 #include "kvstore/kv_preset.h"
+#include "kvstore/wire/kv_transform.h"
+#include "kvstore/wire/kv_wire_codec.h"
+#include "kvstore/wire/wire_encoding_kv_cache.h"
 #include "model/gguf.h"
 #include "model/llama.h"
+#include "model/model_path.h"
 #include "model/test_util/tiny_llama.h"
 #include "nlohmann/json.hpp"
 
@@ -37,6 +42,11 @@ ABSL_FLAG(std::string, batches, "1,4,16", "Batch sizes.");
 ABSL_FLAG(std::string, prompt_lengths, "128,1024", "Prompt lengths in tokens.");
 ABSL_FLAG(int, decode_tokens, 32, "Decode steps per case.");
 ABSL_FLAG(std::string, preset, "fp16", "KV cache preset (llama.cpp keeps fp16 KV).");
+ABSL_FLAG(std::string, wire_bits, "",
+          "Also prefill each case with its KV transform-coded for the wire at these bits per "
+          "key/value (\"2/4\"), alternating with the plain prefill: the codec's cost.");
+ABSL_FLAG(std::string, kv_calibration, "",
+          "--wire_bits: the calibration file (default: beside --model, ./sluice calibrate).");
 ABSL_FLAG(int, repeats, 2, "Runs per case; the fastest is reported (this machine is noisy).");
 ABSL_FLAG(bool, record_steps, true,
           "Record a step's dense ops once per row count and replay them (CUDA graphs; "
@@ -99,6 +109,39 @@ absl::Status Run() {
                                           .pages = pages * seqs},
                                          *backend);
   };
+  // The transform-coded wire, when asked: the codec a prefill worker runs on its prompts.
+  std::optional<kvstore::KvTransformCalibration> calibration;
+  kvstore::KvWireBits wire_bits;
+  if (!absl::GetFlag(FLAGS_wire_bits).empty()) {
+    SLUICE_ASSIGN_OR_RETURN(wire_bits, kvstore::ParseKvWireBits(absl::GetFlag(FLAGS_wire_bits)));
+    const std::string file = absl::GetFlag(FLAGS_kv_calibration).empty()
+                                 ? model::KvCalibrationPath(absl::GetFlag(FLAGS_model))
+                                 : absl::GetFlag(FLAGS_kv_calibration);
+    SLUICE_ASSIGN_OR_RETURN(calibration, kvstore::ReadKvTransformCalibration(file));
+  }
+  // One prefill of `batch` with every sequence coded for the wire: seconds, and the streams'
+  // bytes.
+  auto wire_prefill = [&](kvstore::PagedKvCache& cache, std::vector<model::ForwardEntry>& batch,
+                          std::vector<float>& logits, int64_t* bytes) -> absl::StatusOr<double> {
+    kvstore::WireEncodingKvCache wire(&cache, kvstore::WireEncodingKvCache::Pass::kComputed);
+    const auto t0 = Clock::now();
+    for (const model::ForwardEntry& e : batch) {
+      const int64_t n = static_cast<int64_t>(e.tokens.size());
+      SLUICE_RETURN_IF_ERROR(wire.StartEncoding(
+          e.seq, {.calibration = &*calibration,
+                  .calibration_checksum = kvstore::KvTransformCalibrationChecksum(*calibration),
+                  .model = c,
+                  .key_bits = wire_bits.key,
+                  .value_bits = wire_bits.value,
+                  .shape = {.tokens = n, .tail = cache.WindowAfterPrompt(n)}}));
+    }
+    SLUICE_RETURN_IF_ERROR(llama->Forward(batch, wire, logits.data()));
+    for (const model::ForwardEntry& e : batch) {
+      SLUICE_ASSIGN_OR_RETURN(const std::string stream, wire.FinishEncoding(e.seq));
+      *bytes += static_cast<int64_t>(stream.size());
+    }
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
   nlohmann::json cases = nlohmann::json::array();
   const auto* cpu = dynamic_cast<const kernels::CpuBackend*>(backend.get());
   std::fprintf(stderr, "sluice (%s)\n%6s %7s %14s %14s\n", backend->name().c_str(), "batch",
@@ -122,7 +165,8 @@ absl::Status Run() {
   }
   for (int p : prompts) {
     for (int b : batches) {
-      double prefill = 0, dec = 0;
+      double prefill = 0, dec = 0, prefill_wire = 0;
+      int64_t wire_bytes = 0;
       std::vector<double> step_ms;  // each decode step of the fastest run, in milliseconds
       for (int rep = 0; rep < repeats; ++rep) {
         SLUICE_ASSIGN_OR_RETURN(auto cache_owner, make_cache(b, p + decode + 1));
@@ -152,6 +196,18 @@ absl::Status Run() {
         }
         const auto t2 = Clock::now();
         prefill = std::max(prefill, double(b) * p / std::chrono::duration<double>(t1 - t0).count());
+        if (calibration) {
+          // The same prompts again, coded as they are written, right after the plain run.
+          SLUICE_ASSIGN_OR_RETURN(auto wire_owner, make_cache(b, p + 1));
+          for (int s = 0; s < b; ++s) {
+            SLUICE_RETURN_IF_ERROR(wire_owner->AddSequence(s, p + 1));
+            batch[s].tokens = tokens[s];
+          }
+          wire_bytes = 0;
+          SLUICE_ASSIGN_OR_RETURN(const double seconds,
+                                  wire_prefill(*wire_owner, batch, logits, &wire_bytes));
+          prefill_wire = std::max(prefill_wire, double(b) * p / seconds);
+        }
         const double rate = double(b) * decode / std::chrono::duration<double>(t2 - t1).count();
         if (rate > dec) step_ms = std::move(steps);
         dec = std::max(dec, rate);
@@ -167,7 +223,14 @@ absl::Status Run() {
                  {"max", sorted.back()},
                  {"max_at", std::max_element(step_ms.begin(), step_ms.end()) - step_ms.begin()}};
       }
-      std::fprintf(stderr, "%6d %7d %14.1f %14.1f\n", b, p, prefill, dec);
+      std::fprintf(stderr, "%6d %7d %14.1f %14.1f", b, p, prefill, dec);
+      if (calibration) {
+        std::fprintf(stderr,
+                     "   coded for the wire: %.1f prefill tok/s (%+.1f%%), %.2fx fewer bytes",
+                     prefill_wire, 100.0 * (prefill_wire / prefill - 1),
+                     double(b) * p * c.layers * c.kv_heads * c.head_dim * 4 / wire_bytes);
+      }
+      std::fprintf(stderr, "\n");
       cases.push_back({{"batch", b},
                        {"prompt", p},
                        {"decode_steps", decode},
@@ -175,6 +238,13 @@ absl::Status Run() {
                        {"prefill_tokens_per_s", prefill},
                        {"decode_tokens_per_s", dec},
                        {"decode_step_ms", steps}});
+      if (calibration) {
+        cases.back()["wire"] = {
+            {"bits", absl::GetFlag(FLAGS_wire_bits)},
+            {"prefill_tokens_per_s", prefill_wire},
+            {"bytes", wire_bytes},
+            {"fp16_bytes", int64_t{b} * p * c.layers * c.kv_heads * c.head_dim * 4}};
+      }
     }
   }
   nlohmann::json out = {

@@ -161,23 +161,18 @@ absl::StatusOr<KvTransformBasis> FitKvTransformBasis(const float* rows, int64_t 
     }
   }
   for (double& m : mean) m /= static_cast<double>(n);
-  // Covariance of y = S (x - mean).
-  std::vector<double> cov(dd, 0.0), centred(dim), y(dim);
+  // Covariance of y = S (x - mean): Y = C S^T, then Y^T Y / (n - 1) (OpenBLAS, in double).
+  std::vector<double> centred(static_cast<size_t>(n) * dim), y(static_cast<size_t>(n) * dim);
   for (int64_t t = 0; t < n; ++t) {
-    for (int32_t j = 0; j < dim; ++j) centred[j] = rows[t * dim + j] - mean[j];
-    for (int32_t i = 0; i < dim; ++i) {
-      double a = 0;
-      for (int32_t j = 0; j < dim; ++j) a += s[i * dim + j] * centred[j];
-      y[i] = a;
-    }
-    for (int32_t i = 0; i < dim; ++i) {
-      double* row = cov.data() + static_cast<size_t>(i) * dim;
-      for (int32_t j = 0; j <= i; ++j) row[j] += y[i] * y[j];
-    }
+    for (int32_t j = 0; j < dim; ++j) centred[t * dim + j] = rows[t * dim + j] - mean[j];
   }
+  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), dim, dim, 1.0,
+              centred.data(), dim, s.data(), dim, 0.0, y.data(), dim);
+  std::vector<double> cov(dd, 0.0);
+  cblas_dsyrk(CblasRowMajor, CblasLower, CblasTrans, dim, static_cast<int>(n),
+              1.0 / static_cast<double>(n - 1), y.data(), dim, 0.0, cov.data(), dim);
   for (int32_t i = 0; i < dim; ++i) {
-    for (int32_t j = 0; j <= i; ++j) {
-      cov[static_cast<size_t>(i) * dim + j] /= static_cast<double>(n - 1);
+    for (int32_t j = 0; j < i; ++j) {
       cov[static_cast<size_t>(j) * dim + i] = cov[static_cast<size_t>(i) * dim + j];
     }
   }

@@ -37,19 +37,21 @@ absl::StatusOr<std::vector<float>> FitPredictor(const float* x, const float* y, 
     my[j] /= static_cast<double>(n);
   }
   // a = Cxx; b's column j = Cxy[:, j] (column-major): the solution's column j is W's row j.
-  std::vector<double> a(dim * dim, 0.0), b(dim * dim, 0.0), xc(dim), yc(dim);
+  // With X and Y the centred rows [n, dim] (row-major): a = X^T X, and b, read column-major,
+  // = X^T Y, i.e. row-major b = Y^T X (OpenBLAS, in double).
+  std::vector<double> xc(static_cast<size_t>(n) * dim), yc(static_cast<size_t>(n) * dim);
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t j = 0; j < dim; ++j) {
-      xc[j] = x[t * dim + j] - mx[j];
-      yc[j] = y[t * dim + j] - my[j];
-    }
-    for (int64_t j = 0; j < dim; ++j) {
-      for (int64_t i = 0; i < dim; ++i) {
-        a[j * dim + i] += xc[i] * xc[j];
-        b[j * dim + i] += xc[i] * yc[j];
-      }
+      xc[t * dim + j] = x[t * dim + j] - mx[j];
+      yc[t * dim + j] = y[t * dim + j] - my[j];
     }
   }
+  std::vector<double> a(dim * dim, 0.0), b(dim * dim, 0.0);
+  const int rows_n = static_cast<int>(n), d = static_cast<int>(dim);
+  cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, rows_n, 1.0, xc.data(), d, xc.data(),
+              d, 0.0, a.data(), d);
+  cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, rows_n, 1.0, yc.data(), d, xc.data(),
+              d, 0.0, b.data(), d);
   double trace = 0;
   for (int64_t i = 0; i < dim; ++i) trace += a[i * dim + i];
   for (int64_t i = 0; i < dim; ++i) a[i * dim + i] += 1e-3 * trace / dim + 1e-12;
