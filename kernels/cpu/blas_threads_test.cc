@@ -17,7 +17,9 @@ namespace {
 TEST(Blas, KernelsFitTheCpuAndMultiplyRight) {
   __builtin_cpu_init();
   const std::string core = BlasCore();
-  if (__builtin_cpu_supports("avx2")) EXPECT_NE(core, "Prescott");
+  if (__builtin_cpu_supports("avx2")) {
+    EXPECT_NE(core, "Prescott");
+  }
   std::mt19937 rng(std::random_device{}());
   std::normal_distribution<float> g;
   constexpr int m = 37, n = 53, k = 71;
