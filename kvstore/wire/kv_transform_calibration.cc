@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -148,18 +149,15 @@ void RotateKeyRows(const model::LlamaConfig& c, float* rows, int64_t tokens, int
                       .neox = false});
 }
 
-void ApplyKvPrediction(absl::Span<const float> predict, const float* prev, float* rows, int64_t n,
-                       int64_t dim, bool add) {
+void PredictKvRows(absl::Span<const float> predict, const float* prev, int64_t n, int64_t dim,
+                   float* out) {
   const float* w = predict.data();
   const float* bias = w + dim * dim;
-  const float sign = add ? 1.f : -1.f;
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t j = 0; j < dim; ++j) rows[t * dim + j] += sign * bias[j];
-  }
-  // rows += sign * prev W^T.
+  for (int64_t t = 0; t < n; ++t) std::copy(bias, bias + dim, out + t * dim);
+  // out += prev W^T.
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(dim),
-              static_cast<int>(dim), sign, prev, static_cast<int>(dim), w, static_cast<int>(dim),
-              1.f, rows, static_cast<int>(dim));
+              static_cast<int>(dim), 1.f, prev, static_cast<int>(dim), w, static_cast<int>(dim),
+              1.f, out, static_cast<int>(dim));
 }
 
 absl::StatusOr<KvTransformCalibration> CalibrateKvTransform(model::LlamaModel& llama,
@@ -189,8 +187,11 @@ absl::StatusOr<KvTransformCalibration> CalibrateKvTransform(model::LlamaModel& l
     }
     std::vector<float> this_k = k;
     if (!kp.empty()) {
-      ApplyKvPrediction(kp, prev_k.data(), k.data(), n, dim, /*add=*/false);
-      ApplyKvPrediction(vp, rec->v(layer - 1).data(), v.data(), n, dim, /*add=*/false);
+      std::vector<float> pred(n * dim);
+      PredictKvRows(kp, prev_k.data(), n, dim, pred.data());
+      for (int64_t i = 0; i < n * dim; ++i) k[i] -= pred[i];
+      PredictKvRows(vp, rec->v(layer - 1).data(), n, dim, pred.data());
+      for (int64_t i = 0; i < n * dim; ++i) v[i] -= pred[i];
     }
     prev_k = std::move(this_k);
     SLUICE_ASSIGN_OR_RETURN(KvTransformBasis kb,

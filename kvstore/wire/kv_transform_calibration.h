@@ -30,10 +30,10 @@ absl::StatusOr<KvTransformCalibration> CalibrateKvTransform(model::LlamaModel& l
                                                             const std::vector<int32_t>& tokens,
                                                             bool cross_layer = false);
 
-// rows [n, dim] -= (or += with `add`) the prediction bias + W prev[t] of `predict` (a
-// KvTransformCalibration predictor of dim).
-void ApplyKvPrediction(absl::Span<const float> predict, const float* prev, float* rows, int64_t n,
-                       int64_t dim, bool add);
+// out [n, dim] = the prediction bias + W prev[t] of `predict` (a KvTransformCalibration
+// predictor of dim) for the rows prev [n, dim].
+void PredictKvRows(absl::Span<const float> predict, const float* prev, int64_t n, int64_t dim,
+                   float* out);
 
 // One forward pass over `tokens` (one sequence, at most the model's context) with every key and
 // value kept in fp32 and recorded (post-RoPE keys), on a host-memory backend.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -88,44 +89,48 @@ absl::StatusOr<KvWireEncoder> KvWireEncoder::Create(const Options& o) {
 }
 
 absl::Status KvWireEncoder::CodeSide(int layer, bool keys, int64_t start, int64_t n,
-                                     const float* rows, float* decoded) {
+                                     const float* rows, float* decoded, std::string& out) {
   const auto [lo, hi] = CodedRows(o_.shape, start, n);
   // Exact rows, fp16 with RoPE.
   for (int64_t t = 0; t < n; ++t) {
     if (t >= lo && t < hi) continue;
     for (int64_t j = 0; j < dim_; ++j) {
       const uint16_t h = kernels::FloatToFp16(rows[t * dim_ + j]);
-      out_.append(reinterpret_cast<const char*>(&h), 2);
+      out.append(reinterpret_cast<const char*>(&h), 2);
       if (decoded != nullptr) decoded[t * dim_ + j] = kernels::Fp16ToFloat(h);
     }
   }
-  fp16_bytes_ += n * dim_ * 2;
   if (hi == lo) {
-    PutU32(out_, 0);
+    PutU32(out, 0);
     return absl::OkStatus();
   }
   // Coded rows: RoPE off, the prediction from the previous layer as decoded taken away.
   const int64_t m = hi - lo;
-  std::vector<float>& cur = keys ? cur_k_ : cur_v_;
-  const std::vector<float>& prev = keys ? prev_k_ : prev_v_;
-  cur.resize(n * dim_);
-  float* coded = cur.data() + lo * dim_;
+  Side& side = keys ? k_ : v_;
+  side.cur.resize(n * dim_);
+  float* coded = side.cur.data() + lo * dim_;
   std::copy(rows + lo * dim_, rows + hi * dim_, coded);
   if (keys) RotateKeyRows(o_.model, coded, m, start + lo, /*inverse=*/true);
   const std::vector<float>* predict = Predictor(*o_.calibration, layer, keys);
-  if (predict) ApplyKvPrediction(*predict, prev.data() + lo * dim_, coded, m, dim_, false);
+  if (predict) {
+    side.predicted.resize(m * dim_);
+    PredictKvRows(*predict, side.prev.data() + lo * dim_, m, dim_, side.predicted.data());
+    for (int64_t i = 0; i < m * dim_; ++i) coded[i] -= side.predicted[i];
+  }
   const KvTransformBasis& basis = (keys ? o_.calibration->k : o_.calibration->v)[layer];
   // `coded` becomes what the decoder will hold: the next layer predicts from it.
   SLUICE_ASSIGN_OR_RETURN(
       const std::string block,
       EncodeKvTransformBlock(basis, coded, m, keys ? o_.key_bits : o_.value_bits, coded));
-  PutU32(out_, static_cast<uint32_t>(block.size()));
-  out_ += block;
-  if (predict) ApplyKvPrediction(*predict, prev.data() + lo * dim_, coded, m, dim_, true);
+  PutU32(out, static_cast<uint32_t>(block.size()));
+  out += block;
+  if (predict) {
+    for (int64_t i = 0; i < m * dim_; ++i) coded[i] += side.predicted[i];
+  }
   if (decoded != nullptr) {
-    float* out = decoded + lo * dim_;
-    std::copy(coded, coded + m * dim_, out);
-    if (keys) RotateKeyRows(o_.model, out, m, start + lo, /*inverse=*/false);
+    float* dst = decoded + lo * dim_;
+    std::copy(coded, coded + m * dim_, dst);
+    if (keys) RotateKeyRows(o_.model, dst, m, start + lo, /*inverse=*/false);
   }
   return absl::OkStatus();
 }
@@ -148,10 +153,20 @@ absl::Status KvWireEncoder::Add(int layer, int64_t start, int64_t n, const float
         "KV wire encoder: layer %d of positions [%d, %d); expected layer %d of [%d, %d)", layer,
         start, start + n, next_layer_, next_, next_ + chunk_n_));
   }
-  SLUICE_RETURN_IF_ERROR(CodeSide(layer, true, start, n, k, decoded_k));
-  SLUICE_RETURN_IF_ERROR(CodeSide(layer, false, start, n, v, decoded_v));
-  prev_k_.swap(cur_k_);
-  prev_v_.swap(cur_v_);
+  // Keys and values are coded apart (each predicted from its own side of the layer before), the
+  // values on a thread of their own.
+  std::string values;
+  absl::Status values_st;
+  std::thread value_thread(
+      [&] { values_st = CodeSide(layer, false, start, n, v, decoded_v, values); });
+  const absl::Status keys_st = CodeSide(layer, true, start, n, k, decoded_k, out_);
+  value_thread.join();
+  SLUICE_RETURN_IF_ERROR(keys_st);
+  SLUICE_RETURN_IF_ERROR(values_st);
+  out_ += values;
+  fp16_bytes_ += 2 * n * dim_ * 2;
+  k_.prev.swap(k_.cur);
+  v_.prev.swap(v_.cur);
   if (++next_layer_ == o_.model.layers) {
     next_layer_ = 0;
     next_ += n;
@@ -284,7 +299,12 @@ absl::Status KvWireDecoder::DecodeSide(int layer, bool keys, const Chunk& c, con
                                    keys ? "keys" : "values", st.message()));
   }
   const std::vector<float>* predict = Predictor(*calibration_, layer, keys);
-  if (predict) ApplyKvPrediction(*predict, prev.data() + first * dim_, coded, m, dim_, true);
+  if (predict) {
+    // As the encoder added it back: the prediction apart, then added.
+    predicted_.resize(m * dim_);
+    PredictKvRows(*predict, prev.data() + first * dim_, m, dim_, predicted_.data());
+    for (int64_t i = 0; i < m * dim_; ++i) coded[i] += predicted_[i];
+  }
   float* out = rows + first * dim_;
   std::copy(coded, coded + m * dim_, out);
   if (keys) RotateKeyRows(model_, out, m, first, /*inverse=*/false);

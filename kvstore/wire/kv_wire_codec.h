@@ -88,8 +88,9 @@ class KvWireEncoder {
 
  private:
   explicit KvWireEncoder(const Options& o);
+  // Codes one side (keys or values) of a layer's chunk onto `out`.
   absl::Status CodeSide(int layer, bool keys, int64_t start, int64_t n, const float* rows,
-                        float* decoded);
+                        float* decoded, std::string& out);
 
   Options o_;
   int64_t dim_ = 0;
@@ -99,8 +100,12 @@ class KvWireEncoder {
   int next_layer_ = 0;   // the open chunk's next layer
   int64_t chunks_ = 0;
   int64_t fp16_bytes_ = 0;
-  std::vector<float> prev_k_, prev_v_, cur_k_, cur_v_;  // coded rows as decoded, without RoPE
-  std::vector<float> scratch_;
+  // Per side: the chunk's coded rows as decoded, without RoPE, for this layer and the one
+  // before; the prediction of this layer's.
+  struct Side {
+    std::vector<float> prev, cur, predicted;
+  };
+  Side k_, v_;
 };
 
 class KvWireDecoder {
@@ -138,6 +143,7 @@ class KvWireDecoder {
   std::vector<Chunk> chunks_;
   int next_layer_ = 0;
   std::vector<float> prev_k_, prev_v_, cur_k_, cur_v_;  // [tokens, dim], coded rows only
+  std::vector<float> predicted_;
 };
 
 }  // namespace sluice::kvstore
