@@ -112,12 +112,14 @@ absl::Status Run() {
   // The transform-coded wire, when asked: the codec a prefill worker runs on its prompts.
   std::optional<kvstore::KvTransformCalibration> calibration;
   kvstore::KvWireBits wire_bits;
+  uint32_t calibration_checksum = 0;
   if (!absl::GetFlag(FLAGS_wire_bits).empty()) {
     SLUICE_ASSIGN_OR_RETURN(wire_bits, kvstore::ParseKvWireBits(absl::GetFlag(FLAGS_wire_bits)));
     const std::string file = absl::GetFlag(FLAGS_kv_calibration).empty()
                                  ? model::KvCalibrationPath(absl::GetFlag(FLAGS_model))
                                  : absl::GetFlag(FLAGS_kv_calibration);
     SLUICE_ASSIGN_OR_RETURN(calibration, kvstore::ReadKvTransformCalibration(file));
+    calibration_checksum = kvstore::KvTransformCalibrationChecksum(*calibration);
   }
   // One prefill of `batch` with every sequence coded for the wire: seconds, and the streams'
   // bytes.
@@ -127,13 +129,13 @@ absl::Status Run() {
     const auto t0 = Clock::now();
     for (const model::ForwardEntry& e : batch) {
       const int64_t n = static_cast<int64_t>(e.tokens.size());
-      SLUICE_RETURN_IF_ERROR(wire.StartEncoding(
-          e.seq, {.calibration = &*calibration,
-                  .calibration_checksum = kvstore::KvTransformCalibrationChecksum(*calibration),
-                  .model = c,
-                  .key_bits = wire_bits.key,
-                  .value_bits = wire_bits.value,
-                  .shape = {.tokens = n, .tail = cache.WindowAfterPrompt(n)}}));
+      SLUICE_RETURN_IF_ERROR(
+          wire.StartEncoding(e.seq, {.calibration = &*calibration,
+                                     .calibration_checksum = calibration_checksum,
+                                     .model = c,
+                                     .key_bits = wire_bits.key,
+                                     .value_bits = wire_bits.value,
+                                     .shape = {.tokens = n, .tail = cache.WindowAfterPrompt(n)}}));
     }
     SLUICE_RETURN_IF_ERROR(llama->Forward(batch, wire, logits.data()));
     for (const model::ForwardEntry& e : batch) {

@@ -44,26 +44,18 @@ PrefillWorker::PrefillWorker(WorkerRuntime& runtime, transport::Transport& trans
                           .Help("KV pages sent while the prompt's later layers still computed.")
                           .Register(registry)
                           .Add({})),
-      wire_bytes_pages_(prometheus::BuildCounter()
-                            .Name("sluice_kv_wire_bytes_total")
-                            .Help("Bytes of prompts' KV sent to decode workers, by codec.")
-                            .Register(registry)
-                            .Add({{"codec", "pages"}})),
-      wire_bytes_kvtc_(prometheus::BuildCounter()
-                           .Name("sluice_kv_wire_bytes_total")
-                           .Help("Bytes of prompts' KV sent to decode workers, by codec.")
-                           .Register(registry)
-                           .Add({{"codec", "kvtc"}})),
-      wire_fp16_bytes_pages_(prometheus::BuildCounter()
-                                 .Name("sluice_kv_wire_fp16_bytes_total")
-                                 .Help("The same prompts' KV as fp16, by the codec it crossed in.")
-                                 .Register(registry)
-                                 .Add({{"codec", "pages"}})),
-      wire_fp16_bytes_kvtc_(prometheus::BuildCounter()
-                                .Name("sluice_kv_wire_fp16_bytes_total")
-                                .Help("The same prompts' KV as fp16, by the codec it crossed in.")
-                                .Register(registry)
-                                .Add({{"codec", "kvtc"}})),
+      wire_bytes_(prometheus::BuildCounter()
+                      .Name("sluice_kv_wire_bytes_total")
+                      .Help("Bytes of prompts' KV sent to decode workers, by codec.")
+                      .Register(registry)),
+      wire_fp16_bytes_(prometheus::BuildCounter()
+                           .Name("sluice_kv_wire_fp16_bytes_total")
+                           .Help("The same prompts' KV as fp16, by the codec it crossed in.")
+                           .Register(registry)),
+      wire_bytes_pages_(wire_bytes_.Add({{"codec", "pages"}})),
+      wire_bytes_kvtc_(wire_bytes_.Add({{"codec", "kvtc"}})),
+      wire_fp16_bytes_pages_(wire_fp16_bytes_.Add({{"codec", "pages"}})),
+      wire_fp16_bytes_kvtc_(wire_fp16_bytes_.Add({{"codec", "kvtc"}})),
       transfer_seconds_(prometheus::BuildHistogram()
                             .Name("sluice_kv_transfer_seconds")
                             .Help("Time to put one sequence's pages and flush them.")

@@ -32,6 +32,7 @@
 #include "absl/time/time.h"
 #include "common/worker_runtime.h"
 #include "prometheus/counter.h"
+#include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
@@ -134,6 +135,8 @@ class PrefillWorker {
   prometheus::Counter& streamed_pages_;
   // What crossed to decode workers by codec ("pages": pages and state; "kvtc": the
   // transform-coded stream), and the same prompts' KV as fp16.
+  prometheus::Family<prometheus::Counter>& wire_bytes_;
+  prometheus::Family<prometheus::Counter>& wire_fp16_bytes_;
   prometheus::Counter& wire_bytes_pages_;
   prometheus::Counter& wire_bytes_kvtc_;
   prometheus::Counter& wire_fp16_bytes_pages_;
