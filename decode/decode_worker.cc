@@ -595,7 +595,8 @@ void DecodeWorker::StepGroup(WorkerRuntime::Cache* cache, std::vector<Running*>&
   std::vector<model::ForwardEntry> entries;
   for (Running* r : group) entries.push_back({r->seq, absl::MakeConstSpan(&r->last, 1)});
   std::vector<float> logits(entries.size() * vocab);
-  const absl::Status st = rt_.model().Forward(entries, *cache->cache, logits.data());
+  const absl::Status st =
+      rt_.model().Forward(entries, *cache->cache, logits.data(), model::StepKind::kDecode);
   if (!st.ok()) {
     // A failed step leaves no way to tell which sequence's cache is sound: end them all.
     std::vector<uint64_t> seqs;

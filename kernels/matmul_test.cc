@@ -69,10 +69,12 @@ class MatmulTest : public ::testing::TestWithParam<BackendCase> {
   // `precision` kBf16 allows bf16 rounding of both operands (2^-9 relative each, to nearest).
   // With `accumulate`, y starts random and the product is added to it.
   void Check(GgmlType type, int64_t m, int64_t n, int64_t k, uint64_t seed,
-             MatmulPrecision precision = MatmulPrecision::kFp32, bool accumulate = false) {
+             MatmulPrecision precision = MatmulPrecision::kFp32, bool accumulate = false,
+             MatmulRows rows = MatmulRows::kFew) {
     SCOPED_TRACE(::testing::Message()
                  << backend_->name() << " " << GgmlTypeName(uint32_t(type)) << " m=" << m
-                 << " n=" << n << " k=" << k << " seed=" << seed << " accumulate=" << accumulate);
+                 << " n=" << n << " k=" << k << " seed=" << seed << " accumulate=" << accumulate
+                 << " rows=" << (rows == MatmulRows::kMany ? "many" : "few"));
     std::mt19937_64 rng(seed);
     std::vector<float> x = testing::RandomFloats(rng, m * k, -2.f, 2.f);
     std::vector<uint8_t> w = RandomWeights(rng, type, n, k);
@@ -124,7 +126,8 @@ class MatmulTest : public ::testing::TestWithParam<BackendCase> {
                                               .n = n,
                                               .k = k,
                                               .precision = precision,
-                                              .accumulate = accumulate});
+                                              .accumulate = accumulate,
+                                              .rows = rows});
     ASSERT_TRUE(st.ok()) << st;
     ASSERT_TRUE(backend_->Synchronize().ok());
     auto got = yb->DownloadChecked();
@@ -140,13 +143,85 @@ TEST_P(MatmulTest, EveryWeightTypeMatchesReference) {
   std::mt19937_64 rng(testing::TestSeed());
   for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
                         GgmlType::kQ4_0, GgmlType::kQ4_1}) {
-    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 32},
-                           {1, 37, 576},
-                           {3, 16, 64},
-                           {4, 20, 96},
-                           {7, 33, 160},
-                           {17, 50, 1536}}) {
-      Check(type, m, n, k, rng());
+    for (MatmulRows rows : {MatmulRows::kFew, MatmulRows::kMany}) {
+      for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 32},
+                             {1, 37, 576},
+                             {3, 16, 64},
+                             {4, 20, 96},
+                             {7, 33, 160},
+                             {17, 50, 1536},
+                             {45, 130, 64}}) {
+        Check(type, m, n, k, rng(), MatmulPrecision::kFp32, /*accumulate=*/false, rows);
+      }
+    }
+  }
+}
+
+// A row's result is the same bits whatever batch it is in (MatmulRows): the rows of one product
+// computed again in a batch of another size, at other places, beside other rows, for each kind
+// of call, weight type and accumulation. Host backends; the CUDA backend picks its kernel by m.
+TEST_P(MatmulTest, RowsDoNotDependOnTheirBatch) {
+  if (backend_->memory_space() != MemorySpace::kHost) {
+    GTEST_SKIP() << backend_->name() << " picks its kernel by m: not batch-invariant";
+  }
+  std::mt19937_64 rng(testing::TestSeed());
+  const int64_t n = 150;
+  for (auto [type, k] : {std::pair{GgmlType::kF32, int64_t{64}},
+                         {GgmlType::kF32, 576},
+                         {GgmlType::kBF16, 576},
+                         {GgmlType::kQ8_0, 1536},
+                         {GgmlType::kQ4_1, 576},
+                         {GgmlType::kQ4_1, 64}}) {
+    const std::vector<uint8_t> w = RandomWeights(rng, type, n, k);
+    for (MatmulRows rows : {MatmulRows::kFew, MatmulRows::kMany}) {
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << backend_->name() << " " << GgmlTypeName(uint32_t(type)) << " k=" << k
+                     << " rows=" << (rows == MatmulRows::kMany ? "many" : "few")
+                     << " accumulate=" << accumulate);
+        const auto run = [&](const std::vector<float>& x, std::vector<float> y) {
+          const int64_t m = static_cast<int64_t>(x.size()) / k;
+          EXPECT_TRUE(backend_
+                          ->Matmul({.x = x.data(),
+                                    .w = w.data(),
+                                    .w_type = type,
+                                    .y = y.data(),
+                                    .m = m,
+                                    .n = n,
+                                    .k = k,
+                                    .accumulate = accumulate,
+                                    .rows = rows})
+                          .ok());
+          return y;
+        };
+        // The first batch: m1 rows; then batches of other sizes holding some of its rows.
+        // Up to 300 rows: the BLAS path's whole groups of 16 rows and its padded last rows.
+        const int64_t m1 = std::uniform_int_distribution<int64_t>(1, 300)(rng);
+        const std::vector<float> x1 = testing::RandomFloats(rng, m1 * k, -2.f, 2.f);
+        const std::vector<float> y1_prior = testing::RandomFloats(rng, m1 * n, -4.f, 4.f);
+        const std::vector<float> y1 = run(x1, y1_prior);
+        for (int trial = 0; trial < 3; ++trial) {
+          const int64_t m2 = std::uniform_int_distribution<int64_t>(1, 300)(rng);
+          std::vector<float> x2 = testing::RandomFloats(rng, m2 * k, -2.f, 2.f);
+          std::vector<float> y2_prior = testing::RandomFloats(rng, m2 * n, -4.f, 4.f);
+          std::vector<int64_t> from(m2, -1);  // row of batch 1 at each row of batch 2, or -1
+          for (int64_t i = 0; i < m2; ++i) {
+            if (rng() % 2 == 0) continue;
+            from[i] = std::uniform_int_distribution<int64_t>(0, m1 - 1)(rng);
+            std::copy_n(x1.begin() + from[i] * k, k, x2.begin() + i * k);
+            std::copy_n(y1_prior.begin() + from[i] * n, n, y2_prior.begin() + i * n);
+          }
+          const std::vector<float> y2 = run(x2, y2_prior);
+          for (int64_t i = 0; i < m2; ++i) {
+            if (from[i] < 0) continue;
+            for (int64_t j = 0; j < n; ++j) {
+              ASSERT_EQ(y2[i * n + j], y1[from[i] * n + j])
+                  << "row " << from[i] << " of " << m1 << " again as row " << i << " of " << m2
+                  << ", column " << j;
+            }
+          }
+        }
+      }
     }
   }
 }
@@ -181,15 +256,19 @@ TEST_P(MatmulTest, FewRowsAgainstBf16Weights) {
   }
 }
 
-// y += x w^T on every path: quantized dot (m <= 4), tiles, BLAS panels (m >= 16), bf16.
+// y += x w^T on every path: quantized dot, tiles and BLAS panels (kMany; a padded last block
+// of rows too), bf16.
 TEST_P(MatmulTest, AccumulatesIntoY) {
   std::mt19937_64 rng(testing::TestSeed());
   for (GgmlType type : {GgmlType::kF32, GgmlType::kQ8_0, GgmlType::kQ4_1}) {
-    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 37, 576},
-                           {4, 20, 96},
-                           {7, 33, 160},
-                           {17, 50, 1536}}) {
-      Check(type, m, n, k, rng(), MatmulPrecision::kFp32, /*accumulate=*/true);
+    for (MatmulRows rows : {MatmulRows::kFew, MatmulRows::kMany}) {
+      for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 37, 576},
+                             {4, 20, 96},
+                             {7, 33, 160},
+                             {17, 50, 1536},
+                             {40, 140, 64}}) {
+        Check(type, m, n, k, rng(), MatmulPrecision::kFp32, /*accumulate=*/true, rows);
+      }
     }
     Check(type, 7, 33, 160, rng(), MatmulPrecision::kBf16, /*accumulate=*/true);
   }

@@ -39,6 +39,14 @@ struct RmsNormParams {
 // relative error per product; host backends compute in fp32 either way.
 enum class MatmulPrecision : uint8_t { kFp32 = 0, kBf16 = 1 };
 
+// Which algorithm a matmul runs, chosen by the caller for a kind of call rather than by m. On the
+// host backends, within one kind, row r of y is a function of row r of x and of w alone: the
+// same bits whatever m, the row's place and the other rows, so a sequence's tokens do not depend
+// on the batch it runs in (the decode steps it shares, the prompts prefilled beside it). kFew:
+// a row per sequence (decode steps, logits), weights read in place; kMany: a prompt's rows,
+// weight panels expanded once and reused across rows. The CUDA backend picks by m for now.
+enum class MatmulRows : uint8_t { kFew = 0, kMany = 1 };
+
 // y[m, n] = sum_k x[m, k] * w[n, k]: activations times the transpose of a weight matrix stored
 // row by row in a GGML element type (dequantized on the fly; arithmetic in fp32). With
 // accumulate, y[m, n] += that sum instead (a residual connection added in the same pass).
@@ -52,6 +60,7 @@ struct MatmulParams {
   int64_t k = 0;  // a multiple of w_type's block size
   MatmulPrecision precision = MatmulPrecision::kFp32;
   bool accumulate = false;
+  MatmulRows rows = MatmulRows::kFew;
 };
 
 // out[t, :] = dequantize(table[ids[t], :]): embedding lookup.

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -235,7 +236,7 @@ absl::Status LlamaModel::EnsureScratch(int64_t rows, int64_t batch) {
 }
 
 absl::Status LlamaModel::Matmul(const float* x, const Weight& w, float* y, int64_t m, int64_t n,
-                                int64_t k, bool accumulate) {
+                                int64_t k, kernels::MatmulRows rows, bool accumulate) {
   return backend_.Matmul({.x = x,
                           .w = w.data,
                           .w_type = w.type,
@@ -244,7 +245,8 @@ absl::Status LlamaModel::Matmul(const float* x, const Weight& w, float* y, int64
                           .n = n,
                           .k = k,
                           .precision = precision_,
-                          .accumulate = accumulate});
+                          .accumulate = accumulate,
+                          .rows = rows});
 }
 
 int64_t LlamaModel::recorded_segments() const {
@@ -278,7 +280,7 @@ absl::Status LlamaModel::Segment(int64_t rows, int index, absl::FunctionRef<absl
 }
 
 absl::Status LlamaModel::Forward(absl::Span<const ForwardEntry> batch, KvCache& cache,
-                                 float* logits) {
+                                 float* logits, StepKind kind) {
   if (batch.empty()) return absl::OkStatus();
   std::vector<StepEntry> step;
   step.reserve(batch.size());
@@ -295,15 +297,24 @@ absl::Status LlamaModel::Forward(absl::Span<const ForwardEntry> batch, KvCache& 
     SLUICE_ASSIGN_OR_RETURN(int64_t len, cache.Length(e.seq));
     lengths.push_back(len);
   }
+  if (kind == StepKind::kAuto) {
+    kind = absl::c_any_of(batch, [](const ForwardEntry& e) { return e.tokens.size() > 1; })
+               ? StepKind::kPrompt
+               : StepKind::kDecode;
+  }
   SLUICE_RETURN_IF_ERROR(cache.BeginStep(step));
-  absl::Status st = RunStep(batch, lengths, cache, logits);
+  absl::Status st = RunStep(batch, lengths, kind, cache, logits);
   if (!st.ok()) cache.AbortStep();
   return st;
 }
 
 absl::Status LlamaModel::RunStep(absl::Span<const ForwardEntry> batch,
-                                 absl::Span<const int64_t> lengths, KvCache& cache, float* logits) {
+                                 absl::Span<const int64_t> lengths, StepKind kind, KvCache& cache,
+                                 float* logits) {
   const LlamaConfig& c = config_;
+  // The layers' matmuls by the kind of step; the logits' (a row per entry) always kFew.
+  const kernels::MatmulRows rows_kind =
+      kind == StepKind::kPrompt ? kernels::MatmulRows::kMany : kernels::MatmulRows::kFew;
   // Flatten every entry's new tokens into one [m, hidden] activation matrix.
   std::vector<int32_t> ids, positions;
   std::vector<int64_t> starts;  // per entry: its first row
@@ -344,9 +355,9 @@ absl::Status LlamaModel::RunStep(absl::Span<const ForwardEntry> batch,
     const Layer& l = layers_[li];
     SLUICE_RETURN_IF_ERROR(backend_.RmsNorm(
         {.x = x, .weight = l.attn_norm, .y = h, .rows = m, .dim = c.hidden, .eps = c.rms_eps}));
-    SLUICE_RETURN_IF_ERROR(Matmul(h, l.q, q, m, q_dim, c.hidden));
-    SLUICE_RETURN_IF_ERROR(Matmul(h, l.k, k, m, kv_dim, c.hidden));
-    SLUICE_RETURN_IF_ERROR(Matmul(h, l.v, v, m, kv_dim, c.hidden));
+    SLUICE_RETURN_IF_ERROR(Matmul(h, l.q, q, m, q_dim, c.hidden, rows_kind));
+    SLUICE_RETURN_IF_ERROR(Matmul(h, l.k, k, m, kv_dim, c.hidden, rows_kind));
+    SLUICE_RETURN_IF_ERROR(Matmul(h, l.v, v, m, kv_dim, c.hidden, rows_kind));
     for (auto [buf, heads] : {std::pair{q, c.heads}, std::pair{k, c.kv_heads}}) {
       SLUICE_RETURN_IF_ERROR(backend_.Rope({.x = buf,
                                             .positions = device_positions,
@@ -362,13 +373,14 @@ absl::Status LlamaModel::RunStep(absl::Span<const ForwardEntry> batch,
   const auto feed_forward = [&](int li) -> absl::Status {
     const Layer& l = layers_[li];
     // The residual stream takes the projections in place: x += attn o^T, later x += ... down^T.
-    SLUICE_RETURN_IF_ERROR(Matmul(attn, l.o, x, m, c.hidden, q_dim, /*accumulate=*/true));
+    SLUICE_RETURN_IF_ERROR(
+        Matmul(attn, l.o, x, m, c.hidden, q_dim, rows_kind, /*accumulate=*/true));
     SLUICE_RETURN_IF_ERROR(backend_.RmsNorm(
         {.x = x, .weight = l.ffn_norm, .y = h, .rows = m, .dim = c.hidden, .eps = c.rms_eps}));
-    SLUICE_RETURN_IF_ERROR(Matmul(h, l.gate, gate, m, c.ffn, c.hidden));
-    SLUICE_RETURN_IF_ERROR(Matmul(h, l.up, up, m, c.ffn, c.hidden));
+    SLUICE_RETURN_IF_ERROR(Matmul(h, l.gate, gate, m, c.ffn, c.hidden, rows_kind));
+    SLUICE_RETURN_IF_ERROR(Matmul(h, l.up, up, m, c.ffn, c.hidden, rows_kind));
     SLUICE_RETURN_IF_ERROR(backend_.SwiGlu({.gate = gate, .up = up, .out = gate, .n = m * c.ffn}));
-    return Matmul(gate, l.down, x, m, c.hidden, c.ffn, /*accumulate=*/true);
+    return Matmul(gate, l.down, x, m, c.hidden, c.ffn, rows_kind, /*accumulate=*/true);
   };
   SLUICE_RETURN_IF_ERROR(Segment(m, 0, [&]() -> absl::Status {
     SLUICE_RETURN_IF_ERROR(backend_.GetRows({.table = token_embd_.data,
@@ -409,9 +421,10 @@ absl::Status LlamaModel::RunStep(absl::Span<const ForwardEntry> batch,
                                            .dim = c.hidden,
                                            .eps = c.rms_eps}));
   if (backend_.memory_space() == kernels::MemorySpace::kHost) {
-    return Matmul(last, output_, logits, b, c.vocab, c.hidden);
+    return Matmul(last, output_, logits, b, c.vocab, c.hidden, kernels::MatmulRows::kFew);
   }
-  SLUICE_RETURN_IF_ERROR(Matmul(last, output_, s.logits.as<float>(), b, c.vocab, c.hidden));
+  SLUICE_RETURN_IF_ERROR(
+      Matmul(last, output_, s.logits.as<float>(), b, c.vocab, c.hidden, kernels::MatmulRows::kFew));
   return s.logits.Download(logits, static_cast<size_t>(b * c.vocab) * sizeof(float));
 }
 

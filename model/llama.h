@@ -51,6 +51,12 @@ struct ForwardEntry {
   absl::Span<const int32_t> tokens;  // its new tokens, at least one
 };
 
+// What a forward pass runs, for the algorithms of its matmuls (kernels::MatmulRows): prompts'
+// tokens (kPrompt) or a token per sequence (kDecode); kAuto: kPrompt when an entry has more
+// than one token. On the host backends a sequence's logits and KV are then the same bits
+// whatever else its pass holds, for passes of one kind.
+enum class StepKind : uint8_t { kAuto, kDecode, kPrompt };
+
 struct LlamaLoadOptions {
   // On a device backend: the weight matrices go to device memory as bf16 (expanded from their
   // GGUF types once, here) and every matmul runs on the matrix units with bf16 operands and
@@ -85,7 +91,8 @@ class LlamaModel {
   // Runs the new tokens of every entry, appends their K/V to `cache` (a cache on the same
   // backend), and writes the logits of each entry's last token to logits [batch.size(), vocab],
   // host memory.
-  absl::Status Forward(absl::Span<const ForwardEntry> batch, KvCache& cache, float* logits);
+  absl::Status Forward(absl::Span<const ForwardEntry> batch, KvCache& cache, float* logits,
+                       StepKind kind = StepKind::kAuto);
 
  private:
   struct Weight {
@@ -116,14 +123,14 @@ class LlamaModel {
   absl::Status UploadWeights(bool bf16);
   absl::Status EnsureScratch(int64_t rows, int64_t batch);
   absl::Status Matmul(const float* x, const Weight& w, float* y, int64_t m, int64_t n, int64_t k,
-                      bool accumulate = false);
+                      kernels::MatmulRows rows, bool accumulate = false);
   // Runs segment `index` of a step of `rows` rows (0: up to layer 0's attention; l + 1: layer
   // l's feed-forward and layer l + 1's attention input): replays its recording, recording it
   // first, where the step's ops are recorded (record_steps_), and issues the ops otherwise.
   absl::Status Segment(int64_t rows, int index, absl::FunctionRef<absl::Status()> ops);
   // Forward's pass once the cache's step is open; `lengths` are the entries' committed tokens.
   absl::Status RunStep(absl::Span<const ForwardEntry> batch, absl::Span<const int64_t> lengths,
-                       KvCache& cache, float* logits);
+                       StepKind kind, KvCache& cache, float* logits);
 
   LlamaConfig config_;
   kernels::Backend& backend_;

@@ -3,6 +3,7 @@
 // frees what it holds. The real model is checked against HF goldens in llama_golden_test.
 #include "model/llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -164,6 +165,94 @@ TEST_P(LlamaTest, BatchedDecodeEqualsSeparateRuns) {
   for (int s = 0; s < 3; ++s) ASSERT_TRUE(cache.RemoveSequence(10 + s).ok());
   EXPECT_EQ(cache.Stats().sequences, 0);
   EXPECT_EQ(cache.pool().used_pages(), 0);
+}
+
+// Where two logit rows first differ, or -1: batching must not change a bit.
+int64_t FirstDifference(absl::Span<const float> a, absl::Span<const float> b) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+// A sequence's logits are the same bits whatever its pass holds (kernels::MatmulRows, the
+// attention's per-sequence split): prompts prefilled alone or together, then decode steps run
+// alone or in batches of changing size and order beside other sequences, over pages that
+// compress (kivi4) and pages that do not (fp16).
+TEST_P(LlamaTest, ASequenceIsTheSameBitsInAnyBatch) {
+  SCOPED_TRACE(seed_);
+  Loaded l = Load(spec_, *cpu_, seed_);
+  const int64_t vocab = l.model->config().vocab;
+  for (auto [preset, residual] : {std::pair{"fp16", 0}, std::pair{"kivi4", 8}}) {
+    SCOPED_TRACE(preset);
+    std::mt19937_64 rng(seed_ + 4);
+    auto made = testing::MakeTinyCache(spec_, *cpu_, preset, residual, /*pages=*/2048);
+    ASSERT_TRUE(made.ok()) << made.status();
+    std::unique_ptr<kvstore::PagedKvCache> cache = std::move(*made);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int n : {3, 150, 700}) prompts.push_back(RandomTokens(rng, n, spec_.vocab));
+    std::vector<std::vector<float>> alone(3, std::vector<float>(vocab));
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE(cache->AddSequence(s, 2048).ok());
+      ASSERT_TRUE(
+          l.model->Forward({{s, prompts[s]}}, *cache, alone[s].data(), StepKind::kPrompt).ok());
+    }
+    // The same prompts in one pass (sequences 10..12), with others (20..23) whose lengths vary
+    // (long ones too: the attention's work over the batch changes a lot from step to step).
+    std::vector<ForwardEntry> batch;
+    std::vector<std::vector<int32_t>> others;
+    for (int n : {1, 40, 900, 1500}) others.push_back(RandomTokens(rng, n, spec_.vocab));
+    for (int s = 0; s < 4; ++s) {
+      ASSERT_TRUE(cache->AddSequence(20 + s, 2048).ok());
+      batch.push_back({20 + s, others[s]});
+    }
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE(cache->AddSequence(10 + s, 2048).ok());
+      batch.insert(batch.begin() + 2 * s, {10 + s, prompts[s]});
+    }
+    std::vector<float> together(batch.size() * vocab);
+    const absl::Status st = l.model->Forward(batch, *cache, together.data(), StepKind::kPrompt);
+    ASSERT_TRUE(st.ok()) << st;
+    for (size_t e = 0; e < batch.size(); ++e) {
+      if (batch[e].seq >= 20) continue;
+      const int s = static_cast<int>(batch[e].seq - 10);
+      EXPECT_EQ(FirstDifference(absl::MakeConstSpan(together).subspan(e * vocab, vocab), alone[s]),
+                -1)
+          << "prompt " << s;
+    }
+    // Decode steps: each sequence alone, and together in batches of 3 to 7 in shuffled order.
+    for (int step = 0; step < 8; ++step) {
+      std::vector<int32_t> next(3);
+      for (int s = 0; s < 3; ++s) {
+        next[s] = static_cast<int32_t>(std::max_element(alone[s].begin(), alone[s].end()) -
+                                       alone[s].begin());
+        ASSERT_TRUE(l.model
+                        ->Forward({{s, absl::MakeConstSpan(&next[s], 1)}}, *cache, alone[s].data(),
+                                  StepKind::kDecode)
+                        .ok());
+      }
+      std::vector<int32_t> other_tokens = RandomTokens(rng, 4, spec_.vocab);
+      batch.clear();
+      for (int s = 0; s < 3; ++s) batch.push_back({10 + s, absl::MakeConstSpan(&next[s], 1)});
+      for (int s = 0; s < 4; ++s) {
+        if (rng() % 2 == 0) batch.push_back({20 + s, absl::MakeConstSpan(&other_tokens[s], 1)});
+      }
+      std::shuffle(batch.begin(), batch.end(), rng);
+      together.assign(batch.size() * vocab, 0.f);
+      ASSERT_TRUE(l.model->Forward(batch, *cache, together.data(), StepKind::kDecode).ok());
+      for (size_t e = 0; e < batch.size(); ++e) {
+        if (batch[e].seq >= 20) continue;
+        const int s = static_cast<int>(batch[e].seq - 10);
+        ASSERT_EQ(
+            FirstDifference(absl::MakeConstSpan(together).subspan(e * vocab, vocab), alone[s]), -1)
+            << "sequence " << s << " at decode step " << step << " in a batch of " << batch.size();
+      }
+    }
+    for (int64_t s : {0, 1, 2, 10, 11, 12, 20, 21, 22, 23}) {
+      ASSERT_TRUE(cache->RemoveSequence(s).ok());
+    }
+    EXPECT_EQ(cache->pool().used_pages(), 0);
+  }
 }
 
 TEST_P(LlamaTest, CpuMatchesRefBackend) {

@@ -250,13 +250,18 @@ void PrefillWorker::Step() {
       job->cache = *c;
     }
     if (cache == nullptr) cache = job->cache;
+    // A prompt is cut at fixed places, every chunk_tokens from its start, whatever else the
+    // step holds: a chunk attends to those before it through the cache, so a prompt's KV would
+    // otherwise depend on the prompts beside it. Chunks join whole while the budget lasts (the
+    // head's always); presets that select from the whole prompt run it in one step.
     const int64_t left = job->request.prompt_size() - job->next;
-    if (job->cache != cache || budget <= 0 ||
-        (cache->cache->policy().selects_prompt() && job->next == 0 && !jobs.empty())) {
+    const bool whole = job->cache->cache->policy().selects_prompt();
+    const int64_t n =
+        whole ? left : std::min(options_.chunk_tokens - job->next % options_.chunk_tokens, left);
+    if (job->cache != cache || (!entries.empty() && (n > budget || whole))) {
       keep.push_back(std::move(job));
       continue;
     }
-    const int64_t n = cache->cache->policy().selects_prompt() ? left : std::min(budget, left);
     budget -= n;
     entries.push_back({job->seq, absl::MakeConstSpan(job->request.prompt().data() + job->next,
                                                      static_cast<size_t>(n))});
@@ -289,7 +294,8 @@ void PrefillWorker::Step() {
   const int64_t vocab = rt_.config().vocab;
   std::vector<float> logits(entries.size() * vocab);
   const absl::Time t0 = absl::Now();
-  const absl::Status st = rt_.model().Forward(entries, cache->model_cache(), logits.data());
+  const absl::Status st =
+      rt_.model().Forward(entries, cache->model_cache(), logits.data(), model::StepKind::kPrompt);
   const absl::Duration took = absl::Now() - t0;
   // Finished (or failed) jobs leave the queue.
   for (size_t i = 0; i < jobs.size(); ++i) {

@@ -7,11 +7,13 @@
 //
 // One scheduler thread owns the model and the caches. It takes waiting prompts first come,
 // first served, and runs up to `chunk_tokens` prompt tokens a step, from one prompt or several
-// (chunked prefill). In a prompt's last chunk each layer's pages go to a sender thread as soon
-// as the layer is done (PagedKvCache::StreamLayers), so they travel while the next layers
-// compute; presets whose pages change after a commit send everything once the prompt is done.
-// The sender flushes while the scheduler computes the next prompts, then hands the sequence
-// back to the scheduler to free its pages.
+// (chunked prefill). A prompt is cut every `chunk_tokens` from its start whatever runs beside
+// it, and its matmuls run as a prompt's (model::StepKind::kPrompt), so its KV and first token
+// are the same bits however it was batched (on the host backends). In a prompt's last chunk each
+// layer's pages go to a sender thread as soon as the layer is done (PagedKvCache::StreamLayers), so
+// they travel while the next layers compute; presets whose pages change after a commit send
+// everything once the prompt is done. The sender flushes while the scheduler computes the next
+// prompts, then hands the sequence back to the scheduler to free its pages.
 #ifndef SLUICE_PREFILL_PREFILL_WORKER_H_
 #define SLUICE_PREFILL_PREFILL_WORKER_H_
 

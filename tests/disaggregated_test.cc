@@ -403,6 +403,79 @@ TEST_F(Disaggregated, AReplayedMigrationGoesOnAsTheUndisturbedRun) {
   }
 }
 
+// Among other requests the same: the prompt prefilled while others' prompts arrive beside it,
+// the generation cut and replayed while others decode in the same steps, in batches whose size
+// and order change as they come and go. The text equals the one the request gave alone, as a
+// greedy request moved by the router must (a sequence's numbers do not depend on its batch).
+TEST_F(Disaggregated, AMigrationAmongOtherRequestsGoesOnAsTheRunAlone) {
+  const std::string preset = "sluice";
+  // Tokens and their logprobs, which show a difference in the last bit of the logits.
+  rpc::SamplingParams sampling = Greedy(48, /*stop_at_eos=*/false);
+  sampling.set_logprobs(true);
+  using Scored = std::vector<std::pair<int32_t, float>>;
+  const auto drain = [](router::GenerationStream& stream, Scored& out) {
+    rpc::GenerateResponse m;
+    while (stream.Read(&m)) {
+      for (const auto& t : m.tokens()) out.emplace_back(t.token(), t.logprob());
+    }
+  };
+  auto alone = Start(preset, sampling);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  std::string reason;
+  Scored want = {{(*alone)->prefilled.first().token(), (*alone)->prefilled.first().logprob()}};
+  drain(*(*alone)->stream, want);
+  alone->reset();
+  ASSERT_EQ(want.size(), 48u);
+
+  // Six others of 20 to 120 tokens, started with the request to cut: decode batches of up to
+  // seven.
+  constexpr int kOthers = 6;
+  std::vector<std::unique_ptr<router::RunningRequest>> others(kOthers);
+  std::vector<std::thread> starting;
+  for (int i = 0; i < kOthers; ++i) {
+    starting.emplace_back([&, i] {
+      std::vector<int32_t> prompt(prompt_.begin() + 5 * i, prompt_.begin() + 20 + 20 * i);
+      auto run = flow_->Start({.request_id = 10u + i,
+                               .prompt = prompt,
+                               .sampling = Greedy(400, /*stop_at_eos=*/false),
+                               .preset = preset});
+      ASSERT_TRUE(run.ok()) << run.status();
+      others[i] = *std::move(run);
+    });
+  }
+  const router::FlowRequest request{
+      .request_id = 2, .prompt = prompt_, .sampling = sampling, .preset = preset};
+  auto cut = flow_->Start(request);
+  for (std::thread& t : starting) t.join();
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  Scored got = {{(*cut)->prefilled.first().token(), (*cut)->prefilled.first().logprob()}};
+  rpc::GenerateResponse m;
+  while (got.size() < 29 && (*cut)->stream->Read(&m)) {
+    for (const auto& t : m.tokens()) got.emplace_back(t.token(), t.logprob());
+  }
+  (*cut)->stream->Cancel();
+  Drain(*(*cut)->stream, &reason);
+  cut->reset();
+  // One of the others ends before the replay, so the batch shrinks under it.
+  others[0]->stream->Cancel();
+  Drain(*others[0]->stream, &reason);
+  others[0].reset();
+  std::vector<int32_t> generated;
+  for (const auto& [token, logprob] : got) generated.push_back(token);
+  auto moved = flow_->Continue(request, generated, nullptr, "the test cut it");
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  drain(*(*moved)->stream, got);
+  moved->reset();
+  EXPECT_EQ(got, want);
+  for (int i = 1; i < kOthers; ++i) {
+    ASSERT_NE(others[i], nullptr);
+    others[i]->stream->Cancel();
+    Drain(*others[i]->stream, &reason);
+    others[i].reset();
+  }
+  ExpectNothingHeld();
+}
+
 // Writes `bytes` at `offset` of the window `reserved` names, as a peer holding its descriptor
 // may; the status of the put and its flush.
 absl::Status PutIntoWindow(transport::Transport& t, const rpc::ReserveResponse& reserved,

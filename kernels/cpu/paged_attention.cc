@@ -96,6 +96,9 @@ const float* Fp8Lut() {
 
 // Queries up to this many take the fused path; longer runs gather and use dense attention.
 constexpr int64_t kMaxFusedQueries = 4;
+// Pages of one kv-head a task of the fused path attends to (the last run of a head may be
+// shorter): a few tasks per thread for one long sequence, few partials to merge for short ones.
+constexpr int64_t kPagesPerTask = 8;
 
 // The unit layouts of the Huffman-coded tiers (entries of other tiers stay default), and the
 // largest unit page among them.
@@ -246,7 +249,7 @@ void PagedAttention(absl::Span<const PagedAttentionParams> batch, Isa isa, int t
   const int64_t n_seqs = static_cast<int64_t>(seqs.size());
   std::vector<SeqWork> work(n_seqs);
   int32_t max_slots = 1, max_unit_bytes = 8;
-  int64_t total_pages = 0, merges = 0, recent_work = 0;
+  int64_t merges = 0, recent_work = 0;
   for (int64_t si = 0; si < n_seqs; ++si) {
     const PagedAttentionParams& p = *seqs[si];
     SeqWork& w = work[si];
@@ -260,7 +263,6 @@ void PagedAttention(absl::Span<const PagedAttentionParams> batch, Isa isa, int t
       w.slot_offsets[i + 1] = w.slot_offsets[i] + p.pages[i].slots;
     }
     if (p.page_scores != nullptr) w.logits.resize(p.q_tokens * p.heads * w.slot_offsets.back());
-    total_pages += page_count * p.q_tokens;
     w.merge_begin = merges;
     merges += p.q_tokens * p.heads;
     recent_work += p.q_tokens * p.heads * p.recent_tokens;
@@ -271,8 +273,9 @@ void PagedAttention(absl::Span<const PagedAttentionParams> batch, Isa isa, int t
     return g;
   }();
 
-  // Tasks: (sequence, query, kv-head, run of pages), in that order. Runs are cut so that there
-  // are a few tasks per thread even for one sequence with few kv-heads. Task group
+  // Tasks: (sequence, query, kv-head, run of kPagesPerTask pages), in that order. The runs are
+  // cut by the sequence alone, never by the batch or the threads, and merged in their order,
+  // so a sequence's output is the same bits whatever else the batch holds. Task group
   // (sequence, query, kv-head) k owns tasks [group_tasks[k], group_tasks[k + 1]).
   struct Task {
     int32_t seq;
@@ -281,8 +284,7 @@ void PagedAttention(absl::Span<const PagedAttentionParams> batch, Isa isa, int t
   };
   std::vector<Task> tasks;
   std::vector<int64_t> group_tasks = {0};
-  const int64_t want_tasks = std::max<int64_t>(1, 4 * threads);
-  const int64_t run = std::max<int64_t>(4, (total_pages + want_tasks - 1) / want_tasks);
+  const int64_t run = kPagesPerTask;
   for (int32_t si = 0; si < n_seqs; ++si) {
     const PagedAttentionParams& p = *seqs[si];
     for (int64_t t = 0; t < p.q_tokens; ++t) {

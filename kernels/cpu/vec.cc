@@ -67,6 +67,12 @@ constexpr float kExpP[6] = {1.9875691500E-4f, 1.3981999507E-3f, 8.3334519073E-3f
 
 // ---- AVX2 ----
 
+// a * b + c rounded once, spelled out: the compiler must not choose between a fused and a
+// separate multiply per call site, or a row's sum would depend on how many rows share the call.
+SLUICE_AVX2 inline float FmaAvx2(float a, float b, float c) {
+  return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+}
+
 SLUICE_AVX2 inline float HsumAvx2(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -168,9 +174,12 @@ SLUICE_AVX2 void DotQuantizedAvx2(GgmlType type, const void* w, const float* x, 
                                   int64_t n, int rows, float* out) {
   if (!HasQuantizedDot(type)) return DotQuantizedScalar(type, w, x, xsum, n, rows, out);
   const int64_t blocks = n / 32;
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
-  float offset[4] = {0, 0, 0, 0};
+  __m256 acc[kQuantizedDotRows];
+  float offset[kQuantizedDotRows];
+  for (int r = 0; r < rows; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    offset[r] = 0.f;
+  }
   for (int64_t b = 0; b < blocks; ++b) {
     __m256 v[4];
     float m;
@@ -180,7 +189,7 @@ SLUICE_AVX2 void DotQuantizedAvx2(GgmlType type, const void* w, const float* x, 
       __m256 a = acc[r];
       for (int j = 0; j < 4; ++j) a = _mm256_fmadd_ps(v[j], _mm256_loadu_ps(xb + 8 * j), a);
       acc[r] = a;
-      offset[r] += m * xsum[r * blocks + b];
+      offset[r] = FmaAvx2(m, xsum[r * blocks + b], offset[r]);
     }
   }
   for (int r = 0; r < rows; ++r) out[r] = HsumAvx2(acc[r]) + offset[r];
@@ -337,7 +346,8 @@ SLUICE_AVX512 void DotQuantizedRowsAvx512(const void* w, const float* x, const f
       const float* xb = x + r * n + b * 32;
       acc[r] = _mm512_fmadd_ps(v1, _mm512_loadu_ps(xb + 16),
                                _mm512_fmadd_ps(v0, _mm512_loadu_ps(xb), acc[r]));
-      if constexpr (kType != GgmlType::kQ8_0) offset[r] += m * xsum[r * blocks + b];
+      if constexpr (kType != GgmlType::kQ8_0)
+        offset[r] = FmaAvx2(m, xsum[r * blocks + b], offset[r]);
     }
   }
   for (int r = 0; r < kRows; ++r) {
@@ -357,8 +367,16 @@ SLUICE_AVX512 void DotQuantizedTypeAvx512(const void* w, const float* x, const f
       return DotQuantizedRowsAvx512<kType, 2>(w, x, xsum, n, out);
     case 3:
       return DotQuantizedRowsAvx512<kType, 3>(w, x, xsum, n, out);
-    default:
+    case 4:
       return DotQuantizedRowsAvx512<kType, 4>(w, x, xsum, n, out);
+    case 5:
+      return DotQuantizedRowsAvx512<kType, 5>(w, x, xsum, n, out);
+    case 6:
+      return DotQuantizedRowsAvx512<kType, 6>(w, x, xsum, n, out);
+    case 7:
+      return DotQuantizedRowsAvx512<kType, 7>(w, x, xsum, n, out);
+    default:
+      return DotQuantizedRowsAvx512<kType, 8>(w, x, xsum, n, out);
   }
 }
 

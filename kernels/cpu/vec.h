@@ -10,6 +10,9 @@
 
 namespace sluice::kernels::cpu {
 
+// The most activation rows one dot_quantized call takes.
+inline constexpr int kQuantizedDotRows = 8;
+
 struct VecOps {
   // sum_i a[i] * b[i], fp32 accumulation in several lanes.
   float (*dot)(const float* a, const float* b, int64_t n);
@@ -19,9 +22,10 @@ struct VecOps {
                  float* out);
   // Dequantizes n elements of `type` (a multiple of its block size) into dst.
   void (*dequantize)(GgmlType type, const void* src, float* dst, int64_t n);
-  // out[r] = sum_i dequantize(w)[i] * x[r * n + i] for r < rows (1 to 4), straight from the
-  // quantized row (q4_0, q4_1, q8_0); each block is decoded once for all rows. xsum
-  // [rows, n / 32] holds the sums of x over each 32-element block.
+  // out[r] = sum_i dequantize(w)[i] * x[r * n + i] for r < rows (1 to kQuantizedDotRows),
+  // straight from the quantized row (q4_0, q4_1, q8_0); each block is decoded once for all
+  // rows, and out[r] is the same bits whatever `rows` and r's place. xsum [rows, n / 32] holds
+  // the sums of x over each 32-element block.
   void (*dot_quantized)(GgmlType type, const void* w, const float* x, const float* xsum, int64_t n,
                         int rows, float* out);
   // y[i] = exp(x[i] - shift) (x may equal y). Within 2 ulp of expf for results >= 2^-126;
