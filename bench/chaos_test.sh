@@ -2,7 +2,8 @@
 # The short chaos run of `./sluice test` (the long one is `./sluice bench chaos`): a 2 prefill +
 # 2 decode cluster of the bundled model under 24 streamed requests while a worker is killed or
 # stopped every 6 s, then 200 streams at once beside 100 slow sockets. Every well-formed request
-# must complete, malformed ones get 400, and no page stays held (bench/chaos.py's exit status).
+# must complete, malformed ones get 400, greedy texts equal an undisturbed run, and no page stays
+# held (bench/chaos.py's exit status).
 #   chaos_test.sh UP CHAOS_PY
 set -euo pipefail
 up=$1 chaos=$2
