@@ -1,5 +1,7 @@
-// Matmul with on-the-fly dequantization: weight rows are dequantized 16 at a time
-// into a per-thread fp32 tile, then multiplied in 4x4 register blocks.
+// Matmul with on-the-fly dequantization, the algorithm chosen by MatmulRows, never by m (so a
+// row's result does not depend on its batch): kFew reads quantized weights in place with the
+// quantized dot products; kMany expands weight panels once for OpenBLAS SGEMM in fixed row
+// groups; other weight types (and the scalar ISA) go through fp32 tiles in 4x4 register blocks.
 #ifndef SLUICE_KERNELS_CPU_MATMUL_H_
 #define SLUICE_KERNELS_CPU_MATMUL_H_
 
