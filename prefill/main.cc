@@ -66,6 +66,11 @@ class PrefillService final : public rpc::Prefill::Service {
 };
 
 absl::Status Run() {
+  if (absl::GetFlag(FLAGS_chunk_tokens) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--chunk_tokens=%d: a prefill step needs at least one token",
+                        absl::GetFlag(FLAGS_chunk_tokens)));
+  }
   const std::string path =
       absl::GetFlag(FLAGS_model).empty() ? model::DefaultModelPath() : absl::GetFlag(FLAGS_model);
   auto transport = transport::CreateUcxTransport({.transports = absl::GetFlag(FLAGS_ucx_tls)});
