@@ -7,10 +7,20 @@ import urllib.error
 import urllib.request
 
 
+_handed_out = set()  # ports free_port gave this process: the kernel may offer one again
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on, never one this process was given before (several
+    taken in a row for one cluster must differ)."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError("no free port that was not handed out already")
 
 
 def port_is_free(port):

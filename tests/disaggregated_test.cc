@@ -4,6 +4,7 @@
 // with the same preset; reservations expire, cancellation and damaged pages free everything;
 // a put reaches only the window of the reservation it serves, and a client holds a bounded
 // share of the pool.
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -710,6 +711,10 @@ TEST_F(DisaggregatedTransformWire, ADecodeWorkerWithAnotherCalibrationRefusesByN
     EXPECT_NE(run.status().message().find(file.empty() ? "no calibration" : other),
               std::string::npos)
         << run.status();
+    // The reservation is freed by the refusal; the worker's gauges refresh every scheduler loop.
+    for (int i = 0; i < 100 && decode.Stats().kv_pages_reserved() != 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
     EXPECT_EQ(decode.Stats().kv_pages_reserved(), 0);
   }
 }
