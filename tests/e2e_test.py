@@ -18,7 +18,7 @@ import time
 import unittest
 
 from deploy import test_report
-from deploy.test_net import http
+from deploy.test_net import free_port, http
 
 MODEL = os.environ.get("SLUICE_MODEL", "")
 CLIENT_PYTHON = os.environ.get("SLUICE_CLIENT_PYTHON", "")
@@ -28,19 +28,6 @@ SLUICE_PROTO = os.path.join(os.getcwd(), "proto", "sluice.proto")
 # full-precision window.
 LONG_PROMPT = ("Rivers carry water from the mountains to the sea, shaping valleys and feeding "
                "cities along the way. ") * 12 + "Write a long story about one of them."
-
-
-_GIVEN = set()  # ports handed out by this test process: never twice
-
-
-def free_port():
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _GIVEN:
-            _GIVEN.add(port)
-            return port
 
 
 class PortTaken(RuntimeError):

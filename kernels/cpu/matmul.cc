@@ -89,27 +89,22 @@ void MatmulBlas(const MatmulParams& p, const VecOps& ops, int threads) {
   {
     std::vector<float> panel(kPanelRows * p.k);
     std::vector<float> y_pad;
-    // y[rows i0.., the panel's columns] += or = x_rows . panel^T, `count` rows of x (a multiple
-    // of kBlasRowUnit), through y_pad where the panel is short or the rows are padded.
-    const auto multiply = [&](const float* x, int64_t count, int64_t real, float* y,
+    // y[the rows, the panel's columns] = (or +=) x's `count` rows (a multiple of kBlasRowUnit, the
+    // first `real` of them real) times the panel w^T, through y_pad where the panel is short or
+    // rows are padded: y's rows go in too, as SGEMM adds to them as it goes when beta is 1.
+    const auto multiply = [&](const float* w, const float* x, int64_t count, int64_t real, float* y,
                               int64_t columns) {
-      if (real == count && columns == kPanelRows) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, count, kPanelRows, p.k, 1.f, x, p.k,
-                    panel.data(), p.k, beta, y, p.n);
-        return;
-      }
-      // y's rows go in too: SGEMM adds to them as it goes when beta is 1, in the same order as
-      // in place.
-      y_pad.assign(count * kPanelRows, 0.f);
-      if (p.accumulate) {
-        for (int64_t i = 0; i < real; ++i) {
+      const bool direct = real == count && columns == kPanelRows;
+      if (!direct) {
+        y_pad.assign(count * kPanelRows, 0.f);
+        for (int64_t i = 0; i < real && p.accumulate; ++i) {
           std::memcpy(y_pad.data() + i * kPanelRows, y + i * p.n,
                       static_cast<size_t>(columns) * sizeof(float));
         }
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, count, kPanelRows, p.k, 1.f, x, p.k,
-                  panel.data(), p.k, beta, y_pad.data(), kPanelRows);
-      for (int64_t i = 0; i < real; ++i) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, count, kPanelRows, p.k, 1.f, x, p.k, w,
+                  p.k, beta, direct ? y : y_pad.data(), direct ? p.n : kPanelRows);
+      for (int64_t i = 0; i < real && !direct; ++i) {
         std::memcpy(y + i * p.n, y_pad.data() + i * kPanelRows,
                     static_cast<size_t>(columns) * sizeof(float));
       }
@@ -118,13 +113,18 @@ void MatmulBlas(const MatmulParams& p, const VecOps& ops, int threads) {
     for (int64_t pi = 0; pi < panels; ++pi) {
       const int64_t n0 = pi * kPanelRows;
       const int64_t rows = std::min(kPanelRows, p.n - n0);
-      for (int64_t r = 0; r < rows; ++r) {
-        ops.dequantize(p.w_type, static_cast<const uint8_t*>(p.w) + (n0 + r) * row_bytes,
-                       panel.data() + r * p.k, p.k);
+      const float* w = panel.data();
+      if (p.w_type == GgmlType::kF32 && rows == kPanelRows) {
+        w = static_cast<const float*>(p.w) + n0 * p.k;  // a full f32 panel is read in place
+      } else {
+        for (int64_t r = 0; r < rows; ++r) {
+          ops.dequantize(p.w_type, static_cast<const uint8_t*>(p.w) + (n0 + r) * row_bytes,
+                         panel.data() + r * p.k, p.k);
+        }
+        std::fill(panel.begin() + rows * p.k, panel.end(), 0.f);
       }
-      std::fill(panel.begin() + rows * p.k, panel.end(), 0.f);
-      if (whole > 0) multiply(p.x, whole, whole, p.y + n0, rows);
-      if (tail > 0) multiply(x_last, kBlasRowUnit, tail, p.y + whole * p.n + n0, rows);
+      if (whole > 0) multiply(w, p.x, whole, whole, p.y + n0, rows);
+      if (tail > 0) multiply(w, x_last, kBlasRowUnit, tail, p.y + whole * p.n + n0, rows);
     }
   }
 }
