@@ -20,8 +20,12 @@ is over and every worker serves again, each worker's KV pages used and reserved,
 file descriptors next to what they were before the load. A well-formed request fails when it
 gets no 200, when its stream carries an error event, or when it ends without a finish reason
 or with fewer tokens than it asked for (every request ignores end-of-sequence tokens).
-Exit status 1 when a well-formed request failed, a page stayed held, or a process the chaos loop
-did not touch died.
+It also reports the router's longest migration phases (sluice_migration_seconds: detect, recover)
+and the streams silent for longer than the stall bound plus one migration.
+Exit status 1 when a well-formed request failed, a page stayed held, a process the chaos loop
+did not touch died, a greedy text differed, a process's RSS or fds after the load and a warm-up
+exceed the start by more than --growth-tolerance, or (with --check-silence) a stream stayed
+silent beyond the bound.
 
 usage: chaos.py --up PATH_TO_tools/up --model GGUF [--requests 2000] [--out F]
 """
@@ -77,6 +81,25 @@ def metric(port, name):
         if line.startswith(name + " ") or line.startswith(name + "{"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def histogram_max(port, name, labels):
+    """The upper bound of a Prometheus histogram's highest occupied bucket (the smallest `le`
+    holding every observation), 0 with no observation, None when the process does not answer."""
+    try:
+        _, text = get("http://127.0.0.1:%d/metrics" % port)
+    except OSError:
+        return None
+    buckets, count = [], 0
+    for line in text.splitlines():
+        if line.startswith(name + "_count{" + labels + "}"):
+            count = float(line.rsplit(" ", 1)[1])
+        elif line.startswith(name + "_bucket{" + labels + ","):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float(le), float(line.rsplit(" ", 1)[1])))
+    if count == 0:
+        return 0.0
+    return min(le for le, n in buckets if n >= count)
 
 
 def pid_of(binary, port):
@@ -206,6 +229,13 @@ def main():
     ap.add_argument("--slow-sockets", type=int, default=1000, help="slow connections meanwhile")
     ap.add_argument("--greedy-check", type=int, default=-1,
                     help="greedy requests run again undisturbed to compare texts (-1: all)")
+    ap.add_argument("--growth-tolerance", type=float, default=0.05,
+                    help="RSS and fds after the load (and a warm-up) may exceed the start by "
+                         "this share (negative: reported, not checked)")
+    ap.add_argument("--check-silence", action=argparse.BooleanOptionalAction, default=True,
+                    help="fail when a stream stayed silent beyond the stall bound plus one "
+                         "migration (a stream that never migrated may reach its own bound, "
+                         "50 inter-token times, which the router sees only when it stalls)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -234,24 +264,40 @@ def main():
 
         def usage_now():
             out = {}
-            for name, (binary, grpc_port, _) in workers.items():
+            for name, (binary, grpc_port, metrics_port) in workers.items():
                 pid = pid_of(binary, grpc_port)
                 out[name] = {"pid": pid}
                 if pid:
                     out[name]["rss_mib"], out[name]["fds"] = process_usage(pid)
+                    # The KV pools' pages as they are first used: bounded by --kv_pages.
+                    pool = metric(metrics_port, "sluice_kv_pool_resident_bytes")
+                    out[name]["pool_mib"] = pool / 2**20 if pool is not None else None
             pid = pid_of("router/router", port)
             out["router"] = {"pid": pid}
             out["router"]["rss_mib"], out["router"]["fds"] = process_usage(pid)
             return out
 
         # Requests of the longest prompt first, on every worker (round robin), so that each
-        # process has grown to what the load needs before it is measured.
+        # process has grown to what the load needs before it is measured; again after the load,
+        # so that a worker the chaos loop restarted is measured at the same point.
+        # Then a burst of short ones, more at once than the router has start threads (64), so
+        # that every one of them has run a request (its stack and its allocator arena in use).
         warm = {"kind": "normal", "prompt": make_prompt(rng, args.prompt_max), "max_tokens": 128,
                 "seed": None}
-        for _ in range(2):
-            with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
-                list(pool.map(lambda _: one_request("127.0.0.1", port, model, warm),
-                              range(args.concurrency)))
+        burst = {"kind": "normal", "prompt": make_prompt(rng, 20), "max_tokens": 2, "seed": None}
+
+        def warm_up():
+            for _ in range(2):
+                with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
+                    list(pool.map(lambda _: one_request("127.0.0.1", port, model, warm),
+                                  range(args.concurrency)))
+            with concurrent.futures.ThreadPoolExecutor(128) as pool:
+                list(pool.map(lambda _: one_request("127.0.0.1", port, model, burst), range(128)))
+            # Each process gives its heap's free memory back once it turns idle (its
+            # IdleTrimmer looks every 2 s).
+            time.sleep(5)
+
+        warm_up()
         before = usage_now()
 
         specs = []
@@ -364,8 +410,25 @@ def main():
                 break
             time.sleep(0.5)
         drained_seconds = time.time() - t_drain
+        warm_up()
         after = usage_now()
         migrations = metric(port, "sluice_request_migrations_total") or 0
+        # A stream may stay silent for its stall bound (the longest detection the router saw, at
+        # least --stall-timeout) plus one migration (the longest recovery it saw).
+        detect = histogram_max(port, "sluice_migration_seconds", 'phase="detect"') or 0.0
+        recover = histogram_max(port, "sluice_migration_seconds", 'phase="recover"') or 0.0
+        silence_bound = max(args.stall_timeout, detect) + recover
+        beyond = sorted((round(x, 2) for x in silences if x > silence_bound), reverse=True)
+        # Growth of the RSS outside the KV pools (which fill up to --kv_pages as pages are
+        # first used) and of the open fds.
+        growth = {}
+        for name in after:
+            b, a = before[name], after[name]
+            rb = b["rss_mib"] - (b.get("pool_mib") or 0) if b.get("rss_mib") else None
+            ra = a["rss_mib"] - (a.get("pool_mib") or 0) if a.get("rss_mib") else None
+            growth[name] = {"rss_outside_pools": ra / rb - 1 if rb and ra else None,
+                            "fds": a["fds"] / b["fds"] - 1 if b.get("fds") and a.get("fds")
+                            else None}
         well_formed = args.requests - sum(1 for s in specs if s["kind"] == "malformed")
         result = {
             "system": "sluice",
@@ -392,6 +455,11 @@ def main():
             "longest_silence_seconds": {"p50": percentile(silences, 50),
                                         "p99": percentile(silences, 99),
                                         "max": max(silences) if silences else None},
+            "migration_seconds_max": {"detect": detect, "recover": recover},
+            "silence_bound_seconds": silence_bound,
+            "silences_beyond_bound": beyond,
+            "growth_after_load": growth,
+            "growth_tolerance": args.growth_tolerance,
             "crowd": crowd,
             "pages_after": held,
             "seconds_until_no_page_held": drained_seconds,
@@ -423,8 +491,15 @@ def main():
           file=sys.stderr)
     ls = result["longest_silence_seconds"]
     print("  longest silence of a completed stream: p50 %.2f s  p99 %.2f s  max %.2f s "
-          "(stall bound %g s)" % (ls["p50"] or 0, ls["p99"] or 0, ls["max"] or 0,
-                                  args.stall_timeout), file=sys.stderr)
+          "(--stall-timeout %g s)" % (ls["p50"] or 0, ls["p99"] or 0, ls["max"] or 0,
+                                      args.stall_timeout), file=sys.stderr)
+    mig = result["migration_seconds_max"]
+    print("  the router's longest migration phases (histogram bucket bounds): detect <= %g s  "
+          "recover <= %g s; streams silent beyond the stall bound plus one migration (%g s): "
+          "%d%s" % (mig["detect"], mig["recover"], result["silence_bound_seconds"],
+                    len(result["silences_beyond_bound"]),
+                    " %s" % result["silences_beyond_bound"][:10]
+                    if result["silences_beyond_bound"] else ""), file=sys.stderr)
     g = result["greedy_again"]
     print("  greedy requests run again undisturbed: %d of %d gave the same text%s" % (
         g["equal"], g["compared"],
@@ -441,15 +516,29 @@ def main():
                   1e3 * (ch["max"] or 0), ch["probes"]), file=sys.stderr)
         for f in c["failures"][:5]:
             print("  crowd failure: %s" % f, file=sys.stderr)
-    print("  %-10s %10s %10s %14s %14s" % ("process", "pages", "reserved", "RSS MiB", "fds"),
+    print("  each process warmed up before the load and again after it (MiB; outside: the RSS "
+          "less the KV pools' resident pages):", file=sys.stderr)
+    print("  %-10s %6s %8s %14s %14s %22s %12s" % ("process", "pages", "reserved", "RSS",
+                                                   "KV pools", "outside", "fds"),
           file=sys.stderr)
+    grown = []
     for name in sorted(result["processes_after"]):
         b, a = result["processes_before"][name], result["processes_after"][name]
+        g = result["growth_after_load"][name]
         p = result["pages_after"].get(name, {})
-        print("  %-10s %10s %10s %6.0f -> %5.0f %6s -> %5s%s" % (
-            name, p.get("pages_used", "-"), p.get("pages_reserved", "-"), b.get("rss_mib") or 0,
-            a.get("rss_mib") or 0, b.get("fds"), a.get("fds"),
-            "  (restarted)" if b["pid"] != a["pid"] else ""), file=sys.stderr)
+        print("  %-10s %6s %8s %6.0f -> %5.0f %6.0f -> %5.0f %6.0f -> %5.0f %+5.1f%% "
+              "%4s -> %4s%s" % (
+                  name, p.get("pages_used", "-"), p.get("pages_reserved", "-"),
+                  b.get("rss_mib") or 0, a.get("rss_mib") or 0, b.get("pool_mib") or 0,
+                  a.get("pool_mib") or 0, (b.get("rss_mib") or 0) - (b.get("pool_mib") or 0),
+                  (a.get("rss_mib") or 0) - (a.get("pool_mib") or 0),
+                  100 * (g["rss_outside_pools"] or 0), b.get("fds"), a.get("fds"),
+                  "  (restarted)" if b["pid"] != a["pid"] else ""), file=sys.stderr)
+        if any(v is None or v > args.growth_tolerance for v in g.values()):
+            grown.append(name)
+    if grown and args.growth_tolerance >= 0:
+        print("  RSS outside the KV pools or fds more than %g%% above the start: %s" % (
+            100 * args.growth_tolerance, ", ".join(grown)), file=sys.stderr)
     for f in result["failures"][:10]:
         print("  failed: request %d (%s): %s" % (f["request"], f["kind"], f["why"]),
               file=sys.stderr)
@@ -468,7 +557,10 @@ def main():
     # A greedy text must not depend on migrations or on the batches it ran in (the host
     # backends are batch-invariant).
     greedy_differ = bool(result["greedy_again"]["differ"])
-    return 1 if counts["failed"] or crowd_failed or leaked or died or greedy_differ else 0
+    grew = bool(grown) and args.growth_tolerance >= 0
+    silent = bool(result["silences_beyond_bound"]) and args.check_silence
+    return 1 if counts["failed"] or crowd_failed or leaked or died or greedy_differ or grew or \
+        silent else 0
 
 
 if __name__ == "__main__":

@@ -3,8 +3,11 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <iostream>
+#include <vector>
 
 #include "absl/flags/parse.h"
 
@@ -58,6 +61,18 @@ std::string ServedModelName(const std::string& path) {
     name.resize(name.size() - ext.size());
   }
   return name;
+}
+
+int64_t ResidentBytes(const void* p, size_t bytes) {
+  if (p == nullptr || bytes == 0) return 0;
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) / page * page;
+  std::vector<unsigned char> in((end - begin) / page);
+  if (mincore(reinterpret_cast<void*>(begin), end - begin, in.data()) != 0) return 0;
+  int64_t resident = 0;
+  for (unsigned char v : in) resident += v & 1;
+  return resident * static_cast<int64_t>(page);
 }
 
 IdleTrimmer::IdleTrimmer(std::function<bool()> idle, absl::Duration period)

@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -29,6 +31,11 @@ int ServerMain(int argc, char** argv, const char* program,
 
 // The name a model is served under: its file name without directory and ".gguf".
 std::string ServedModelName(const std::string& path);
+
+// Bytes of host memory [p, p + bytes) backed by physical memory now (mincore): how much of a
+// buffer allocated whole and touched as it is used, like a KV page pool, the process's RSS
+// holds. 0 for memory the kernel does not map for this process (device memory).
+int64_t ResidentBytes(const void* p, size_t bytes);
 
 // Gives the heap's free memory back to the system (glibc's malloc_trim) each time a process
 // that was busy turns idle: what a load's peak left in the allocator's arenas (one per thread

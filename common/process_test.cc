@@ -1,5 +1,8 @@
 #include "common/process.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
 
 #include "gtest/gtest.h"
@@ -21,6 +24,23 @@ TEST(IdleTrimmerTest, TrimsOnceEachTimeABusyProcessTurnsIdle) {
     absl::SleepFor(absl::Milliseconds(30));  // idle on: no second trim
     EXPECT_EQ(trimmer.trims(), round);
   }
+}
+
+TEST(ResidentBytesTest, CountsThePagesTouched) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE)), pages = 64;
+  void* m = mmap(nullptr, pages * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* b = static_cast<unsigned char*>(m);
+  EXPECT_EQ(ResidentBytes(b, pages * page), 0);
+  for (size_t i = 0; i < pages; i += 4) b[i * page + 7] = 1;  // every fourth page
+  EXPECT_EQ(ResidentBytes(b, pages * page), static_cast<int64_t>(pages / 4 * page));
+  // A range that starts and ends inside pages counts the pages it touches.
+  EXPECT_EQ(ResidentBytes(b + 3, page), static_cast<int64_t>(page));
+  EXPECT_EQ(ResidentBytes(b + page + 1, 2 * page), 0);
+  EXPECT_EQ(ResidentBytes(nullptr, page), 0);
+  munmap(m, pages * page);
+  // Memory this process does not map.
+  EXPECT_EQ(ResidentBytes(b, pages * page), 0);
 }
 
 TEST(ServedModelNameTest, IsTheFileNameWithoutItsExtension) {

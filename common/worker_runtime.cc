@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/process.h"
 #include "common/status_macros.h"
 #include "kernels/registry.h"
 #include "kvstore/kv_preset.h"
@@ -95,6 +96,19 @@ absl::StatusOr<WorkerRuntime::Cache*> WorkerRuntime::CacheFor(const std::string&
         cache.cache.get(), kvstore::WireEncodingKvCache::Pass::kComputed);
   }
   return &caches_.emplace(name, std::move(cache)).first->second;
+}
+
+int64_t WorkerRuntime::PoolResidentBytes() const {
+  int64_t bytes = 0;
+  for (const auto& [name, c] : caches_) {
+    const kvstore::PagePool& pool = c.cache->pool();
+    const size_t arena = static_cast<size_t>(pool.num_pages() * pool.page_bytes());
+    if (backend_->memory_space() == kernels::MemorySpace::kHost) {
+      bytes += ResidentBytes(pool.data(0), arena);
+    }
+    if (c.owned_copy != nullptr) bytes += ResidentBytes(c.owned_copy.get(), arena);
+  }
+  return bytes;
 }
 
 absl::StatusOr<std::unique_ptr<transport::ExposedRegion>> WorkerRuntime::ReceiveWindow(

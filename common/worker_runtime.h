@@ -103,6 +103,10 @@ class WorkerRuntime {
   // The cache of `spec` (the default preset when empty), made on first use: NotFound /
   // InvalidArgument for a bad spec, ResourceExhausted beyond max_presets caches.
   absl::StatusOr<Cache*> CacheFor(const std::string& spec);
+  // Bytes of host memory behind the KV pools and their transport copies that are backed now:
+  // each is allocated at its full size and grows in the RSS as its pages are first used (a pool
+  // in device memory counts 0).
+  int64_t PoolResidentBytes() const;
   // Every cache made so far, by preset name.
   const std::map<std::string, Cache>& caches() const { return caches_; }
   std::map<std::string, Cache>& caches() { return caches_; }

@@ -99,6 +99,13 @@ DecodeWorker::DecodeWorker(WorkerRuntime& runtime, prometheus::Registry& registr
                           .Help("KV pages reserved for prompts whose pages are in flight.")
                           .Register(registry)
                           .Add({})),
+      pool_resident_(prometheus::BuildGauge()
+                         .Name("sluice_kv_pool_resident_bytes")
+                         .Help("Bytes of the KV pools and their transport copies backed by "
+                               "memory (each is allocated whole and grows in the RSS as its "
+                               "pages are first used).")
+                         .Register(registry)
+                         .Add({})),
       running_gauge_(prometheus::BuildGauge()
                          .Name("sluice_requests_running")
                          .Help("Sequences in the decode batch.")
@@ -667,6 +674,7 @@ void DecodeWorker::UpdateGauges() {
     if (s.held_bytes() > 0) ratio = s.ratio_vs_fp16();
   }
   pages_reserved_.Set(static_cast<double>(reserved));
+  pool_resident_.Set(static_cast<double>(rt_.PoolResidentBytes()));
   running_gauge_.Set(static_cast<double>(running_.size()));
   std::lock_guard<std::mutex> lock(mu_);
   stats_.set_state(draining_ ? "draining" : "serving");

@@ -194,6 +194,7 @@ class DecodeWorker {
   prometheus::Family<prometheus::Counter>& compaction_seconds_;
   std::map<std::string, double> compaction_seen_;  // by preset: seconds already counted
   prometheus::Gauge& pages_reserved_;
+  prometheus::Gauge& pool_resident_;
   prometheus::Gauge& running_gauge_;
   prometheus::Counter& generation_tokens_;
   prometheus::Counter& reservations_expired_;

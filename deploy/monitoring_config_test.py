@@ -101,7 +101,8 @@ class Dashboards(unittest.TestCase):
                  for name in DASHBOARDS}
         memory = ["sluice_kv_pages_used", "sluice_kv_pages_free", "sluice_kv_compression_ratio",
                   "sluice_request_kv_fp16_bytes_total", "sluice_kv_fragmentation_ratio",
-                  "sluice_kv_pages_reserved", "sluice_kv_reservations_expired_total"]
+                  "sluice_kv_pages_reserved", "sluice_kv_reservations_expired_total",
+                  "sluice_kv_pool_resident_bytes"]
         throughput = ["sluice_prompt_tokens_total", "sluice_generation_tokens_total",
                       "sluice_requests_total", "sluice_time_to_first_token_seconds_bucket",
                       "sluice_inter_token_latency_seconds_bucket",

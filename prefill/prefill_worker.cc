@@ -80,6 +80,13 @@ PrefillWorker::PrefillWorker(WorkerRuntime& runtime, transport::Transport& trans
                          .Name("sluice_prefill_queued_tokens")
                          .Help("Prompt tokens not yet run.")
                          .Register(registry)
+                         .Add({})),
+      pool_resident_(prometheus::BuildGauge()
+                         .Name("sluice_kv_pool_resident_bytes")
+                         .Help("Bytes of the KV pools and their transport copies backed by "
+                               "memory (each is allocated whole and grows in the RSS as its "
+                               "pages are first used).")
+                         .Register(registry)
                          .Add({})) {
   stats_.set_name(options_.name);
   stats_.set_role("prefill");
@@ -486,6 +493,11 @@ void PrefillWorker::UpdateGauges() {
   running_gauge_.Set(static_cast<double>(running));
   waiting_gauge_.Set(static_cast<double>(waiting));
   queued_tokens_.Set(static_cast<double>(tokens));
+  // The loop turns every step: the pools' residency (a page table walk) once a second.
+  if (const absl::Time now = absl::Now(); now - pool_resident_at_ >= absl::Seconds(1)) {
+    pool_resident_.Set(static_cast<double>(rt_.PoolResidentBytes()));
+    pool_resident_at_ = now;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   waiting += static_cast<int64_t>(waiting_.size());
   stats_.set_state(draining_ ? "draining" : "serving");

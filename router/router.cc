@@ -31,6 +31,9 @@ const std::vector<double> kLatencyBuckets = {0.005, 0.01, 0.025, 0.05, 0.075, 0.
                                              1.0,   2.5,  5.0,   7.5,  10,    20,  40,   80,  160};
 const std::vector<double> kTokenBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
                                            0.15,  0.2,   0.3,  0.4,  0.5,  0.75, 1.0,  2.5};
+// A migration's phases take seconds: its detection up to the stall bound, its recovery a prefill.
+const std::vector<double> kMigrationBuckets = {0.05, 0.1, 0.25, 0.5, 1,  1.5, 2,  3,  4,  5,  6,
+                                               7.5,  10,  12.5, 15,  20, 25,  30, 40, 60, 90, 120};
 
 const char* EndpointName(Endpoint e) {
   return e == Endpoint::kCompletions ? "completions" : "chat_completions";
@@ -61,9 +64,11 @@ struct Router::Session {
   int migrations = 0;
   absl::Duration itl = absl::ZeroDuration();  // the stream's smoothed inter-token time
   absl::Time last;                            // when the last token came
-  rpc::GenerateResponse message;              // the read in flight
-  bool stop = false;                          // a stop string matched
-  uint64_t watch = 0;                         // the stall timer of the run
+  // When the router saw the run fail or stall, until the next worker's first token.
+  absl::Time noticed = absl::InfinitePast();
+  rpc::GenerateResponse message;  // the read in flight
+  bool stop = false;              // a stop string matched
+  uint64_t watch = 0;             // the stall timer of the run
   std::atomic<bool> stalled{false};
   std::atomic<bool> gone{false};  // the client went away
 
@@ -127,6 +132,15 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(const RouterOptions& opti
                             "Generations moved to other workers mid-stream, by why (failed, "
                             "stalled).")
                         .Register(*m);
+  auto& migration_seconds =
+      prometheus::BuildHistogram()
+          .Name("sluice_migration_seconds")
+          .Help(
+              "A migration's phases: detect, from the stream's last token to its failure or stall "
+              "noticed; recover, from then to the first token from the next decode worker.")
+          .Register(*m);
+  r->migration_detect_ = &migration_seconds.Add({{"phase", "detect"}}, kMigrationBuckets);
+  r->migration_recover_ = &migration_seconds.Add({{"phase", "recover"}}, kMigrationBuckets);
   r->ttft_ = &prometheus::BuildHistogram()
                   .Name("sluice_time_to_first_token_seconds")
                   .Help("From the request's arrival to its first token.")
@@ -454,6 +468,10 @@ void Router::Run(const std::shared_ptr<Session>& s) {
   RunningRequest& run = *s->run;
   s->last = run.first_token_time;
   if (run.replayed == 0) {  // a replay's first token was the request's first, sent long ago
+    if (s->noticed != absl::InfinitePast()) {  // a migration by prefill: its first new token
+      migration_recover_->Observe(absl::ToDoubleSeconds(run.first_token_time - s->noticed));
+      s->noticed = absl::InfinitePast();
+    }
     generation_tokens_->Increment();
     s->generated.push_back(run.prefilled.first().token());
     s->stop = s->text->Add(run.prefilled.first());
@@ -496,6 +514,10 @@ void Router::OnMessage(const std::shared_ptr<Session>& s, bool ok) {
     s->generated.push_back(msg.tokens(i).token());
     s->stop = s->text->Add(msg.tokens(i));
   }
+  if (n > 0 && s->noticed != absl::InfinitePast()) {
+    migration_recover_->Observe(absl::ToDoubleSeconds(now - s->noticed));
+    s->noticed = absl::InfinitePast();
+  }
   if (n > 0) {
     const absl::Duration per = (now - s->last) / n;
     s->itl = s->itl == absl::ZeroDuration() ? per : (s->itl * 7 + per) / 8;
@@ -530,6 +552,8 @@ void Router::EndRun(const std::shared_ptr<Session>& s, FinishReason finish) {
     }
     // The decode worker failed or stalled mid-stream: the generation goes on elsewhere, from a
     // start thread (the calls wait).
+    s->noticed = absl::Now();
+    migration_detect_->Observe(absl::ToDoubleSeconds(s->noticed - s->last));
     const std::string address = s->run->decode->address;
     const std::string what =
         s->stalled

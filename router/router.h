@@ -145,6 +145,8 @@ class Router {
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
   prometheus::Family<prometheus::Counter>* retries_ = nullptr;
   prometheus::Family<prometheus::Counter>* migrations_ = nullptr;
+  prometheus::Histogram* migration_detect_ = nullptr;
+  prometheus::Histogram* migration_recover_ = nullptr;
   prometheus::Histogram* ttft_ = nullptr;
   prometheus::Histogram* itl_ = nullptr;
   prometheus::Histogram* e2e_ = nullptr;

@@ -564,6 +564,16 @@ class EndToEnd(unittest.TestCase):
         self.assertGreater(self.c.metric(self.c.decode_metrics, "sluice_kv_pages_free"), 0)
         self.assertGreater(self.c.metric(self.c.decode_metrics, "sluice_kv_compression_ratio"),
                            -1)
+        # The pools' pages in memory: some once a prompt has been through, never more than the
+        # pools hold (the prefill worker looks once a second).
+        for port in (self.c.prefill_metrics, self.c.decode_metrics):
+            deadline = time.time() + 10
+            while self.c.metric(port, "sluice_kv_pool_resident_bytes") == 0:
+                self.assertLess(time.time(), deadline, port)
+                time.sleep(0.2)
+        pool_bytes = 16384 * self.c.metric(self.c.decode_metrics, "sluice_kv_pages_total")
+        self.assertLessEqual(self.c.metric(self.c.decode_metrics, "sluice_kv_pool_resident_bytes"),
+                             pool_bytes)
 
     def test_openai_client(self):
         py = os.environ.get("SLUICE_CLIENT_PYTHON")
@@ -718,6 +728,16 @@ class Migration(unittest.TestCase):
                 self.assertGreater(len(text), 400, text)
             self.assertGreaterEqual(c.metric(c.router_metrics, "sluice_request_migrations_total"
                                              '{reason="%s"}' % reason), 1, c.log("router"))
+            # Each migration's phases are timed: its detection, and its recovery up to the
+            # next worker's first token. A stall is noticed no sooner than its bound (3 s).
+            phase = lambda p, what: c.metric(
+                c.router_metrics, 'sluice_migration_seconds_%s{phase="%s"}' % (what, p))
+            migrations = c.metric(c.router_metrics, "sluice_request_migrations_total")
+            self.assertEqual(phase("detect", "count"), migrations)
+            self.assertEqual(phase("recover", "count"), migrations)
+            self.assertGreater(phase("recover", "sum"), 0)
+            if reason == "stalled":
+                self.assertGreaterEqual(phase("detect", "sum"), 3 * migrations)
             return c
         except BaseException:
             c.procs["decode-1"].send_signal(signal.SIGCONT)
