@@ -98,6 +98,16 @@ absl::StatusOr<WorkerRuntime::Cache*> WorkerRuntime::CacheFor(const std::string&
   return &caches_.emplace(name, std::move(cache)).first->second;
 }
 
+prometheus::Gauge& PoolResidentGauge(prometheus::Registry& registry) {
+  return prometheus::BuildGauge()
+      .Name("sluice_kv_pool_resident_bytes")
+      .Help(
+          "Bytes of the KV pools and their transport copies backed by memory (each is allocated "
+          "whole and grows in the RSS as its pages are first used).")
+      .Register(registry)
+      .Add({});
+}
+
 int64_t WorkerRuntime::PoolResidentBytes() const {
   int64_t bytes = 0;
   for (const auto& [name, c] : caches_) {

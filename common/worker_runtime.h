@@ -26,6 +26,8 @@
 #include "kvstore/wire/wire_encoding_kv_cache.h"
 #include "model/gguf.h"
 #include "model/llama.h"
+#include "prometheus/gauge.h"
+#include "prometheus/registry.h"
 #include "proto/sluice.pb.h"
 #include "transport/transport.h"
 
@@ -55,6 +57,10 @@ struct WorkerRuntimeOptions {
   std::string kv_calibration;
   std::string wire_bits;
 };
+
+// A worker's sluice_kv_pool_resident_bytes gauge (WorkerRuntime::PoolResidentBytes), registered
+// in `registry`.
+prometheus::Gauge& PoolResidentGauge(prometheus::Registry& registry);
 
 class WorkerRuntime {
  public:

@@ -99,13 +99,7 @@ DecodeWorker::DecodeWorker(WorkerRuntime& runtime, prometheus::Registry& registr
                           .Help("KV pages reserved for prompts whose pages are in flight.")
                           .Register(registry)
                           .Add({})),
-      pool_resident_(prometheus::BuildGauge()
-                         .Name("sluice_kv_pool_resident_bytes")
-                         .Help("Bytes of the KV pools and their transport copies backed by "
-                               "memory (each is allocated whole and grows in the RSS as its "
-                               "pages are first used).")
-                         .Register(registry)
-                         .Add({})),
+      pool_resident_(PoolResidentGauge(registry)),
       running_gauge_(prometheus::BuildGauge()
                          .Name("sluice_requests_running")
                          .Help("Sequences in the decode batch.")

@@ -81,13 +81,7 @@ PrefillWorker::PrefillWorker(WorkerRuntime& runtime, transport::Transport& trans
                          .Help("Prompt tokens not yet run.")
                          .Register(registry)
                          .Add({})),
-      pool_resident_(prometheus::BuildGauge()
-                         .Name("sluice_kv_pool_resident_bytes")
-                         .Help("Bytes of the KV pools and their transport copies backed by "
-                               "memory (each is allocated whole and grows in the RSS as its "
-                               "pages are first used).")
-                         .Register(registry)
-                         .Add({})) {
+      pool_resident_(PoolResidentGauge(registry)) {
   stats_.set_name(options_.name);
   stats_.set_role("prefill");
   stats_.set_backend(rt_.backend_name());
