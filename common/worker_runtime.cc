@@ -108,7 +108,10 @@ prometheus::Gauge& PoolResidentGauge(prometheus::Registry& registry) {
       .Add({});
 }
 
-int64_t WorkerRuntime::PoolResidentBytes() const {
+int64_t WorkerRuntime::PoolResidentBytes() {
+  const absl::Time now = absl::Now();
+  if (now - pool_resident_at_ < absl::Seconds(1)) return pool_resident_;
+  pool_resident_at_ = now;
   int64_t bytes = 0;
   for (const auto& [name, c] : caches_) {
     const kvstore::PagePool& pool = c.cache->pool();
@@ -118,6 +121,7 @@ int64_t WorkerRuntime::PoolResidentBytes() const {
     }
     if (c.owned_copy != nullptr) bytes += ResidentBytes(c.owned_copy.get(), arena);
   }
+  pool_resident_ = bytes;
   return bytes;
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
 #include "kvstore/cache/paged_kv_cache.h"
@@ -111,8 +112,9 @@ class WorkerRuntime {
   absl::StatusOr<Cache*> CacheFor(const std::string& spec);
   // Bytes of host memory behind the KV pools and their transport copies that are backed now:
   // each is allocated at its full size and grows in the RSS as its pages are first used (a pool
-  // in device memory counts 0).
-  int64_t PoolResidentBytes() const;
+  // in device memory counts 0). A page-table walk: walked again at most once a second, so the
+  // workers may ask on every turn of their loops.
+  int64_t PoolResidentBytes();
   // Every cache made so far, by preset name.
   const std::map<std::string, Cache>& caches() const { return caches_; }
   std::map<std::string, Cache>& caches() { return caches_; }
@@ -141,6 +143,8 @@ class WorkerRuntime {
   std::string model_name_;
   std::vector<int32_t> stop_tokens_;
   std::map<std::string, Cache> caches_;
+  int64_t pool_resident_ = 0;  // PoolResidentBytes as last walked, at pool_resident_at_
+  absl::Time pool_resident_at_ = absl::InfinitePast();
   std::optional<kvstore::KvTransformCalibration> kv_calibration_;
   uint32_t kv_calibration_checksum_ = 0;
   kvstore::KvWireBits wire_bits_;

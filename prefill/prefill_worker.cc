@@ -487,11 +487,7 @@ void PrefillWorker::UpdateGauges() {
   running_gauge_.Set(static_cast<double>(running));
   waiting_gauge_.Set(static_cast<double>(waiting));
   queued_tokens_.Set(static_cast<double>(tokens));
-  // The loop turns every step: the pools' residency (a page table walk) once a second.
-  if (const absl::Time now = absl::Now(); now - pool_resident_at_ >= absl::Seconds(1)) {
-    pool_resident_.Set(static_cast<double>(rt_.PoolResidentBytes()));
-    pool_resident_at_ = now;
-  }
+  pool_resident_.Set(static_cast<double>(rt_.PoolResidentBytes()));
   std::lock_guard<std::mutex> lock(mu_);
   waiting += static_cast<int64_t>(waiting_.size());
   stats_.set_state(draining_ ? "draining" : "serving");

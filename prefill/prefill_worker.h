@@ -149,7 +149,6 @@ class PrefillWorker {
   prometheus::Gauge& waiting_gauge_;
   prometheus::Gauge& queued_tokens_;
   prometheus::Gauge& pool_resident_;
-  absl::Time pool_resident_at_ = absl::InfinitePast();  // when pool_resident_ was last set
 
   std::thread thread_;
   std::thread sender_;
