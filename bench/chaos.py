@@ -35,6 +35,7 @@ import http.client
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -140,6 +141,27 @@ def process_usage(pid):
     return rss, len(os.listdir("/proc/%d/fd" % pid))
 
 
+def rss_by_mapping(pid):
+    """A process's RSS in MiB by kind of mapping: files (code, libraries, the model), heap (the
+    main malloc arena), stack, and anonymous (other malloc arenas, thread stacks, large
+    allocations and the KV pools)."""
+    kinds = {"files": 0.0, "heap": 0.0, "stack": 0.0, "anonymous": 0.0}
+    kind = None
+    with open("/proc/%d/smaps" % pid) as f:
+        for line in f:
+            head = line.split()
+            if not head:
+                continue
+            if head[0].endswith(":"):
+                if head[0] == "Rss:" and kind:
+                    kinds[kind] += int(head[1]) / 1024
+                continue
+            path = head[5] if len(head) > 5 else ""
+            kind = ("heap" if path == "[heap]" else "stack" if path == "[stack]" else
+                    "files" if path.startswith("/") else "anonymous" if not path else None)
+    return {k: round(v, 1) for k, v in kinds.items()}
+
+
 def one_request(host, port, model, spec):
     """Runs one request of the load; returns (outcome, detail): for a completed one, its text and
     the longest silence of its stream after its first event, in seconds."""
@@ -236,6 +258,8 @@ def main():
                     help="fail when a stream stayed silent beyond the stall bound plus one "
                          "migration (a stream that never migrated may reach its own bound, "
                          "50 inter-token times, which the router sees only when it stalls)")
+    ap.add_argument("--smaps-dir", default="",
+                    help="copy every process's /proc/PID/smaps here before and after the load")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -262,19 +286,27 @@ def main():
         wait_all_serving(url)
         model = json.loads(get(url + "/v1/models")[1])["data"][0]["id"]
 
-        def usage_now():
+        def usage_now(when):
             out = {}
             for name, (binary, grpc_port, metrics_port) in workers.items():
                 pid = pid_of(binary, grpc_port)
                 out[name] = {"pid": pid}
                 if pid:
                     out[name]["rss_mib"], out[name]["fds"] = process_usage(pid)
+                    out[name]["rss_by_mapping_mib"] = rss_by_mapping(pid)
                     # The KV pools' pages as they are first used: bounded by --kv_pages.
                     pool = metric(metrics_port, "sluice_kv_pool_resident_bytes")
                     out[name]["pool_mib"] = pool / 2**20 if pool is not None else None
             pid = pid_of("router/router", port)
             out["router"] = {"pid": pid}
             out["router"]["rss_mib"], out["router"]["fds"] = process_usage(pid)
+            out["router"]["rss_by_mapping_mib"] = rss_by_mapping(pid)
+            if args.smaps_dir:  # every mapping of every process, to see what grew
+                os.makedirs(args.smaps_dir, exist_ok=True)
+                for name, o in out.items():
+                    if o.get("pid"):
+                        shutil.copyfile("/proc/%d/smaps" % o["pid"],
+                                        os.path.join(args.smaps_dir, "%s-%s" % (name, when)))
             return out
 
         # Requests of the longest prompt first, on every worker (round robin), so that each
@@ -298,7 +330,7 @@ def main():
             time.sleep(5)
 
         warm_up()
-        before = usage_now()
+        before = usage_now("before")
 
         specs = []
         for i in range(args.requests):
@@ -411,7 +443,7 @@ def main():
             time.sleep(0.5)
         drained_seconds = time.time() - t_drain
         warm_up()
-        after = usage_now()
+        after = usage_now("after")
         migrations = metric(port, "sluice_request_migrations_total") or 0
         # A stream may stay silent for its stall bound (the longest detection the router saw, at
         # least --stall-timeout) plus one migration (the longest recovery it saw).

@@ -1,9 +1,11 @@
 #include "common/process.h"
 
+#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -46,6 +48,35 @@ TEST(ResidentBytesTest, CountsThePagesTouched) {
 TEST(ServedModelNameTest, IsTheFileNameWithoutItsExtension) {
   EXPECT_EQ(ServedModelName("/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
             "SmolLM2-135M-Instruct.Q4_1");
+}
+
+// Mapped blocks malloc holds now.
+size_t MappedBlocks() { return mallinfo2().hblks; }
+
+void* Touch(size_t bytes) {
+  auto* p = static_cast<unsigned char*>(malloc(bytes));
+  for (size_t i = 0; i < bytes; i += 4096) p[i] = 1;
+  return p;
+}
+
+TEST(ServerMainTest, MapsEveryBlockOfAMebibyteOrMoreOnItsOwn) {
+  char program[] = "process_test";
+  char* argv[] = {program, nullptr};
+  std::vector<bool> mapped;
+  EXPECT_EQ(ServerMain(1, argv, "process_test",
+                       [&] {
+                         // Unfixed, glibc would raise its threshold to 8 MiB when the first block
+                         // is freed and cut the second from the heap.
+                         for (size_t bytes : {size_t{8} << 20, size_t{3} << 20, size_t{1} << 20}) {
+                           const size_t before = MappedBlocks();
+                           void* p = Touch(bytes);
+                           mapped.push_back(MappedBlocks() == before + 1);
+                           free(p);
+                         }
+                         return absl::OkStatus();
+                       }),
+            0);
+  EXPECT_EQ(mapped, std::vector<bool>({true, true, true}));
 }
 
 }  // namespace

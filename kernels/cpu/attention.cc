@@ -19,16 +19,21 @@ void AttentionBlas(const AttentionParams& p, const VecOps& ops, int threads) {
   UseSingleThreadedBlas();
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
-    std::vector<float> s(p.q_tokens * kv);
+    // The [q_tokens, kv] scores of one head, megabytes for a prompt chunk. Each thread keeps
+    // its buffer across calls (as large as the largest chunk it has run) so that a prefill
+    // does not map and fault in a fresh one for every layer.
+    thread_local std::vector<float> scores;
+    if (scores.size() < static_cast<size_t>(p.q_tokens * kv)) scores.resize(p.q_tokens * kv);
+    float* const s = scores.data();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t h = 0; h < p.heads; ++h) {
       const int64_t kvh = h / group;
       // s [q_tokens, kv] = scale * q_h [q_tokens, head_dim] . k_kvh^T
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, p.q_tokens, kv, p.head_dim, p.scale,
-                  p.q + h * p.head_dim, q_ld, p.k + kvh * p.head_dim, kv_ld, 0.f, s.data(), kv);
+                  p.q + h * p.head_dim, q_ld, p.k + kvh * p.head_dim, kv_ld, 0.f, s, kv);
       // Causal softmax: query t sees keys [0, q_start + t].
       for (int64_t t = 0; t < p.q_tokens; ++t) {
-        float* row = s.data() + t * kv;
+        float* row = s + t * kv;
         const int64_t visible = p.q_start + t + 1;
         const float mx = *std::max_element(row, row + visible);
         ops.exp(row, mx, row, visible);
@@ -39,8 +44,8 @@ void AttentionBlas(const AttentionParams& p, const VecOps& ops, int threads) {
         std::fill(row + visible, row + kv, 0.f);
       }
       // out_h [q_tokens, head_dim] = s . v_kvh [kv, head_dim]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, p.q_tokens, p.head_dim, kv, 1.f,
-                  s.data(), kv, p.v + kvh * p.head_dim, kv_ld, 0.f, p.out + h * p.head_dim, q_ld);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, p.q_tokens, p.head_dim, kv, 1.f, s, kv,
+                  p.v + kvh * p.head_dim, kv_ld, 0.f, p.out + h * p.head_dim, q_ld);
     }
   }
 }
