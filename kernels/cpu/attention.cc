@@ -16,36 +16,46 @@ void AttentionBlas(const AttentionParams& p, const VecOps& ops, int threads) {
   const int64_t group = p.heads / p.kv_heads;
   const int64_t kv = p.q_start + p.q_tokens;  // keys any query of the chunk can see
   const int64_t q_ld = p.heads * p.head_dim, kv_ld = p.kv_heads * p.head_dim;
+  // Queries run in blocks whose scores fit kScoreFloats (16 queries at least), each block over
+  // the keys its last query sees.
+  constexpr int64_t kScoreFloats = int64_t{1} << 18;  // 1 MiB
+  const int64_t q_block = std::max<int64_t>(16, kScoreFloats / std::max<int64_t>(kv, 1));
   UseSingleThreadedBlas();
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
-    // The [q_tokens, kv] scores of one head, megabytes for a prompt chunk. Each thread keeps
-    // its buffer across calls (as large as the largest chunk it has run) so that a prefill
-    // does not map and fault in a fresh one for every layer.
+    // One block's scores. Each thread keeps its buffer across calls (at most kScoreFloats
+    // floats, or 16 queries' worth beyond 16k keys) so that a prefill does not map and fault
+    // in a fresh one for every layer.
     thread_local std::vector<float> scores;
-    if (scores.size() < static_cast<size_t>(p.q_tokens * kv)) scores.resize(p.q_tokens * kv);
+    const int64_t need = std::min(q_block, p.q_tokens) * kv;
+    if (static_cast<int64_t>(scores.size()) < need) scores.resize(need);
     float* const s = scores.data();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t h = 0; h < p.heads; ++h) {
       const int64_t kvh = h / group;
-      // s [q_tokens, kv] = scale * q_h [q_tokens, head_dim] . k_kvh^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, p.q_tokens, kv, p.head_dim, p.scale,
-                  p.q + h * p.head_dim, q_ld, p.k + kvh * p.head_dim, kv_ld, 0.f, s, kv);
-      // Causal softmax: query t sees keys [0, q_start + t].
-      for (int64_t t = 0; t < p.q_tokens; ++t) {
-        float* row = s + t * kv;
-        const int64_t visible = p.q_start + t + 1;
-        const float mx = *std::max_element(row, row + visible);
-        ops.exp(row, mx, row, visible);
-        float sum = 0;
-        for (int64_t j = 0; j < visible; ++j) sum += row[j];
-        const float inv = 1.f / sum;
-        for (int64_t j = 0; j < visible; ++j) row[j] *= inv;
-        std::fill(row + visible, row + kv, 0.f);
+      for (int64_t q0 = 0; q0 < p.q_tokens; q0 += q_block) {
+        const int64_t nq = std::min(q_block, p.q_tokens - q0);
+        const int64_t keys = p.q_start + q0 + nq;  // what the block's last query sees
+        // s [nq, keys] = scale * q_h [nq, head_dim] . k_kvh[:keys]^T
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, keys, p.head_dim, p.scale,
+                    p.q + q0 * q_ld + h * p.head_dim, q_ld, p.k + kvh * p.head_dim, kv_ld, 0.f, s,
+                    keys);
+        // Causal softmax: query t sees keys [0, q_start + t].
+        for (int64_t i = 0; i < nq; ++i) {
+          float* row = s + i * keys;
+          const int64_t visible = p.q_start + q0 + i + 1;
+          const float mx = *std::max_element(row, row + visible);
+          ops.exp(row, mx, row, visible);
+          float sum = 0;
+          for (int64_t j = 0; j < visible; ++j) sum += row[j];
+          const float inv = 1.f / sum;
+          for (int64_t j = 0; j < visible; ++j) row[j] *= inv;
+          std::fill(row + visible, row + keys, 0.f);
+        }
+        // out_h [nq, head_dim] = s . v_kvh[:keys] [keys, head_dim]
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, p.head_dim, keys, 1.f, s, keys,
+                    p.v + kvh * p.head_dim, kv_ld, 0.f, p.out + q0 * q_ld + h * p.head_dim, q_ld);
       }
-      // out_h [q_tokens, head_dim] = s . v_kvh [kv, head_dim]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, p.q_tokens, p.head_dim, kv, 1.f, s, kv,
-                  p.v + kvh * p.head_dim, kv_ld, 0.f, p.out + h * p.head_dim, q_ld);
     }
   }
 }
