@@ -16,8 +16,9 @@ connections, with /health timed on the API port meanwhile.
 
 It reports requests completed / failed / migrated (the router's sluice_request_migrations_total)
 / left by their clients / malformed and refused, /health latency p50/p99, and, once the load
-is over and every worker serves again, each worker's KV pages used and reserved, RSS and open
-file descriptors next to what they were before the load. A well-formed request fails when it
+is over and every worker serves again, each worker's KV pages used and reserved, RSS (by kind
+of mapping too; --smaps-dir keeps every mapping) and open file descriptors next to what they
+were before the load. A well-formed request fails when it
 gets no 200, when its stream carries an error event, or when it ends without a finish reason
 or with fewer tokens than it asked for (every request ignores end-of-sequence tokens).
 It also reports the router's longest migration phases (sluice_migration_seconds: detect, recover)
@@ -568,6 +569,11 @@ def main():
                   "  (restarted)" if b["pid"] != a["pid"] else ""), file=sys.stderr)
         if any(v is None or v > args.growth_tolerance for v in g.values()):
             grown.append(name)
+    for name in grown:  # where it grew
+        b, a = result["processes_before"][name], result["processes_after"][name]
+        print("  %s by kind of mapping (MiB): %s" % (name, "  ".join(
+            "%s %.1f -> %.1f" % (k, b.get("rss_by_mapping_mib", {}).get(k, 0), v)
+            for k, v in a.get("rss_by_mapping_mib", {}).items())), file=sys.stderr)
     if grown and args.growth_tolerance >= 0:
         print("  RSS outside the KV pools or fds more than %g%% above the start: %s" % (
             100 * args.growth_tolerance, ", ".join(grown)), file=sys.stderr)
