@@ -133,13 +133,14 @@ def wait_all_serving(url, seconds=120):
 
 
 def process_usage(pid):
-    """(RSS in MiB, open file descriptors) of a process."""
+    """A process's RSS in MiB (in all and by kind of mapping) and open file descriptors."""
     rss = None
     with open("/proc/%d/status" % pid) as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 rss = int(line.split()[1]) / 1024
-    return rss, len(os.listdir("/proc/%d/fd" % pid))
+    return {"rss_mib": rss, "rss_by_mapping_mib": rss_by_mapping(pid),
+            "fds": len(os.listdir("/proc/%d/fd" % pid))}
 
 
 def rss_by_mapping(pid):
@@ -293,15 +294,13 @@ def main():
                 pid = pid_of(binary, grpc_port)
                 out[name] = {"pid": pid}
                 if pid:
-                    out[name]["rss_mib"], out[name]["fds"] = process_usage(pid)
-                    out[name]["rss_by_mapping_mib"] = rss_by_mapping(pid)
+                    out[name].update(process_usage(pid))
                     # The KV pools' pages as they are first used: bounded by --kv_pages.
                     pool = metric(metrics_port, "sluice_kv_pool_resident_bytes")
                     out[name]["pool_mib"] = pool / 2**20 if pool is not None else None
             pid = pid_of("router/router", port)
             out["router"] = {"pid": pid}
-            out["router"]["rss_mib"], out["router"]["fds"] = process_usage(pid)
-            out["router"]["rss_by_mapping_mib"] = rss_by_mapping(pid)
+            out["router"].update(process_usage(pid))
             if args.smaps_dir:  # every mapping of every process, to see what grew
                 os.makedirs(args.smaps_dir, exist_ok=True)
                 for name, o in out.items():
