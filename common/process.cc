@@ -9,7 +9,13 @@
 #include <iostream>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+
+ABSL_FLAG(int, malloc_arenas, 2,
+          "malloc arenas this process may use (glibc's default, 0 here, is 8 per core): each "
+          "arena keeps its own free memory and fragments on its own, so a server whose threads "
+          "each had one grows with every thread a load wakes");
 
 namespace sluice {
 namespace {
@@ -55,6 +61,11 @@ int ServerMain(int argc, char** argv, const char* program,
   // stops the adjustment) maps every block of 1 MiB or more on its own and unmaps it on free.
   mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
   absl::ParseCommandLine(argc, argv);
+  // Before `run` starts threads: glibc gives a thread's first allocation an arena of its own
+  // until the bound is reached, then shares. The router's 16 arenas (2 cores) each kept about
+  // 170 KB more after a 2,000-request load, 8% of its RSS.
+  if (absl::GetFlag(FLAGS_malloc_arenas) > 0)
+    mallopt(M_ARENA_MAX, absl::GetFlag(FLAGS_malloc_arenas));
   const absl::Status st = run();
   if (!st.ok()) {
     std::cerr << program << ": " << st << "\n";

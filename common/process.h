@@ -26,8 +26,8 @@ void AwaitShutdown(const std::string& name);
 
 // main() of a sluice server: blocks the shutdown signals, fixes malloc's mmap threshold at 1 MiB
 // (large transient buffers mapped on their own, so that a load leaves no residue in the heap),
-// parses flags, runs `run` and turns its status into the exit code, printing
-// "<program>: <error>" on failure.
+// parses flags, bounds malloc's arenas at --malloc_arenas, runs `run` and turns its status into
+// the exit code, printing "<program>: <error>" on failure.
 int ServerMain(int argc, char** argv, const char* program,
                const std::function<absl::Status()>& run);
 

@@ -5,6 +5,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -77,6 +81,55 @@ TEST(ServerMainTest, MapsEveryBlockOfAMebibyteOrMoreOnItsOwn) {
                        }),
             0);
   EXPECT_EQ(mapped, std::vector<bool>({true, true, true}));
+}
+
+// Arenas malloc has made so far (malloc_info lists each as a <heap>).
+int Arenas() {
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* f = open_memstream(&text, &size);
+  malloc_info(0, f);
+  fclose(f);
+  int n = 0;
+  for (size_t at = 0;
+       (at = std::string_view(text, size).find("<heap nr=", at)) != std::string::npos; ++at) {
+    ++n;
+  }
+  free(text);
+  return n;
+}
+
+// Arenas after eight threads allocated at once in a server started with `flag`.
+int ArenasAfterThreads(const char* flag) {
+  char program[] = "process_test";
+  std::string f = flag;
+  char* argv[] = {program, f.data(), nullptr};
+  int arenas = 0;
+  ServerMain(2, argv, "process_test", [&] {
+    std::atomic<int> started{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([&] {
+        ++started;
+        while (started.load() < 8) std::this_thread::yield();
+        for (int i = 0; i < 1000; ++i) {
+          void* volatile p = malloc(64 + i);  // volatile: not elided
+          free(p);
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    arenas = Arenas();
+    return absl::OkStatus();
+  });
+  return arenas;
+}
+
+// In a fresh process (arenas outlive their threads): unbounded, glibc gave such threads 1 or 2
+// arenas beside the main one in every run on this machine.
+TEST(ServerMainDeathTest, BoundsMallocsArenas) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(exit(ArenasAfterThreads("--malloc_arenas=1")), testing::ExitedWithCode(1), "");
 }
 
 }  // namespace
