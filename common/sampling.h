@@ -12,6 +12,17 @@
 namespace sluice {
 
 inline constexpr int kMaxSkipSamples = 1 << 20;
+// Generations one request may fork from its prompt (OpenAI's n).
+inline constexpr int kMaxChoices = 16;
+
+// A message's choices field: 0 (unset) counts as 1; InvalidArgument outside [0, kMaxChoices].
+inline absl::StatusOr<int> CheckedChoices(int32_t choices) {
+  if (choices < 0 || choices > kMaxChoices) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("choices=%d must be in [1, %d]", choices, kMaxChoices));
+  }
+  return choices == 0 ? 1 : choices;
+}
 
 inline model::SamplingParams SamplingFromProto(const rpc::SamplingParams& sp) {
   model::SamplingParams p;
@@ -24,6 +35,14 @@ inline model::SamplingParams SamplingFromProto(const rpc::SamplingParams& sp) {
   p.max_tokens = sp.max_tokens();
   p.stop_tokens.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
   return p;
+}
+
+// The sampling of choice `choice` of a request with several (OpenAI's n): the request's, with
+// the seed plus `choice`, so that choice i draws as one request of seed + i would.
+inline rpc::SamplingParams ChoiceSampling(const rpc::SamplingParams& sp, int choice) {
+  rpc::SamplingParams out = sp;
+  out.set_seed(sp.seed() + static_cast<uint64_t>(choice));
+  return out;
 }
 
 // InvalidArgument naming the field a worker cannot run.

@@ -64,6 +64,19 @@ const std::vector<double> kStepBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
                                           0.1,   0.25,   0.5,   1.0,  2.5};
 const std::vector<double> kBatchBuckets = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 
+// Pages one choice of a reservation with several may take beyond the prompt's, which it shares
+// with the others: its generated tokens' pages and, at the fork, a copy of each page list's
+// partly filled last page (one per tier).
+int64_t ForkPages(const kvstore::KvPreset& preset, const model::LlamaConfig& c, int64_t prompt,
+                  int64_t room) {
+  const int64_t prompt_pages =
+      kvstore::PagesForSequence(preset, c.layers, c.kv_heads, prompt).value_or(0);
+  const int64_t room_pages =
+      kvstore::PagesForSequence(preset, c.layers, c.kv_heads, room).value_or(0);
+  const int64_t copies = int64_t{c.layers} * c.kv_heads * (preset.low ? 2 : 1);
+  return room_pages - prompt_pages + std::min(copies, prompt_pages);
+}
+
 }  // namespace
 
 DecodeWorker::DecodeWorker(WorkerRuntime& runtime, prometheus::Registry& registry,
@@ -214,6 +227,7 @@ absl::StatusOr<rpc::ReserveResponse> DecodeWorker::Reserve(const rpc::ReserveReq
         absl::StrFormat("prompt_tokens=%d and max_tokens=%d must be > 0", request.prompt_tokens(),
                         request.max_tokens()));
   }
+  SLUICE_ASSIGN_OR_RETURN(const int choices, CheckedChoices(request.choices()));
   return OnScheduler<absl::StatusOr<rpc::ReserveResponse>>(
       [&]() -> absl::StatusOr<rpc::ReserveResponse> {
         SLUICE_ASSIGN_OR_RETURN(WorkerRuntime::Cache * cache,
@@ -232,12 +246,17 @@ absl::StatusOr<rpc::ReserveResponse> DecodeWorker::Reserve(const rpc::ReserveReq
         SLUICE_ASSIGN_OR_RETURN(int64_t room_pages,
                                 kvstore::PagesForSequence(preset, c.layers, c.kv_heads, room));
         kvstore::PagePool& pool = cache->cache->mutable_pool();
+        // Several choices share the prompt's pages and each may take ForkPages more.
+        const int64_t need =
+            choices == 1
+                ? room_pages
+                : prompt_pages + choices * ForkPages(preset, c, request.prompt_tokens(), room);
         const int64_t available = pool.free_pages() - GrowthPages(cache);
-        if (room_pages > available) {
+        if (need > available) {
           return absl::ResourceExhaustedError(
               absl::StrFormat("%s: the KV pool (preset %s) has %d pages to spare, the request "
                               "may need %d",
-                              options_.name, preset.name, available, room_pages));
+                              options_.name, preset.name, available, need));
         }
         SLUICE_RETURN_IF_ERROR(CheckClientBound(client, *cache, prompt_pages));
         // The window: the prompt's pages, then room for the KV state (full-precision window,
@@ -247,7 +266,8 @@ absl::StatusOr<rpc::ReserveResponse> DecodeWorker::Reserve(const rpc::ReserveReq
         Reservation r{.preset = preset.name,
                       .client = client,
                       .state_bytes = state_bytes,
-                      .expires = absl::Now() + options_.reservation_ttl};
+                      .expires = absl::Now() + options_.reservation_ttl,
+                      .choices = choices};
         SLUICE_ASSIGN_OR_RETURN(
             r.window,
             rt_.ReceiveWindow(static_cast<size_t>(prompt_pages * page_bytes + state_bytes)));
@@ -278,7 +298,9 @@ absl::Status DecodeWorker::CheckClientBound(const std::string& client,
   for (const auto& [id, r] : reservations_) {
     if (r.client != client) continue;
     ++count;
-    if (r.preset == cache.cache->preset().name) held += static_cast<int64_t>(r.pages.size());
+    if (r.preset == cache.cache->preset().name) {
+      held += static_cast<int64_t>(r.pages.size()) + r.parent_pages;
+    }
   }
   if (count == 0) return absl::OkStatus();
   const int64_t bound = static_cast<int64_t>(options_.max_client_reserved_fraction *
@@ -306,6 +328,11 @@ int64_t DecodeWorker::GrowthPages(const WorkerRuntime::Cache* cache) const {
                                          static_cast<int64_t>(r.history.size()));
     if (room.ok() && now.ok()) growth += std::max<int64_t>(0, *room - *now);
   }
+  // The choices of an imported prompt that have not begun yet.
+  for (const auto& [id, r] : reservations_) {
+    if (r.parent == 0 || r.preset != preset.name) continue;
+    growth += r.fork_pages * std::count(r.begun.begin(), r.begun.end(), false);
+  }
   return growth;
 }
 
@@ -313,6 +340,10 @@ void DecodeWorker::FreeReservation(std::map<uint64_t, Reservation>::iterator it)
   auto cache = rt_.caches().find(it->second.preset);
   if (cache != rt_.caches().end()) {
     cache->second.cache->mutable_pool().Free(it->second.pages).IgnoreError();
+    // An imported prompt's pages go with it, but for those its choices share.
+    if (it->second.parent != 0) {
+      cache->second.cache->RemoveSequence(static_cast<int64_t>(it->second.parent)).IgnoreError();
+    }
   }
   reservations_.erase(it);  // unexposes the window: late puts land nowhere
 }
@@ -400,6 +431,11 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
           "replay: token %d is not in the vocabulary (%d tokens)", t, rt_.config().vocab));
     }
   }
+  SLUICE_ASSIGN_OR_RETURN(const int choices, CheckedChoices(request.choices()));
+  if (request.choice() < 0 || request.choice() >= choices) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("choice %d of %d does not exist", request.choice(), choices));
+  }
   return OnScheduler<absl::StatusOr<std::shared_ptr<TokenStream>>>(
       [&]() -> absl::StatusOr<std::shared_ptr<TokenStream>> {
         SLUICE_ASSIGN_OR_RETURN(auto it, FindReservation(request.reservation_id(), client));
@@ -410,64 +446,120 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
               absl::StrFormat("the request names preset '%s', its reservation was for '%s'",
                               request.compression().preset(), it->second.preset));
         }
-        // The state the prefill worker wrote after the pages, checked against its CRC32C; the
-        // pages it put move from the window into the pool, where the import checks each one.
-        Reservation& reserved = it->second;
-        const int64_t sent = request.pages();
-        const absl::Status wire = request.wire_codec() != 0 ? CheckWire(request) : absl::OkStatus();
-        absl::StatusOr<std::string> state =
-            wire.ok() ? TakeState(reserved, request) : absl::StatusOr<std::string>(wire);
-        // A prompt that fits the full-precision window sends no page at all.
-        if (state.ok() && (sent < 0 || sent > static_cast<int64_t>(reserved.pages.size()))) {
-          state = absl::InvalidArgumentError(absl::StrFormat(
-              "the request announces %d pages sent, the reservation's window holds %d", sent,
-              reserved.pages.size()));
-        }
-        if (!state.ok()) {
-          import_failures_.Increment();
-          FreeReservation(it);
-          return state.status();
-        }
-        const int64_t prompt = request.prompt_size();
-        const int64_t room = prompt + params.max_tokens;
-        const uint64_t seq = next_id_++;
-        if (request.wire_codec() != 0) {
-          // The prompt's rows, decoded layer by layer, commit into the cache's own format; the
-          // reservation's pages go back to the pool first, for the commit to take.
-          FreeReservation(it);
-          const absl::Status imported = ImportWire(*cache, seq, room, prompt, *state);
-          if (!imported.ok()) {
-            import_failures_.Increment();
-            return imported;
-          }
-          return StartRunning(request, cache, seq, room);
-        }
-        const absl::Span<const kvstore::PageId> pages =
-            absl::MakeConstSpan(reserved.pages).subspan(0, static_cast<size_t>(sent));
-        const absl::Status moved = cache->cache->CopyPagesFromHost(
-            pages, static_cast<const uint8_t*>(reserved.window->base()),
-            kvstore::PagedKvCache::HostLayout::kPacked);
-        reserved.window.reset();  // unexposed: nothing reaches these pages any more
-        absl::StatusOr<int64_t> imported =
-            moved.ok()
-                ? cache->cache->ImportSequence(static_cast<int64_t>(seq), room, *state, pages)
-                : absl::StatusOr<int64_t>(moved);
-        if (!imported.ok()) {
-          import_failures_.Increment();
-          FreeReservation(it);
-          return imported.status();
-        }
-        // The sequence owns the pages it imported; the reservation's other pages go back.
-        reserved.pages.erase(reserved.pages.begin(), reserved.pages.begin() + *imported);
-        if (auto length = cache->cache->Length(seq); !length.ok() || *length != prompt) {
-          cache->cache->RemoveSequence(seq).IgnoreError();
+        if (choices != it->second.choices) {
+          const int reserved = it->second.choices;
           FreeReservation(it);
           return absl::InvalidArgumentError(absl::StrFormat(
-              "the KV state holds %d tokens, the prompt has %d", length.value_or(-1), prompt));
+              "the request names %d choices, its reservation was for %d", choices, reserved));
+        }
+        const int64_t room = request.prompt_size() + params.max_tokens;
+        if (choices > 1) return GenerateChoice(it, request, cache, room);
+        const uint64_t seq = next_id_++;
+        if (absl::Status st = ImportReserved(it->second, request, cache, seq, room); !st.ok()) {
+          FreeReservation(it);
+          return st;
         }
         FreeReservation(it);
         return StartRunning(request, cache, seq, room);
       });
+}
+
+absl::Status DecodeWorker::ImportReserved(Reservation& reserved,
+                                          const rpc::GenerateRequest& request,
+                                          WorkerRuntime::Cache* cache, uint64_t seq, int64_t room) {
+  // The state the prefill worker wrote after the pages, checked against its CRC32C; the pages
+  // it put move from the window into the pool, where the import checks each one.
+  const int64_t sent = request.pages();
+  const absl::Status wire = request.wire_codec() != 0 ? CheckWire(request) : absl::OkStatus();
+  absl::StatusOr<std::string> state =
+      wire.ok() ? TakeState(reserved, request) : absl::StatusOr<std::string>(wire);
+  // A prompt that fits the full-precision window sends no page at all.
+  if (state.ok() && (sent < 0 || sent > static_cast<int64_t>(reserved.pages.size()))) {
+    state = absl::InvalidArgumentError(
+        absl::StrFormat("the request announces %d pages sent, the reservation's window holds %d",
+                        sent, reserved.pages.size()));
+  }
+  if (!state.ok()) {
+    import_failures_.Increment();
+    return state.status();
+  }
+  const int64_t prompt = request.prompt_size();
+  kvstore::PagePool& pool = cache->cache->mutable_pool();
+  if (request.wire_codec() != 0) {
+    // The prompt's rows, decoded layer by layer, commit into the cache's own format; the
+    // reservation's pages go back to the pool first, for the commit to take.
+    pool.Free(reserved.pages).IgnoreError();
+    reserved.pages.clear();
+    reserved.window.reset();
+    const absl::Status imported = ImportWire(*cache, seq, room, prompt, *state);
+    if (!imported.ok()) import_failures_.Increment();
+    return imported;
+  }
+  const absl::Span<const kvstore::PageId> pages =
+      absl::MakeConstSpan(reserved.pages).subspan(0, static_cast<size_t>(sent));
+  const absl::Status moved =
+      cache->cache->CopyPagesFromHost(pages, static_cast<const uint8_t*>(reserved.window->base()),
+                                      kvstore::PagedKvCache::HostLayout::kPacked);
+  reserved.window.reset();  // unexposed: nothing reaches these pages any more
+  absl::StatusOr<int64_t> imported =
+      moved.ok() ? cache->cache->ImportSequence(static_cast<int64_t>(seq), room, *state, pages)
+                 : absl::StatusOr<int64_t>(moved);
+  if (!imported.ok()) {
+    import_failures_.Increment();
+    return imported.status();
+  }
+  // The sequence owns the pages it imported; the reservation's other pages go back.
+  reserved.pages.erase(reserved.pages.begin(), reserved.pages.begin() + *imported);
+  pool.Free(reserved.pages).IgnoreError();
+  reserved.pages.clear();
+  if (auto length = cache->cache->Length(static_cast<int64_t>(seq));
+      !length.ok() || *length != prompt) {
+    cache->cache->RemoveSequence(static_cast<int64_t>(seq)).IgnoreError();
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the KV state holds %d tokens, the prompt has %d", length.value_or(-1), prompt));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::GenerateChoice(
+    std::map<uint64_t, Reservation>::iterator it, const rpc::GenerateRequest& request,
+    WorkerRuntime::Cache* cache, int64_t room) {
+  Reservation& reserved = it->second;
+  if (reserved.parent == 0) {
+    const uint64_t parent = next_id_++;
+    if (absl::Status st = ImportReserved(reserved, request, cache, parent, room); !st.ok()) {
+      FreeReservation(it);
+      return st;
+    }
+    reserved.parent = parent;
+    reserved.room = room;
+    reserved.expires = absl::Now() + options_.reservation_ttl;  // for the other choices to come
+    reserved.begun.assign(static_cast<size_t>(reserved.choices), false);
+    const model::LlamaConfig& c = rt_.config();
+    const kvstore::KvPreset& preset = cache->cache->preset();
+    reserved.parent_pages =
+        kvstore::PagesForSequence(preset, c.layers, c.kv_heads, request.prompt_size()).value_or(0);
+    reserved.fork_pages = ForkPages(preset, c, request.prompt_size(), room);
+  } else if (room != reserved.room ||
+             cache->cache->Length(static_cast<int64_t>(reserved.parent)).value_or(-1) !=
+                 request.prompt_size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "choice %d: a prompt of %d tokens and %d to generate, the reservation's first choice had "
+        "%d tokens in all",
+        request.choice(), request.prompt_size(), room - request.prompt_size(), reserved.room));
+  }
+  if (reserved.begun[static_cast<size_t>(request.choice())]) {
+    return absl::AlreadyExistsError(absl::StrFormat("choice %d of reservation %d began already",
+                                                    request.choice(), request.reservation_id()));
+  }
+  const uint64_t seq = next_id_++;
+  SLUICE_RETURN_IF_ERROR(cache->cache->ForkSequence(static_cast<int64_t>(reserved.parent),
+                                                    static_cast<int64_t>(seq), room));
+  reserved.begun[static_cast<size_t>(request.choice())] = true;
+  if (std::all_of(reserved.begun.begin(), reserved.begun.end(), [](bool b) { return b; })) {
+    FreeReservation(it);  // the parent goes; its pages stay where the choices share them
+  }
+  return StartRunning(request, cache, seq, room);
 }
 
 absl::Status DecodeWorker::CheckWire(const rpc::GenerateRequest& request) const {

@@ -112,6 +112,15 @@ class DecodeWorker {
     std::unique_ptr<transport::ExposedRegion> window;
     int64_t state_bytes = 0;
     absl::Time expires;
+    // Generations forked from the prompt (ReserveRequest.choices). With more than one, the
+    // first Generate imports the prompt as `parent`, a sequence outside the batch holding
+    // `parent_pages` pages, and each choice forks it; the parent goes once every choice began.
+    int choices = 1;
+    uint64_t parent = 0;
+    int64_t parent_pages = 0;
+    int64_t room = 0;         // prompt + max_tokens, set at the import
+    int64_t fork_pages = 0;   // what each choice may take beyond the prompt's pages
+    std::vector<bool> begun;  // by choice
   };
   struct Running {
     uint64_t request_id = 0;
@@ -150,6 +159,18 @@ class DecodeWorker {
   // preset's format; nothing of `seq` is left on error.
   absl::Status ImportWire(WorkerRuntime::Cache& cache, uint64_t seq, int64_t room, int64_t prompt,
                           std::string_view stream);
+  // Moves what the prefill worker put into `r`'s window into the cache as sequence `seq` (of
+  // `room` tokens): the KV state checked against the request's checksum, the pages moved into
+  // the reservation's and checked, or a transform-coded stream decoded. The reservation's pages
+  // not imported go back to the pool and its window is unexposed; on error nothing of `seq` is
+  // left (the caller frees the reservation).
+  absl::Status ImportReserved(Reservation& r, const rpc::GenerateRequest& request,
+                              WorkerRuntime::Cache* cache, uint64_t seq, int64_t room);
+  // One choice of a reservation with several: imports the prompt as the parent at the first
+  // call, forks the choice's sequence from it, and lets the parent go after the last choice.
+  absl::StatusOr<std::shared_ptr<TokenStream>> GenerateChoice(
+      std::map<uint64_t, Reservation>::iterator it, const rpc::GenerateRequest& request,
+      WorkerRuntime::Cache* cache, int64_t room);
   // The imported sequence `seq` starts generating (the scheduler's part of Generate).
   absl::StatusOr<std::shared_ptr<TokenStream>> StartRunning(const rpc::GenerateRequest& request,
                                                             WorkerRuntime::Cache* cache,

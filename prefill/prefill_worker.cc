@@ -128,6 +128,7 @@ absl::StatusOr<rpc::PrefillResponse> PrefillWorker::Prefill(const rpc::PrefillRe
         request.pages(), request.page_bytes(), request.state_bytes()));
   }
   SLUICE_RETURN_IF_ERROR(CheckedSampling(request.sampling()).status());
+  SLUICE_RETURN_IF_ERROR(CheckedChoices(request.choices()).status());
   auto job = std::make_shared<Job>();
   job->request = request;
   job->start = absl::Now();
@@ -318,15 +319,21 @@ void PrefillWorker::Step() {
 
 void PrefillWorker::Complete(JobPtr job, absl::Span<const float> logits) {
   const rpc::PrefillRequest& req = job->request;
-  model::Sampler sampler(SamplingFromProto(req.sampling()));
-  sampler.Skip(req.sampling().skip_samples());
   const std::vector<int32_t> prompt(req.prompt().begin(), req.prompt().end());
-  const int32_t token = sampler.Sample(logits, prompt);
   rpc::PrefillResponse& out = job->response;
-  if (req.sampling().logprobs()) {
-    *out.mutable_first() = TokenWithLogprobs(logits, token, req.sampling().top_logprobs());
-  } else {
-    out.mutable_first()->set_token(token);
+  // Each choice's first token, drawn from the same logits with its own seed.
+  const int choices = CheckedChoices(req.choices()).value_or(1);
+  for (int choice = 0; choice < choices; ++choice) {
+    const rpc::SamplingParams sp = ChoiceSampling(req.sampling(), choice);
+    model::Sampler sampler(SamplingFromProto(sp));
+    sampler.Skip(sp.skip_samples());
+    const int32_t token = sampler.Sample(logits, prompt);
+    rpc::GeneratedToken* first = choice == 0 ? out.mutable_first() : out.add_more_first();
+    if (sp.logprobs()) {
+      *first = TokenWithLogprobs(logits, token, sp.top_logprobs());
+    } else {
+      first->set_token(token);
+    }
   }
   prefill_seconds_.Observe(absl::ToDoubleSeconds(job->compute));
   out.set_prefill_seconds(absl::ToDoubleSeconds(job->compute));

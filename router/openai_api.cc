@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/sampling.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -381,13 +382,15 @@ absl::Status ParseStreamOptions(const Json& body, ApiRequest* req) {
 
 // Fields that would change the output and that this server cannot honour.
 absl::Status RejectUnsupported(Endpoint endpoint, const Json& body) {
-  for (const char* key : {"n", "best_of"}) {
-    int n = 1;
-    SLUICE_RETURN_IF_ERROR(ReadInt(body, key, 1, std::numeric_limits<int32_t>::max(), &n));
-    if (n != 1) {
+  if (endpoint == Endpoint::kCompletions && Find(body, "best_of") != nullptr) {
+    int n = 1, best_of = 1;
+    SLUICE_RETURN_IF_ERROR(ReadInt(body, "n", 1, kMaxChoices, &n));
+    SLUICE_RETURN_IF_ERROR(
+        ReadInt(body, "best_of", 1, std::numeric_limits<int32_t>::max(), &best_of));
+    if (best_of != n) {
       return UnsupportedError(
-          key, absl::StrCat("= ", n, " is not supported: only one choice per request (", key,
-                            " = 1) is."));
+          "best_of", absl::StrCat("= ", best_of, " is not supported: only best_of = n (", n,
+                                  ") is; every choice generated is returned."));
     }
   }
   for (const char* key : {"presence_penalty", "frequency_penalty"}) {
@@ -565,6 +568,7 @@ absl::StatusOr<ApiRequest> ParseObject(Endpoint endpoint, const Json& body) {
   }
   SLUICE_RETURN_IF_ERROR(ReadBool(body, "ignore_eos", &req.ignore_eos));
   SLUICE_RETURN_IF_ERROR(ParseLogprobs(endpoint, body, &req));
+  SLUICE_RETURN_IF_ERROR(ReadInt(body, "n", 1, kMaxChoices, &req.n));
   SLUICE_RETURN_IF_ERROR(RejectUnsupported(endpoint, body));
   SLUICE_RETURN_IF_ERROR(ReadString(body, "kv_compression", &req.kv_compression));
   SLUICE_RETURN_IF_ERROR(ReadString(body, "user", &req.user));
@@ -778,20 +782,25 @@ std::string ErrorBody(const ApiError& error) {
 std::string CompletionBody(Endpoint endpoint, const Completion& c) {
   const bool chat = endpoint == Endpoint::kChatCompletions;
   OJson j = Header(c.id, chat ? "chat.completion" : "text_completion", c.created, c.model);
-  OJson choice = OJson::object();
-  choice["index"] = 0;
-  if (chat) {
-    OJson message = OJson::object();
-    message["role"] = "assistant";
-    message["content"] = c.text;
-    choice["message"] = std::move(message);
-  } else {
-    choice["text"] = c.text;
+  OJson choices = OJson::array();
+  for (size_t i = 0; i < c.choices.size(); ++i) {
+    const CompletionChoice& one = c.choices[i];
+    OJson choice = OJson::object();
+    choice["index"] = i;
+    if (chat) {
+      OJson message = OJson::object();
+      message["role"] = "assistant";
+      message["content"] = one.text;
+      choice["message"] = std::move(message);
+    } else {
+      choice["text"] = one.text;
+    }
+    choice["logprobs"] = LogprobsJson(endpoint, one.logprobs, 0);
+    choice["finish_reason"] = FinishReasonJson(one.finish_reason);
+    choice["stop_reason"] = NullIfEmpty(one.stop_reason);
+    choices.push_back(std::move(choice));
   }
-  choice["logprobs"] = LogprobsJson(endpoint, c.logprobs, 0);
-  choice["finish_reason"] = FinishReasonJson(c.finish_reason);
-  choice["stop_reason"] = NullIfEmpty(c.stop_reason);
-  j["choices"] = OJson::array({std::move(choice)});
+  j["choices"] = std::move(choices);
   j["usage"] = UsageJson(c.usage);
   return Dump(j);
 }
@@ -801,7 +810,7 @@ std::string ChunkEvent(Endpoint endpoint, const StreamInfo& stream, const Chunk&
   OJson j = Header(stream.id, chat ? "chat.completion.chunk" : "text_completion", stream.created,
                    stream.model);
   OJson choice = OJson::object();
-  choice["index"] = 0;
+  choice["index"] = chunk.index;
   if (chat) {
     OJson delta = OJson::object();
     if (chunk.first) delta["role"] = "assistant";

@@ -78,6 +78,9 @@ struct ApiRequest {
   // "leankv-k8v4:alpha_high=2", passed on unchecked; empty = the server's default.
   std::string kv_compression;
   std::string user;
+  // Choices generated from the prompt, 1 to kMaxChoices (`best_of`, completions only, may be
+  // given equal to n).
+  int n = 1;
 };
 
 // Parses and validates a request body for `endpoint`. Errors are InvalidArgument with a
@@ -154,18 +157,23 @@ struct Usage {
 };
 
 // A finished, non-streamed result.
+// One choice of a completion.
+struct CompletionChoice {
+  std::string text;
+  FinishReason finish_reason = FinishReason::kStop;
+  std::string stop_reason;  // vLLM's stop_reason: the stop string matched; empty = null
+  std::optional<std::vector<TokenLogprob>> logprobs;  // set when the request asked
+};
+
 struct Completion {
   std::string id;       // NewRequestId
   int64_t created = 0;  // Unix seconds
   std::string model;
-  std::string text;
-  FinishReason finish_reason = FinishReason::kStop;
-  std::string stop_reason;  // vLLM's stop_reason: the stop string matched; empty = null
-  Usage usage;
-  std::optional<std::vector<TokenLogprob>> logprobs;  // set when the request asked
+  std::vector<CompletionChoice> choices;  // choices[i] has index i
+  Usage usage;                            // of every choice together
 };
 
-// "text_completion" with choices[0].text, or "chat.completion" with choices[0].message
+// "text_completion" with choices[i].text, or "chat.completion" with choices[i].message
 // {role: assistant, content}; logprobs in each endpoint's shape:
 //   completions: {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}
 //   chat: {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}
@@ -191,10 +199,11 @@ struct Chunk {
   int text_offset = 0;
   FinishReason finish_reason = FinishReason::kNone;  // set on the last chunk only
   std::string stop_reason;
+  int index = 0;  // the choice
 };
 
-// One SSE event, "data: {...}\n\n": a "text_completion" chunk with choices[0].text, or a
-// "chat.completion.chunk" with choices[0].delta ({"role": "assistant", "content": ...}
+// One SSE event, "data: {...}\n\n": a "text_completion" chunk with one choice's text, or a
+// "chat.completion.chunk" with its delta ({"role": "assistant", "content": ...}
 // when first, {"content": ...} after, {} for a last chunk with no text).
 std::string ChunkEvent(Endpoint endpoint, const StreamInfo& stream, const Chunk& chunk);
 

@@ -50,6 +50,13 @@ TEST(ParseRequest, ModelIsOptionalAndVllmFieldsPassAtTheirDefaults) {
       "user": "u", "best_of": 1})");
 }
 
+TEST(ParseRequest, SeveralChoices) {
+  EXPECT_EQ(ParseOk(kCmpl, R"({"prompt": "p"})").n, 1);
+  EXPECT_EQ(ParseOk(kCmpl, R"({"prompt": "p", "n": 4})").n, 4);
+  EXPECT_EQ(ParseOk(kCmpl, R"({"prompt": "p", "n": 3, "best_of": 3})").n, 3);
+  EXPECT_EQ(ParseOk(kChat, R"({"messages": [{"role": "user", "content": "x"}], "n": 16})").n, 16);
+}
+
 TEST(ParseRequest, CompletionsStringPromptWithDefaults) {
   ApiRequest r = ParseOk(kCmpl, R"({"model": "smollm2", "prompt": "Once upon"})");
   EXPECT_EQ(r.endpoint, kCmpl);
@@ -317,10 +324,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{kChat, Chat(kUserHi, R"(, "top_logprobs": 3)"), "top_logprobs",
                 "requires 'logprobs'"},
         // What this server cannot honour.
-        BadCase{kCmpl, Cmpl(R"("n": 2)"), "n", "not supported"},
-        BadCase{kChat, Chat(kUserHi, R"(, "n": 3)"), "n", "not supported"},
+        BadCase{kCmpl, Cmpl(R"("n": 17)"), "n", "[1, 16]"},
+        BadCase{kChat, Chat(kUserHi, R"(, "n": 2.5)"), "n", "an integer"},
         BadCase{kCmpl, Cmpl(R"("n": 0)"), "n", "got 0"},
         BadCase{kCmpl, Cmpl(R"("best_of": 3)"), "best_of", "not supported"},
+        BadCase{kCmpl, Cmpl(R"("n": 2, "best_of": 3)"), "best_of", "only best_of = n (2)"},
         BadCase{kCmpl, Cmpl(R"("echo": true)"), "echo", "not supported"},
         BadCase{kCmpl, Cmpl(R"("suffix": "end")"), "suffix", "not supported"},
         BadCase{kCmpl, Cmpl(R"("presence_penalty": 0.5)"), "presence_penalty", "not supported"},
@@ -457,8 +465,7 @@ Completion SampleCompletion() {
   c.id = "cmpl-abc";
   c.created = 1700000000;
   c.model = "smollm2";
-  c.text = "Hello world";
-  c.finish_reason = FinishReason::kLength;
+  c.choices = {{.text = "Hello world", .finish_reason = FinishReason::kLength}};
   c.usage = {.prompt_tokens = 7, .completion_tokens = 3};
   return c;
 }
@@ -485,8 +492,8 @@ TEST(CompletionBody, TextCompletion) {
 TEST(CompletionBody, ChatCompletion) {
   Completion c = SampleCompletion();
   c.id = "chatcmpl-abc";
-  c.finish_reason = FinishReason::kStop;
-  c.stop_reason = "\n\n";
+  c.choices[0].finish_reason = FinishReason::kStop;
+  c.choices[0].stop_reason = "\n\n";
   Json j = Json::parse(CompletionBody(kChat, c));
   EXPECT_EQ(j["id"], "chatcmpl-abc");
   EXPECT_EQ(j["object"], "chat.completion");
@@ -501,9 +508,27 @@ TEST(CompletionBody, ChatCompletion) {
   EXPECT_EQ(j["usage"]["total_tokens"], 10);
 }
 
+TEST(CompletionBody, SeveralChoicesInTheirOrder) {
+  Completion c = SampleCompletion();
+  c.choices.push_back({.text = "Bye", .finish_reason = FinishReason::kStop, .stop_reason = "."});
+  for (Endpoint e : {kCmpl, kChat}) {
+    Json j = Json::parse(CompletionBody(e, c));
+    ASSERT_EQ(j["choices"].size(), 2u);
+    EXPECT_EQ(j["choices"][0]["index"], 0);
+    EXPECT_EQ(j["choices"][1]["index"], 1);
+    const Json& second =
+        e == kChat ? j["choices"][1]["message"]["content"] : j["choices"][1]["text"];
+    EXPECT_EQ(second, "Bye");
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+    EXPECT_EQ(j["choices"][1]["finish_reason"], "stop");
+    EXPECT_EQ(j["choices"][1]["stop_reason"], ".");
+    EXPECT_EQ(j["usage"]["total_tokens"], 10);
+  }
+}
+
 TEST(CompletionBody, AbortedFinishReason) {
   Completion c = SampleCompletion();
-  c.finish_reason = FinishReason::kAbort;
+  c.choices[0].finish_reason = FinishReason::kAbort;
   EXPECT_EQ(Json::parse(CompletionBody(kChat, c))["choices"][0]["finish_reason"], "abort");
 }
 
@@ -517,8 +542,8 @@ std::vector<TokenLogprob> SampleLogprobs() {
 
 TEST(CompletionBody, CompletionsLogprobsShape) {
   Completion c = SampleCompletion();
-  c.text = "Hello w\xC3\xA9rld";
-  c.logprobs = SampleLogprobs();
+  c.choices[0].text = "Hello w\xC3\xA9rld";
+  c.choices[0].logprobs = SampleLogprobs();
   Json j = Json::parse(CompletionBody(kCmpl, c));
   Json& lp = j["choices"][0]["logprobs"];
   EXPECT_EQ(lp["tokens"], Json({"Hello", " w\xC3\xA9", "rld"}));
@@ -539,8 +564,8 @@ TEST(CompletionBody, CompletionsLogprobsShape) {
 
 TEST(CompletionBody, ChatLogprobsShape) {
   Completion c = SampleCompletion();
-  c.logprobs = SampleLogprobs();
-  c.logprobs->push_back({"\xC3", -3.f, {}});  // half of a two-byte character
+  c.choices[0].logprobs = SampleLogprobs();
+  c.choices[0].logprobs->push_back({"\xC3", -3.f, {}});  // half of a two-byte character
   Json j = Json::parse(CompletionBody(kChat, c));
   Json& lp = j["choices"][0]["logprobs"];
   ASSERT_TRUE(lp.contains("content"));
@@ -563,7 +588,7 @@ TEST(CompletionBody, ChatLogprobsShape) {
 
 TEST(CompletionBody, InvalidUtf8TextBecomesReplacementCharacters) {
   Completion c = SampleCompletion();
-  c.text = "ok\xFF";
+  c.choices[0].text = "ok\xFF";
   Json j = Json::parse(CompletionBody(kCmpl, c));
   EXPECT_EQ(j["choices"][0]["text"], "ok\xEF\xBF\xBD");
 }
@@ -591,6 +616,14 @@ TEST(ChunkEvent, ChatFirstChunkCarriesTheAssistantRole) {
   ASSERT_TRUE(choice.contains("finish_reason"));
   EXPECT_TRUE(choice["finish_reason"].is_null());
   EXPECT_FALSE(j.contains("usage"));
+}
+
+TEST(ChunkEvent, CarriesItsChoicesIndex) {
+  for (Endpoint e : {kCmpl, kChat}) {
+    Json j = EventJson(ChunkEvent(e, SampleStream(), {.text = "x", .index = 3}));
+    ASSERT_EQ(j["choices"].size(), 1u);
+    EXPECT_EQ(j["choices"][0]["index"], 3);
+  }
 }
 
 TEST(ChunkEvent, ChatLaterChunksCarryOnlyContent) {

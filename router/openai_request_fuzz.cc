@@ -166,11 +166,11 @@ void CheckResponses(Endpoint endpoint, const ApiRequest& req, std::string_view b
   const Completion completion{.id = NewRequestId(endpoint),
                               .created = 1700000000,
                               .model = model,
-                              .text = text,
-                              .finish_reason = FinishReason::kStop,
-                              .stop_reason = req.stop.empty() ? "" : req.stop[0],
-                              .usage = usage,
-                              .logprobs = logprobs};
+                              .choices = {{.text = text,
+                                           .finish_reason = FinishReason::kStop,
+                                           .stop_reason = req.stop.empty() ? "" : req.stop[0],
+                                           .logprobs = logprobs}},
+                              .usage = usage};
   const Json j = ParseBody(CompletionBody(endpoint, completion));
   Check(ReadsBack(j.at("model"), model), "the completion names another model");
   Check(ReadsBack(TextOf(endpoint, j.at("choices").at(0), false), text),

@@ -39,7 +39,8 @@ int main(int argc, char** argv) {
       {1, R"({"messages": [{"role": "system", "content": ""}], "kv_compression": "kvcomp",
               "temperature": 2, "top_p": 1, "min_p": 0, "seed": 7, "function_call": "auto"})"},
       // Refused ones, so that each error path starts covered.
-      {0, R"({"prompt": "x", "n": 2})"},
+      {0, R"({"prompt": "x", "n": 17})"},
+      {0, R"({"prompt": "x", "n": 2, "best_of": 3})"},
       {0, R"({"prompt": "x", "temperature": 1e400})"},
       {0, R"({"prompt": "x", "top_p": 1e-50, "min_p": 0.99999999999})"},
       {1, R"({"messages": [{"role": "tool", "content": "x"}], "unknown_field": 1})"},

@@ -7,6 +7,8 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "common/sampling.h"
+#include "common/status_macros.h"
 
 namespace sluice::router {
 
@@ -90,6 +92,20 @@ void RequestFlow::Retry(const char* role) {
 }
 
 absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowRequest& r) {
+  if (r.choices != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("Start runs one choice; %d need StartChoices", r.choices));
+  }
+  SLUICE_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<RunningRequest>> runs, StartChoices(r));
+  return std::move(runs[0]);
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<RunningRequest>>> RequestFlow::StartChoices(
+    const FlowRequest& r) {
+  SLUICE_ASSIGN_OR_RETURN(const int choices, CheckedChoices(r.choices));
+  if (choices > 1 && !r.replay.empty()) {
+    return absl::InvalidArgumentError("a replay continues one choice");
+  }
   std::set<Worker*> tried_prefill, tried_decode;
   absl::Status last = absl::UnavailableError("no decode worker is up");
   const absl::Time give_up = absl::Now() + options_.queue_timeout;
@@ -121,6 +137,7 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowReq
       reserve.mutable_compression()->set_preset(r.preset);
       reserve.set_prompt_tokens(static_cast<int32_t>(r.prompt.size()));
       reserve.set_max_tokens(r.sampling.max_tokens());
+      if (choices > 1) reserve.set_choices(choices);
       absl::StatusOr<rpc::ReserveResponse> reserved = d->decode->Reserve(reserve);
       if (absl::IsResourceExhausted(reserved.status()) && absl::Now() < give_up) {
         // Every decode worker's pool is busy: wait for pages, as a queue would.
@@ -155,6 +172,7 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowReq
       pre.set_pages(reserved->pages());
       pre.set_state_bytes(reserved->state_bytes());
       pre.set_page_bytes(reserved->page_bytes());
+      if (choices > 1) pre.set_choices(choices);
       // The prompt may wait in the prefill worker's queue longer than the reservation lives.
       const absl::Duration period =
           std::max(options_.min_renew_period, absl::Seconds(reserved->expires_in_seconds() / 3.0));
@@ -205,53 +223,89 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowReq
         ++attempt;
         continue;
       }
-      auto running = std::make_unique<RunningRequest>();
-      running->first_token_time = absl::Now();
-      rpc::GenerateRequest gen;
-      gen.set_request_id(r.request_id);
-      gen.set_reservation_id(reservation);
-      gen.mutable_prompt()->Add(r.prompt.begin(), r.prompt.end());
-      *gen.mutable_sampling() = r.sampling;
-      gen.mutable_compression()->set_preset(r.preset);
-      // The pages and the KV state are in the reservation's window; the generation names how
-      // many pages, and the state's size and checksum.
-      gen.set_pages(static_cast<int32_t>(prefilled->pages()));
-      gen.set_state_bytes(prefilled->state_bytes());
-      gen.set_state_crc32c(prefilled->state_crc32c());
-      gen.set_wire_codec(prefilled->wire_codec());
-      gen.set_wire_calibration(prefilled->wire_calibration());
-      *gen.mutable_first() = prefilled->first();
-      if (!r.replay.empty()) {
-        // The first token is the one the request generated first (the prefill, given the same
-        // prompt and draws, sampled it again); the rest are fed after it.
-        gen.mutable_first()->Clear();
-        gen.mutable_first()->set_token(r.replay[0]);
-        gen.mutable_replay()->Add(r.replay.begin() + 1, r.replay.end());
-        running->replayed = static_cast<int>(r.replay.size());
+      if (prefilled->more_first_size() != choices - 1) {
+        d->decode->Release(reservation).IgnoreError();
+        return absl::InternalError(
+            absl::StrFormat("the prefill worker %s sampled %d first tokens for %d choices",
+                            pf->address, prefilled->more_first_size() + 1, choices));
       }
-      running->stream = d->decode->Generate(gen);
-      rpc::GenerateResponse accepted;
-      // A decode worker that does not take the generation within open_timeout (stopped, or its
-      // loop stuck) has the stream cancelled under it, and counts as gone.
-      std::atomic<bool> stalled{false};
-      GenerationStream* opening = running->stream.get();
-      const uint64_t watch = timers_.Add(options_.open_timeout, /*repeat=*/false, [&] {
-        stalled = true;
-        opening->Cancel();
-      });
-      const bool opened = running->stream->Read(&accepted);
-      timers_.Remove(watch);
-      if (!opened) {
-        last = running->stream->Finish();
-        if (stalled) {
-          last = absl::DeadlineExceededError(
-              absl::StrFormat("the decode worker %s did not begin the generation within %s",
-                              d->address, absl::FormatDuration(options_.open_timeout)));
+      const absl::Time first_token_time = absl::Now();
+      // Each choice's generation, opened one after another on the reservation: the first
+      // imports the prompt's KV, the others fork it.
+      std::vector<std::unique_ptr<RunningRequest>> runs;
+      absl::Status opening_failed;
+      for (int choice = 0; choice < choices && opening_failed.ok(); ++choice) {
+        auto running = std::make_unique<RunningRequest>();
+        running->first_token_time = first_token_time;
+        rpc::GenerateRequest gen;
+        gen.set_request_id(r.request_id);
+        gen.set_reservation_id(reservation);
+        gen.mutable_prompt()->Add(r.prompt.begin(), r.prompt.end());
+        *gen.mutable_sampling() = choices > 1 ? ChoiceSampling(r.sampling, choice) : r.sampling;
+        gen.mutable_compression()->set_preset(r.preset);
+        // The pages and the KV state are in the reservation's window; the generation names how
+        // many pages, and the state's size and checksum.
+        gen.set_pages(static_cast<int32_t>(prefilled->pages()));
+        gen.set_state_bytes(prefilled->state_bytes());
+        gen.set_state_crc32c(prefilled->state_crc32c());
+        gen.set_wire_codec(prefilled->wire_codec());
+        gen.set_wire_calibration(prefilled->wire_calibration());
+        if (choices > 1) {
+          gen.set_choice(choice);
+          gen.set_choices(choices);
         }
-        if (last.ok()) {
-          last = absl::InternalError(absl::StrFormat(
-              "the decode worker %s ended the generation before it began", d->address));
+        const rpc::GeneratedToken& first =
+            choice == 0 ? prefilled->first() : prefilled->more_first(choice - 1);
+        *gen.mutable_first() = first;
+        if (!r.replay.empty()) {
+          // The first token is the one the request generated first (the prefill, given the
+          // same prompt and draws, sampled it again); the rest are fed after it.
+          gen.mutable_first()->Clear();
+          gen.mutable_first()->set_token(r.replay[0]);
+          gen.mutable_replay()->Add(r.replay.begin() + 1, r.replay.end());
+          running->replayed = static_cast<int>(r.replay.size());
         }
+        running->stream = d->decode->Generate(gen);
+        rpc::GenerateResponse accepted;
+        // A decode worker that does not take the generation within open_timeout (stopped, or
+        // its loop stuck) has the stream cancelled under it, and counts as gone.
+        std::atomic<bool> stalled{false};
+        GenerationStream* opening = running->stream.get();
+        const uint64_t watch = timers_.Add(options_.open_timeout, /*repeat=*/false, [&] {
+          stalled = true;
+          opening->Cancel();
+        });
+        const bool opened = running->stream->Read(&accepted);
+        timers_.Remove(watch);
+        if (!opened) {
+          opening_failed = running->stream->Finish();
+          if (stalled) {
+            opening_failed = absl::DeadlineExceededError(
+                absl::StrFormat("the decode worker %s did not begin the generation within %s",
+                                d->address, absl::FormatDuration(options_.open_timeout)));
+          }
+          if (opening_failed.ok()) {
+            opening_failed = absl::InternalError(absl::StrFormat(
+                "the decode worker %s ended the generation before it began", d->address));
+          }
+          break;
+        }
+        running->prefill = pf;
+        running->decode = d;
+        ++d->in_flight;
+        running->prefilled = *prefilled;
+        *running->prefilled.mutable_first() = first;
+        running->prefilled.clear_more_first();
+        runs.push_back(std::move(running));
+      }
+      if (!opening_failed.ok()) {
+        last = opening_failed;
+        // A choice did not begin: the ones that did end, and the request starts again whole.
+        for (std::unique_ptr<RunningRequest>& run : runs) {
+          run->stream->Cancel();
+          run->stream->Finish().IgnoreError();
+        }
+        if (choices > 1) d->decode->Release(reservation).IgnoreError();
         if (absl::IsNotFound(last)) {
           // The reservation expired while the prompt waited for prefill: start over.
           Retry("decode");
@@ -263,11 +317,7 @@ absl::StatusOr<std::unique_ptr<RunningRequest>> RequestFlow::Start(const FlowReq
         ++attempt;
         continue;
       }
-      running->prefill = pf;
-      running->decode = d;
-      ++d->in_flight;
-      running->prefilled = *std::move(prefilled);
-      return running;
+      return runs;
     }
     const bool workers_failed =
         absl::IsUnavailable(last) || absl::IsDeadlineExceeded(last) || absl::IsAborted(last);

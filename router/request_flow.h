@@ -113,6 +113,10 @@ struct FlowRequest {
   // A migration by replay (Continue): the tokens the request generated, the first one
   // included; the prompt is prefilled as it was, the decode worker feeds these as it did.
   std::vector<int32_t> replay;
+  // Generations from the one prompt (OpenAI's n): prefilled once, forked on the decode worker;
+  // choice i samples as a request of seed + i (ChoiceSampling) and, once running, is a request
+  // of its own (a migration moves it alone).
+  int choices = 1;
 };
 
 // A request whose generation runs: its first token came with the prefill, the rest come from
@@ -136,6 +140,11 @@ class RequestFlow {
   // Reserve, prefill and open the generation, retrying as above. The error of the last
   // attempt when every attempt failed (UNAVAILABLE when no worker was left to try).
   absl::StatusOr<std::unique_ptr<RunningRequest>> Start(const FlowRequest& request);
+  // Start for a request of several choices: one reservation and one prefill for all, then one
+  // generation per choice (in choice order), each as Start's; when one does not begin, those
+  // that did are cancelled and the attempt fails as a whole.
+  absl::StatusOr<std::vector<std::unique_ptr<RunningRequest>>> StartChoices(
+      const FlowRequest& request);
   // `request`'s generation failed or stalled on `failed` (marked down here, with `why`) after
   // `generated` tokens, the prefill's first included: starts it again on other workers, by
   // replay (the run's `replayed` says how many tokens it fed before its new ones) or with the

@@ -1,5 +1,6 @@
 #include "router/request_flow.h"
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <mutex>
@@ -73,6 +74,10 @@ class FakeDecode final : public DecodeCalls {
   explicit FakeDecode(std::string name) : name_(std::move(name)) {}
   absl::StatusOr<rpc::ReserveResponse> Reserve(const rpc::ReserveRequest& request) override {
     ++reserves;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_reserve = request;
+    }
     const absl::Status st = reserve_script.Next(absl::OkStatus());
     if (!st.ok()) return st;
     rpc::ReserveResponse r;
@@ -101,7 +106,10 @@ class FakeDecode final : public DecodeCalls {
     last_generate = request;
     absl::Status st = generate_script.Next(absl::OkStatus());
     std::lock_guard<std::mutex> lock(mu_);
-    live_.erase(request.reservation_id());
+    generate_requests.push_back(request);
+    // A reservation of several choices lasts until its last choice began.
+    if (request.choice() + 1 >= std::max(request.choices(), 1))
+      live_.erase(request.reservation_id());
     return std::make_unique<FakeGeneration>(std::move(st), 3, &cancels, hang_generate);
   }
 
@@ -113,6 +121,8 @@ class FakeDecode final : public DecodeCalls {
   std::vector<uint64_t> released;
   std::set<std::thread::id> renew_threads;
   rpc::GenerateRequest last_generate;
+  rpc::ReserveRequest last_reserve;
+  std::vector<rpc::GenerateRequest> generate_requests;
 
  private:
   std::string name_;
@@ -135,6 +145,7 @@ class FakePrefill final : public PrefillCalls {
     if (!st.ok()) return st;
     rpc::PrefillResponse r;
     r.mutable_first()->set_token(42);
+    for (int i = 1; i < request.choices(); ++i) r.add_more_first()->set_token(42 + i);
     r.set_pages(5);
     r.set_state_bytes(100);
     r.set_state_crc32c(0xfeed);
@@ -240,6 +251,67 @@ std::vector<int32_t> Tokens(RunningRequest& run) {
     for (const auto& t : m.tokens()) out.push_back(t.token());
   }
   return out;
+}
+
+TEST(RequestFlowTest, SeveralChoicesArePrefilledOnceAndEachGenerates) {
+  FakeWorkers workers;
+  FakeDecode& d = workers.AddDecode("d0");
+  FakePrefill& p = workers.AddPrefill("p0");
+  Counts c;
+  RequestFlow flow(workers, Options(c));
+  FlowRequest r = Request();
+  r.choices = 3;
+  r.sampling.set_seed(1000);
+  auto runs = flow.StartChoices(r);
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  ASSERT_EQ(runs->size(), 3u);
+  EXPECT_EQ(d.reserves, 1);
+  EXPECT_EQ(d.last_reserve.choices(), 3);
+  EXPECT_EQ(p.calls, 1);
+  EXPECT_EQ(p.last.choices(), 3);
+  ASSERT_EQ(d.generate_requests.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    const rpc::GenerateRequest& g = d.generate_requests[static_cast<size_t>(i)];
+    EXPECT_EQ(g.reservation_id(), d.generate_requests[0].reservation_id());
+    EXPECT_EQ(g.choice(), i);
+    EXPECT_EQ(g.choices(), 3);
+    EXPECT_EQ(g.sampling().seed(), 1000u + static_cast<uint64_t>(i));  // as a request of seed+i
+    EXPECT_EQ(g.first().token(), 42 + i);
+    RunningRequest& run = *(*runs)[static_cast<size_t>(i)];
+    EXPECT_EQ(run.prefilled.first().token(), 42 + i);
+    EXPECT_EQ(run.prefilled.more_first_size(), 0);
+    EXPECT_EQ(Tokens(run), std::vector<int32_t>({42 + i, 1, 2, 3}));
+  }
+  EXPECT_EQ(workers.worker("d0").in_flight, 3);
+  runs->clear();
+  EXPECT_EQ(workers.worker("d0").in_flight, 0);
+  // One choice goes through Start alone; a replay continues one choice.
+  EXPECT_FALSE(flow.Start(r).ok());
+  r.replay = {42, 1};
+  EXPECT_FALSE(flow.StartChoices(r).ok());
+}
+
+TEST(RequestFlowTest, AChoiceThatDoesNotBeginTakesTheAttemptWithIt) {
+  FakeWorkers workers;
+  FakeDecode& d0 = workers.AddDecode("d0");
+  FakeDecode& d1 = workers.AddDecode("d1");
+  workers.AddPrefill("p0");
+  d0.generate_script.Add(absl::OkStatus());
+  d0.generate_script.Add(absl::UnavailableError("d0 went away"));
+  Counts c;
+  RequestFlow flow(workers, Options(c));
+  FlowRequest r = Request();
+  r.choices = 2;
+  auto runs = flow.StartChoices(r);
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  // On d0 the first choice began and was cancelled, the reservation released; d1 has both.
+  EXPECT_EQ(d0.generates, 2);
+  EXPECT_EQ(d0.cancels, 1);
+  EXPECT_EQ(d0.released.size(), 1u);
+  EXPECT_EQ(d1.generates, 2);
+  for (const auto& run : *runs) EXPECT_EQ(run->decode, &workers.worker("d1"));
+  EXPECT_EQ(workers.worker("d0").in_flight, 0);
+  EXPECT_EQ(workers.worker("d1").in_flight, 2);
 }
 
 TEST(RequestFlowTest, ReservesPrefillsAndGenerates) {

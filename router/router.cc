@@ -15,6 +15,7 @@
 #include "common/grpc_auth.h"
 #include "common/grpc_status.h"
 #include "common/process.h"
+#include "common/sampling.h"
 #include "common/status_macros.h"
 #include "grpcpp/client_context.h"
 #include "kvstore/kv_preset.h"
@@ -49,11 +50,25 @@ struct Router::Prepared {
   absl::Time arrived;
 };
 
-// One request from its start to its last byte. Its steps run one after another: on a start
-// thread, then in its decode stream's callbacks, on a start thread again for a migration.
+// The choices of one request with several (n > 1): one session each, running apart (each
+// migrates alone), and what the last to end needs to finish the response.
+struct Router::Choices {
+  std::mutex mu;
+  int left = 0;                        // choices still running
+  std::vector<CompletionChoice> done;  // by index
+  int completion_tokens = 0;           // of every choice
+  absl::Status error;                  // the first choice that failed
+  bool gone = false;                   // the client went away
+};
+
+// One request (or one choice of it) from its start to its last byte. Its steps run one after
+// another: on a start thread, then in its decode stream's callbacks, on a start thread again
+// for a migration.
 struct Router::Session {
   Endpoint endpoint = Endpoint::kCompletions;
   std::shared_ptr<Prepared> p;
+  int index = 0;                     // the choice
+  std::shared_ptr<Choices> choices;  // null for a request of one choice
   FlowRequest request;
   Reply reply;
   std::unique_ptr<TextAssembler> text;
@@ -391,67 +406,97 @@ void Router::StartRequest(Endpoint endpoint, std::string body, Reply reply) {
   }
   absl::StatusOr<std::shared_ptr<Prepared>> prepared = Prepare(endpoint, body);
   if (!prepared.ok()) return fail(prepared.status());
-  auto s = std::make_shared<Session>();
-  s->endpoint = endpoint;
-  s->p = *std::move(prepared);
-  s->reply = reply;
-  const std::shared_ptr<Prepared>& p = s->p;
-  s->request = FlowRequest{.request_id = std::random_device{}() * uint64_t{0x100000001B3} ^
-                                         absl::ToUnixNanos(p->arrived),
-                           .prompt = p->prompt,
-                           .sampling = p->sampling,
-                           .preset = p->api.kv_compression,
-                           .arrived = p->arrived};
+  const std::shared_ptr<Prepared> p = *std::move(prepared);
+  const int n = p->api.n;
+  const FlowRequest request{.request_id = std::random_device{}() * uint64_t{0x100000001B3} ^
+                                          absl::ToUnixNanos(p->arrived),
+                            .prompt = p->prompt,
+                            .sampling = p->sampling,
+                            .preset = p->api.kv_compression,
+                            .arrived = p->arrived,
+                            .choices = n};
+  // A session per choice; choice i goes on as a request of its own sampling (seed + i), so
+  // that a migration moves it alone.
+  std::shared_ptr<Choices> group;
+  if (n > 1) {
+    group = std::make_shared<Choices>();
+    group->left = n;
+    group->done.resize(static_cast<size_t>(n));
+  }
+  std::vector<std::shared_ptr<Session>> sessions;
+  for (int i = 0; i < n; ++i) {
+    auto s = std::make_shared<Session>();
+    s->endpoint = endpoint;
+    s->p = p;
+    s->reply = reply;
+    s->index = i;
+    s->choices = group;
+    s->request = request;
+    s->request.choices = 1;
+    if (n > 1) s->request.sampling = ChoiceSampling(p->sampling, i);
+    sessions.push_back(std::move(s));
+  }
+  auto unlist = [&] {
+    std::lock_guard<std::mutex> lock(live_mu_);
+    for (const std::shared_ptr<Session>& s : sessions) live_.erase(s.get());
+    live_cv_.notify_all();
+  };
   {
     std::lock_guard<std::mutex> lock(live_mu_);
     if (closing_) return fail(absl::UnavailableError("the router is stopping"));
-    live_.emplace(s.get(), s);
+    for (const std::shared_ptr<Session>& s : sessions) live_.emplace(s.get(), s);
   }
-  // The client going away cancels whichever run the request is in.
-  reply->OnGone([weak = std::weak_ptr<Session>(s)] {
-    if (std::shared_ptr<Session> s = weak.lock()) {
-      s->gone = true;
-      s->Cancel();
+  // The client going away cancels whichever run each choice is in.
+  std::vector<std::weak_ptr<Session>> weak(sessions.begin(), sessions.end());
+  reply->OnGone([weak] {
+    for (const std::weak_ptr<Session>& w : weak) {
+      if (std::shared_ptr<Session> s = w.lock()) {
+        s->gone = true;
+        s->Cancel();
+      }
     }
   });
-  absl::StatusOr<std::unique_ptr<RunningRequest>> run = flow_->Start(s->request);
-  if (!run.ok()) {
-    {
-      std::lock_guard<std::mutex> lock(live_mu_);
-      live_.erase(s.get());
-      live_cv_.notify_all();
-    }
-    return fail(run.status());
+  absl::StatusOr<std::vector<std::unique_ptr<RunningRequest>>> runs = flow_->StartChoices(request);
+  if (!runs.ok()) {
+    unlist();
+    return fail(runs.status());
   }
-  const rpc::PrefillResponse& prefilled = (*run)->prefilled;
+  // One prefill for every choice: counted once.
+  const rpc::PrefillResponse& prefilled = (*runs)[0]->prefilled;
   transfer_bytes_->Increment(static_cast<double>(prefilled.transfer_bytes()));
   transfer_seconds_->Increment(prefilled.transfer_seconds());
   kv_bytes_->Increment(static_cast<double>(prefilled.kv_bytes()));
   kv_fp16_bytes_->Increment(static_cast<double>(prefilled.kv_fp16_bytes()));
-  ttft_->Observe(absl::ToDoubleSeconds((*run)->first_token_time - p->arrived));
+  ttft_->Observe(absl::ToDoubleSeconds((*runs)[0]->first_token_time - p->arrived));
   prompt_tokens_->Increment(static_cast<double>(p->prompt.size()));
-  {
-    std::lock_guard<std::mutex> lock(s->mu);
-    s->run = *std::move(run);
-  }
-  s->text = std::make_unique<TextAssembler>(*tokenizer_, p->stops, p->sampling);
-  s->info = StreamInfo{.id = NewRequestId(endpoint),
-                       .created = absl::ToUnixSeconds(p->arrived),
-                       .model = options_.served_model_name,
-                       .include_usage = p->api.include_usage_in_stream};
+  const StreamInfo info{.id = NewRequestId(endpoint),
+                        .created = absl::ToUnixSeconds(p->arrived),
+                        .model = options_.served_model_name,
+                        .include_usage = p->api.include_usage_in_stream};
   if (p->api.stream) {
     reply->Begin(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
-    if (endpoint == Endpoint::kChatCompletions) {
-      reply->Write(ChunkEvent(endpoint, s->info, {.first = true}));
+  }
+  for (int i = 0; i < n; ++i) {
+    Session& s = *sessions[static_cast<size_t>(i)];
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.run = std::move((*runs)[static_cast<size_t>(i)]);
+    }
+    s.text = std::make_unique<TextAssembler>(*tokenizer_, p->stops, p->sampling);
+    s.info = info;
+    if (p->api.stream && endpoint == Endpoint::kChatCompletions) {
+      reply->Write(ChunkEvent(endpoint, info, {.first = true, .index = i}));
     }
   }
-  if (s->gone) s->Cancel();  // it went away during the prefill
-  Run(s);
+  for (const std::shared_ptr<Session>& s : sessions) {
+    if (s->gone) s->Cancel();  // it went away during the prefill
+    Run(s);
+  }
 }
 
 bool Router::Emit(Session& s, bool ended) {
   if (!s.p->api.stream) return !s.gone && !s.reply->gone();
-  Chunk c{.text = s.text->Ready(ended), .text_offset = s.text_offset};
+  Chunk c{.text = s.text->Ready(ended), .text_offset = s.text_offset, .index = s.index};
   if (s.p->sampling.logprobs()) c.logprobs = s.text->TakeLogprobs();
   s.text_offset += Characters(c.text);
   if (ended) {
@@ -602,6 +647,7 @@ void Router::Migrate(const std::shared_ptr<Session>& s, absl::Status failure) {
 }
 
 void Router::Complete(const std::shared_ptr<Session>& s, absl::Status st) {
+  if (s->choices != nullptr) return CompleteChoice(s, std::move(st));
   const bool gone = absl::IsCancelled(st) || s->reply->gone();
   const Prepared& p = *s->p;
   const Usage usage{.prompt_tokens = static_cast<int>(p.prompt.size()),
@@ -620,19 +666,72 @@ void Router::Complete(const std::shared_ptr<Session>& s, absl::Status st) {
     Completion c{.id = NewRequestId(s->endpoint),
                  .created = absl::ToUnixSeconds(p.arrived),
                  .model = options_.served_model_name,
-                 .text = s->text->Ready(true),
-                 .finish_reason = s->text->finish(),
-                 .stop_reason = s->text->stop_reason(),
+                 .choices = {{.text = s->text->Ready(true),
+                              .finish_reason = s->text->finish(),
+                              .stop_reason = s->text->stop_reason()}},
                  .usage = usage};
-    if (p.sampling.logprobs()) c.logprobs = s->text->TakeLogprobs();
+    if (p.sampling.logprobs()) c.choices[0].logprobs = s->text->TakeLogprobs();
     s->reply->Send(200, "application/json", CompletionBody(s->endpoint, c));
   }
   running_->Decrement();
   e2e_->Observe(absl::ToDoubleSeconds(absl::Now() - p.arrived));
   const std::string reason = gone ? "abort" : std::string(FinishReasonName(s->text->finish()));
   requests_->Add({{"endpoint", EndpointName(s->endpoint)}, {"finish_reason", reason}}).Increment();
-  // The run is released here, on its own stream's callback or a start thread: its stream has
-  // finished, so nothing waits.
+  Release(s);
+}
+
+void Router::CompleteChoice(const std::shared_ptr<Session>& s, absl::Status st) {
+  Choices& g = *s->choices;
+  const Prepared& p = *s->p;
+  const bool gone = absl::IsCancelled(st) || s->reply->gone();
+  if (!gone && p.api.stream) Emit(*s, true);  // the choice's last chunk, its finish reason
+  bool last = false;
+  {
+    std::lock_guard<std::mutex> lock(g.mu);
+    CompletionChoice& c = g.done[static_cast<size_t>(s->index)];
+    if (!p.api.stream) {
+      c.text = s->text->Ready(true);
+      if (p.sampling.logprobs()) c.logprobs = s->text->TakeLogprobs();
+    }
+    c.finish_reason = s->text->finish();
+    c.stop_reason = s->text->stop_reason();
+    g.completion_tokens += s->text->tokens();
+    if (!st.ok() && !gone && g.error.ok()) g.error = st;
+    g.gone = g.gone || gone;
+    last = --g.left == 0;
+  }
+  if (!last) return Release(s);
+  // The last choice to end: the response's end is its to send.
+  const Usage usage{.prompt_tokens = static_cast<int>(p.prompt.size()),
+                    .completion_tokens = g.completion_tokens};
+  if (g.gone) {
+    s->reply->End();
+  } else if (p.api.stream) {
+    if (!g.error.ok()) s->reply->Write(ErrorEvent(FromStatus(g.error)));
+    if (s->info.include_usage) s->reply->Write(UsageEvent(s->endpoint, s->info, usage));
+    s->reply->Write(DoneEvent());
+    s->reply->End();
+  } else if (!g.error.ok()) {
+    SendError(s->reply, g.error);
+  } else {
+    const Completion c{.id = NewRequestId(s->endpoint),
+                       .created = absl::ToUnixSeconds(p.arrived),
+                       .model = options_.served_model_name,
+                       .choices = g.done,
+                       .usage = usage};
+    s->reply->Send(200, "application/json", CompletionBody(s->endpoint, c));
+  }
+  running_->Decrement();
+  e2e_->Observe(absl::ToDoubleSeconds(absl::Now() - p.arrived));
+  const std::string reason =
+      g.gone ? "abort"
+             : (!g.error.ok() ? "abort" : std::string(FinishReasonName(g.done[0].finish_reason)));
+  requests_->Add({{"endpoint", EndpointName(s->endpoint)}, {"finish_reason", reason}}).Increment();
+  Release(s);
+}
+
+void Router::Release(const std::shared_ptr<Session>& s) {
+  // On its own stream's callback or a start thread: its stream has finished, so nothing waits.
   {
     std::lock_guard<std::mutex> lock(s->mu);
     s->run.reset();

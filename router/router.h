@@ -101,7 +101,8 @@ class Router {
 
   struct Prepared;  // a validated request with its prompt ids and sampling
   absl::StatusOr<std::shared_ptr<Prepared>> Prepare(Endpoint endpoint, const std::string& body);
-  struct Session;  // a running request: its generation and what was sent
+  struct Session;  // a running request (one choice of it): its generation and what was sent
+  struct Choices;  // what the choices of a request with several share until the last ends
   // On a start thread: prepare, then reserve, prefill and open the decode stream, retrying on
   // other workers (RequestFlow); answers the error when that fails.
   void StartRequest(Endpoint endpoint, std::string body, Reply reply);
@@ -118,8 +119,12 @@ class Router {
   void EndRun(const std::shared_ptr<Session>& s, FinishReason finish);
   // On a start thread: continues the generation on other workers (RequestFlow::Continue).
   void Migrate(const std::shared_ptr<Session>& s, absl::Status failure);
-  // Sends what is left, the last events or the whole completion, and counts the request.
+  // Sends what is left, the last events or the whole completion, and counts the request. A
+  // choice of several sends its last chunk; the choice that ends last sends the rest.
   void Complete(const std::shared_ptr<Session>& s, absl::Status status);
+  void CompleteChoice(const std::shared_ptr<Session>& s, absl::Status status);
+  // The session no longer runs: its run goes, and it leaves live_.
+  void Release(const std::shared_ptr<Session>& s);
   // Streams the text ready so far (the last chunk when `ended`); false once the client has gone.
   bool Emit(Session& s, bool ended);
 

@@ -4,6 +4,7 @@
 // with the same preset; reservations expire, cancellation and damaged pages free everything;
 // a put reaches only the window of the reservation it serves, and a client holds a bounded
 // share of the pool.
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/sampling.h"
 #include "common/worker_runtime.h"
 #include "decode/decode_worker.h"
 #include "gtest/gtest.h"
@@ -311,6 +313,130 @@ TEST_F(Disaggregated, SplitGenerationGivesTheSameTokensAsOneProcess) {
   for (const char* preset : {"fp16", "sluice", "kvcomp", "leankv-k8v4", "h2o", "snapkv"}) {
     ExpectSameTokensAsOneProcess(*this, preset);
   }
+}
+
+// OpenAI's n: one reservation and one prefill, and each choice forked from the prompt's pages
+// goes on as a request of its own seed (seed + i) would, alone.
+TEST_F(Disaggregated, ChoicesShareOnePrefillAndEachGoesOnAsARequestOfItsSeed) {
+  // A prompt of several pages per list, for the choices to share its full pages.
+  prompt_.reserve(prompt_.size() * 8);
+  for (size_t i = 0, n = prompt_.size(); i < 7 * n; ++i) prompt_.push_back(prompt_[i]);
+  rpc::SamplingParams sampled = Greedy(24, /*stop_at_eos=*/false);
+  sampled.set_temperature(0.9f);
+  sampled.set_top_p(0.95f);
+  sampled.set_seed(7);
+  auto tokens = [](router::RunningRequest& run) {
+    std::vector<int32_t> out = {run.prefilled.first().token()};
+    std::string reason;
+    for (int32_t t : Drain(*run.stream, &reason)) out.push_back(t);
+    EXPECT_EQ(reason, "length");
+    return out;
+  };
+  auto pages_used = [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));  // the gauges' next refresh
+    return decode_->Stats().kv_pages_used();
+  };
+  std::vector<std::vector<int32_t>> alone;
+  int64_t pages_alone = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto run = Start("sluice", ChoiceSampling(sampled, i));
+    ASSERT_TRUE(run.ok()) << run.status();
+    if (i == 0) pages_alone = pages_used();
+    alone.push_back(tokens(**run));
+  }
+  EXPECT_NE(alone[0], alone[1]);  // the seeds differ
+  ExpectNothingHeld();
+  auto runs = flow_->StartChoices(
+      {.request_id = 2, .prompt = prompt_, .sampling = sampled, .preset = "sluice", .choices = 3});
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  ASSERT_EQ(runs->size(), 3u);
+  const int64_t pages_shared = pages_used();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(tokens(*(*runs)[static_cast<size_t>(i)]), alone[static_cast<size_t>(i)])
+        << "choice " << i;
+  }
+  // The prompt's full pages are held once; each choice copies only its lists' last pages.
+  EXPECT_GT(pages_alone, 0);
+  EXPECT_LT(pages_shared, 3 * pages_alone);
+  runs->clear();
+  ExpectNothingHeld();
+  // Greedy choices are one text.
+  auto greedy = flow_->StartChoices({.request_id = 3,
+                                     .prompt = prompt_,
+                                     .sampling = Greedy(8),
+                                     .preset = "sluice",
+                                     .choices = 2});
+  ASSERT_TRUE(greedy.ok()) << greedy.status();
+  EXPECT_EQ(tokens(*(*greedy)[0]), tokens(*(*greedy)[1]));
+  greedy->clear();
+  ExpectNothingHeld();
+}
+
+// A reservation of several choices whose choices do not all come: the prompt's pages go when
+// it expires. A choice begins once; choices outside the reservation's are refused.
+TEST_F(Disaggregated, ChoicesThatNeverComeLeaveNothingAfterTheExpiry) {
+  decode_.reset();
+  decode_ = std::make_unique<decode::DecodeWorker>(
+      *decode_rt_, registry_,
+      decode::DecodeWorkerOptions{.name = "decode-1", .reservation_ttl = absl::Milliseconds(400)});
+  rpc::ReserveRequest reserve;
+  reserve.set_prompt_tokens(static_cast<int32_t>(prompt_.size()));
+  reserve.set_max_tokens(4);
+  reserve.set_choices(3);
+  reserve.mutable_compression()->set_preset("sluice");
+  auto r = decode_->Reserve(reserve);
+  ASSERT_TRUE(r.ok()) << r.status();
+  rpc::PrefillRequest pre;
+  pre.mutable_prompt()->Add(prompt_.begin(), prompt_.end());
+  *pre.mutable_sampling() = Greedy(4);
+  pre.mutable_compression()->set_preset("sluice");
+  pre.set_decode_worker("decode-0");
+  pre.set_region(r->region());
+  pre.set_page_bytes(r->page_bytes());
+  pre.set_pages(r->pages());
+  pre.set_state_bytes(r->state_bytes());
+  pre.set_choices(3);
+  // Renewed while the prompt is prefilled, as the router does.
+  std::atomic<bool> prefilling{true};
+  std::thread renew([&] {
+    while (prefilling) {
+      decode_->Renew(r->reservation_id()).IgnoreError();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  auto prefilled = prefill_->Prefill(pre);
+  prefilling = false;
+  renew.join();
+  ASSERT_TRUE(prefilled.ok()) << prefilled.status();
+  ASSERT_EQ(prefilled->more_first_size(), 2);
+  rpc::GenerateRequest gen;
+  gen.set_reservation_id(r->reservation_id());
+  gen.mutable_prompt()->Add(prompt_.begin(), prompt_.end());
+  *gen.mutable_sampling() = Greedy(4);
+  gen.mutable_compression()->set_preset("sluice");
+  gen.set_pages(static_cast<int32_t>(prefilled->pages()));
+  gen.set_state_bytes(prefilled->state_bytes());
+  gen.set_state_crc32c(prefilled->state_crc32c());
+  *gen.mutable_first() = prefilled->first();
+  gen.set_choices(3);
+  gen.set_choice(1);
+  {
+    auto stream = decode_->Generate(gen);
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    LocalGeneration run(*decode_, *std::move(stream));
+    std::string reason;
+    Drain(run, &reason);
+    EXPECT_EQ(reason, "length");
+  }
+  EXPECT_EQ(decode_->Generate(gen).status().code(), absl::StatusCode::kAlreadyExists);
+  gen.set_choice(3);
+  EXPECT_EQ(decode_->Generate(gen).status().code(), absl::StatusCode::kInvalidArgument);
+  // Choices 0 and 2 never come: the imported prompt holds pages until the expiry.
+  EXPECT_GT(decode_->Stats().kv_pages_used() + decode_->Stats().kv_pages_reserved(), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  ExpectNothingHeld();
+  gen.set_choice(0);
+  EXPECT_EQ(decode_->Generate(gen).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(Disaggregated, ReservationsExpireAndTheirPagesReturn) {

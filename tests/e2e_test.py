@@ -464,6 +464,48 @@ class EndToEnd(unittest.TestCase):
         streamed = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
         self.assertEqual(streamed, choice["text"])
 
+    def test_several_choices_share_one_prompt(self):
+        # n = 3: one prefill, three generations forked on the decode worker; choice i is the
+        # text a request of seed + i gives alone.
+        body = {"model": self.c.model, "prompt": "Once upon a time", "max_tokens": 12,
+                "temperature": 0.9, "seed": 11, "ignore_eos": True, "n": 3}
+        status, text = post(self.c.url + "/v1/completions", body)
+        self.assertEqual(status, 200, text)
+        r = json.loads(text)
+        self.assertEqual([c["index"] for c in r["choices"]], [0, 1, 2])
+        self.assertTrue(all(c["finish_reason"] == "length" for c in r["choices"]), r)
+        self.assertEqual(r["usage"]["completion_tokens"], 36)
+        for i, choice in enumerate(r["choices"]):
+            status, one = post(self.c.url + "/v1/completions", dict(body, n=1, seed=11 + i))
+            self.assertEqual(status, 200, one)
+            self.assertEqual(choice["text"], json.loads(one)["choices"][0]["text"], i)
+            self.assertEqual(json.loads(one)["usage"]["prompt_tokens"], r["usage"]["prompt_tokens"])
+        # Streamed: each choice's chunks carry its index, one finish each, one usage at the end.
+        status, streamed = post(self.c.url + "/v1/completions",
+                                dict(body, stream=True, stream_options={"include_usage": True}))
+        self.assertEqual(status, 200, streamed)
+        events = sse_events(streamed)
+        self.assertEqual(events[-1], "[DONE]")
+        chunks = [json.loads(e) for e in events[:-1]]
+        texts, finishes = ["", "", ""], [[], [], []]
+        for ch in chunks[:-1]:
+            self.assertEqual(len(ch["choices"]), 1, ch)
+            c = ch["choices"][0]
+            texts[c["index"]] += c["text"]
+            if c["finish_reason"] is not None:
+                finishes[c["index"]].append(c["finish_reason"])
+        self.assertEqual(texts, [c["text"] for c in r["choices"]])
+        self.assertEqual(finishes, [["length"]] * 3)
+        self.assertEqual(chunks[-1]["choices"], [])
+        self.assertEqual(chunks[-1]["usage"]["completion_tokens"], 36)
+        # Chat: every choice's first chunk names the assistant.
+        status, chat = self.chat("Say hi.", max_tokens=6, n=2, stream=True)
+        self.assertEqual(status, 200, chat)
+        roles = [json.loads(e)["choices"][0]["index"] for e in sse_events(chat)[:-1]
+                 if json.loads(e)["choices"][0]["delta"].get("role") == "assistant"]
+        self.assertEqual(sorted(roles), [0, 1])
+        self.wait_for_no_pages()
+
     def test_sixteen_concurrent_requests(self):
         prompts = ["Tell me a fact about the number %d." % i for i in range(16)]
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
@@ -516,7 +558,7 @@ class EndToEnd(unittest.TestCase):
             (post(url, {"model": "no-such-model",
                         "messages": [{"role": "user", "content": "hi"}]}), 404, "model"),
             (self.chat("hi", temperature="hot"), 400, "temperature"),
-            (self.chat("hi", n=2), 400, "n"),
+            (self.chat("hi", n=17), 400, "n"),
             (self.chat("word " * 9000), 400, "messages"),
             (self.chat("hi", kv_compression="no-such-preset"), 400, "kv_compression"),
             (self.chat("hi", some_new_field=1), 400, "some_new_field"),
@@ -692,7 +734,7 @@ def streamed_text(body):
 class Migration(unittest.TestCase):
     """Two workers of each role. A decode worker dies (-9) or stalls (-STOP) while it streams:
     its generations go on elsewhere, each client seeing one stream that ends well, with every
-    token it asked for counted once. (That the moved text equals an undisturbed run's is
+    token it asked for counted once (a request of several choices: each choice moves alone). (That the moved text equals an undisturbed run's is
     tested in tests/disaggregated_test, one sequence at a time: across processes the batches
     differ, and a chaos run saw greedy texts part without a migration.)"""
 
@@ -705,7 +747,9 @@ class Migration(unittest.TestCase):
             base = {"model": c.model, "prompt": LONG_PROMPT, "max_tokens": 400,
                     "ignore_eos": True, "stream": True,
                     "stream_options": {"include_usage": True}}
-            bodies = [dict(base, temperature=0), dict(base, temperature=0.8, seed=7)] * 2
+            # Four of six ask for two choices (each migrates alone), so decode-1 has one.
+            bodies = [dict(base, temperature=0), dict(base, temperature=0.8, seed=7)]
+            bodies += [dict(b, n=2) for b in bodies] * 2
             status, out = post(c.url + "/v1/completions", dict(bodies[0], max_tokens=1))
             self.assertEqual(status, 200, out)
             prompt_tokens = streamed_text(out)[2]["prompt_tokens"]
@@ -723,9 +767,10 @@ class Migration(unittest.TestCase):
                 self.assertEqual(status, 200, out)
                 text, error, usage = streamed_text(out)
                 self.assertFalse(error, out[-500:] + "\nrouter log:\n" + c.log("router"))
-                self.assertEqual(usage, {"prompt_tokens": prompt_tokens, "completion_tokens": 400,
-                                         "total_tokens": prompt_tokens + 400}, "stream %d" % i)
-                self.assertGreater(len(text), 400, text)
+                tokens = 400 * bodies[i].get("n", 1)
+                self.assertEqual(usage, {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
+                                         "total_tokens": prompt_tokens + tokens}, "stream %d" % i)
+                self.assertGreater(len(text), tokens, text)
             self.assertGreaterEqual(c.metric(c.router_metrics, "sluice_request_migrations_total"
                                              '{reason="%s"}' % reason), 1, c.log("router"))
             # Each migration's phases are timed: its detection, and its recovery up to the
