@@ -747,9 +747,8 @@ class Migration(unittest.TestCase):
             base = {"model": c.model, "prompt": LONG_PROMPT, "max_tokens": 400,
                     "ignore_eos": True, "stream": True,
                     "stream_options": {"include_usage": True}}
-            # Four of six ask for two choices (each migrates alone), so decode-1 has one.
-            bodies = [dict(base, temperature=0), dict(base, temperature=0.8, seed=7)]
-            bodies += [dict(b, n=2) for b in bodies] * 2
+            # The seeded ones ask for two choices (each migrates alone).
+            bodies = [dict(base, temperature=0), dict(base, temperature=0.8, seed=7, n=2)] * 2
             status, out = post(c.url + "/v1/completions", dict(bodies[0], max_tokens=1))
             self.assertEqual(status, 200, out)
             prompt_tokens = streamed_text(out)[2]["prompt_tokens"]
