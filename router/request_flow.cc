@@ -241,7 +241,7 @@ absl::StatusOr<std::vector<std::unique_ptr<RunningRequest>>> RequestFlow::StartC
         gen.set_request_id(r.request_id);
         gen.set_reservation_id(reservation);
         gen.mutable_prompt()->Add(r.prompt.begin(), r.prompt.end());
-        *gen.mutable_sampling() = choices > 1 ? ChoiceSampling(r.sampling, choice) : r.sampling;
+        *gen.mutable_sampling() = ChoiceSampling(r.sampling, choice);  // choice 0: as asked
         gen.mutable_compression()->set_preset(r.preset);
         // The pages and the KV state are in the reservation's window; the generation names how
         // many pages, and the state's size and checksum.

@@ -433,7 +433,7 @@ void Router::StartRequest(Endpoint endpoint, std::string body, Reply reply) {
     s->choices = group;
     s->request = request;
     s->request.choices = 1;
-    if (n > 1) s->request.sampling = ChoiceSampling(p->sampling, i);
+    s->request.sampling = ChoiceSampling(p->sampling, i);
     sessions.push_back(std::move(s));
   }
   auto unlist = [&] {
