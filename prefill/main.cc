@@ -25,6 +25,9 @@ ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port; 0 = none.");
 ABSL_FLAG(std::string, preset, "sluice", "KV compression preset for requests that name none.");
 ABSL_FLAG(int64_t, kv_pages, 16384, "Pages of each preset's KV pool (16 KiB each).");
 ABSL_FLAG(int64_t, chunk_tokens, 512, "Prompt tokens per forward step (chunked prefill).");
+ABSL_FLAG(int64_t, prefix_cache_entries, 64,
+          "Prompt prefixes kept for reuse (each chunk_tokens longer than the one it extends); a "
+          "prompt that starts with a kept prefix computes only the tokens after it. 0: none.");
 ABSL_FLAG(std::string, backend, "auto",
           "What computes: auto (CUDA where a GPU is usable, else the CPU), cpu or cuda.");
 ABSL_FLAG(int, device, 0, "GPU for --backend=cuda|auto, as CUDA numbers the visible ones.");
@@ -93,7 +96,9 @@ absl::Status Run() {
   if (!auth.ok()) return auth.status();
   prefill::PrefillWorker worker(
       **runtime, **transport, *registry,
-      {.name = absl::GetFlag(FLAGS_name), .chunk_tokens = absl::GetFlag(FLAGS_chunk_tokens)});
+      {.name = absl::GetFlag(FLAGS_name),
+       .chunk_tokens = absl::GetFlag(FLAGS_chunk_tokens),
+       .prefix_cache_entries = absl::GetFlag(FLAGS_prefix_cache_entries)});
   PrefillService service(worker, *auth);
   AdminService admin(
       *auth, absl::GetFlag(FLAGS_name), "prefill", ServedModelName(path),

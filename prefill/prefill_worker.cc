@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "common/sampling.h"
 #include "common/status_macros.h"
+#include "kvstore/cache/paged_kv_cache.h"
 #include "kvstore/kv_preset.h"
 #include "kvstore/wire/crc32c.h"
 #include "kvstore/wire/kv_wire_codec.h"
@@ -81,7 +82,32 @@ PrefillWorker::PrefillWorker(WorkerRuntime& runtime, transport::Transport& trans
                          .Help("Prompt tokens not yet run.")
                          .Register(registry)
                          .Add({})),
-      pool_resident_(PoolResidentGauge(registry)) {
+      pool_resident_(PoolResidentGauge(registry)),
+      prefix_queries_(prometheus::BuildCounter()
+                          .Name("sluice_prefix_cache_queries_total")
+                          .Help("Prompts looked up in the prefix cache.")
+                          .Register(registry)
+                          .Add({})),
+      prefix_query_tokens_(prometheus::BuildCounter()
+                               .Name("sluice_prefix_cache_query_tokens_total")
+                               .Help("Prompt tokens of the prompts looked up.")
+                               .Register(registry)
+                               .Add({})),
+      prefix_hit_tokens_(prometheus::BuildCounter()
+                             .Name("sluice_prefix_cache_hit_tokens_total")
+                             .Help("Prompt tokens forked from a cached prefix, not computed.")
+                             .Register(registry)
+                             .Add({})),
+      prefix_evictions_(prometheus::BuildCounter()
+                            .Name("sluice_prefix_cache_evictions_total")
+                            .Help("Cached prefixes evicted (least recently used first).")
+                            .Register(registry)
+                            .Add({})),
+      prefix_entries_(prometheus::BuildGauge()
+                          .Name("sluice_prefix_cache_entries")
+                          .Help("Cached prompt prefixes, each a chunk longer than its parent.")
+                          .Register(registry)
+                          .Add({})) {
   stats_.set_name(options_.name);
   stats_.set_role("prefill");
   stats_.set_backend(rt_.backend_name());
@@ -228,7 +254,7 @@ void PrefillWorker::Step() {
       }
       if (st.ok()) {
         job->seq = next_seq_++;
-        st = (*c)->cache->AddSequence(job->seq, job->request.prompt_size());
+        st = StartSequence(*job, **c);
       }
       if (st.ok() && (*c)->wire) {
         // The prompt crosses transform-coded: its sinks and the rows the decode side's window
@@ -293,7 +319,19 @@ void PrefillWorker::Step() {
   queue_.swap(keep);
   if (entries.empty()) return;
 
-  const int64_t vocab = rt_.config().vocab;
+  const model::LlamaConfig& config = rt_.config();
+  if (PrefixesFor(*cache) != nullptr) {
+    // Cached prefixes give way to the step: its chunks' pages, its snapshots' copies.
+    int64_t need = 0;
+    for (int64_t n : counts) {
+      need += kvstore::PagesForSequence(cache->cache->preset(), config.layers, config.kv_heads,
+                                        n + cache->cache->preset().residual)
+                  .value_or(0) +
+              2 * config.layers * config.kv_heads;
+    }
+    MakeRoom(*cache, need);
+  }
+  const int64_t vocab = config.vocab;
   std::vector<float> logits(entries.size() * vocab);
   const absl::Time t0 = absl::Now();
   const absl::Status st =
@@ -306,6 +344,7 @@ void PrefillWorker::Step() {
     job->compute += took;
     prompt_tokens_.Increment(static_cast<double>(counts[i]));
     const bool finished = job->next == job->request.prompt_size();
+    if (st.ok()) Snapshot(*job);
     if (!st.ok() || finished) {
       queue_.erase(std::find(queue_.begin(), queue_.end(), job));
       if (!st.ok()) {
@@ -336,6 +375,7 @@ void PrefillWorker::Complete(JobPtr job, absl::Span<const float> logits) {
     }
   }
   prefill_seconds_.Observe(absl::ToDoubleSeconds(job->compute));
+  out.set_cached_tokens(job->cached);
   out.set_prefill_seconds(absl::ToDoubleSeconds(job->compute));
   std::string stream;
   if (job->coded) {
@@ -480,6 +520,80 @@ absl::Status PrefillWorker::SendPages(Send& send) {
   return absl::OkStatus();
 }
 
+kvstore::PrefixIndex* PrefillWorker::PrefixesFor(WorkerRuntime::Cache& c) {
+  if (options_.prefix_cache_entries <= 0 || c.wire || c.cache->policy().selects_prompt()) {
+    return nullptr;
+  }
+  return &prefixes_.try_emplace(&c, options_.chunk_tokens).first->second;
+}
+
+absl::Status PrefillWorker::StartSequence(Job& job, WorkerRuntime::Cache& c) {
+  const int64_t n = job.request.prompt_size();
+  kvstore::PrefixIndex* index = PrefixesFor(c);
+  if (index == nullptr) return c.cache->AddSequence(job.seq, n);
+  prefix_queries_.Increment();
+  prefix_query_tokens_.Increment(static_cast<double>(n));
+  // The prompt's last token is always computed: its logits give the first token.
+  const kvstore::PrefixIndex::Hit hit =
+      index->Longest(absl::MakeConstSpan(job.request.prompt().data(), n), n - 1);
+  if (hit.tokens > 0) {
+    const model::LlamaConfig& config = rt_.config();
+    MakeRoom(c, 2 * config.layers * config.kv_heads);
+    // A fork that finds no pages for its copies computes the prompt from its start.
+    if (c.cache->ForkSequence(hit.seq, job.seq, n).ok()) {
+      job.next = job.cached = hit.tokens;
+      prefix_hit_tokens_.Increment(static_cast<double>(hit.tokens));
+      return absl::OkStatus();
+    }
+  }
+  return c.cache->AddSequence(job.seq, n);
+}
+
+void PrefillWorker::Snapshot(Job& job) {
+  kvstore::PrefixIndex* index = PrefixesFor(*job.cache);
+  const int64_t block = options_.chunk_tokens;
+  if (index == nullptr || job.next % block != 0) return;
+  const auto prompt = absl::MakeConstSpan(job.request.prompt().data(), job.next);
+  if (index->Holds(prompt, job.next)) return;
+  const model::LlamaConfig& config = rt_.config();
+  MakeRoom(*job.cache, 2 * config.layers * config.kv_heads);
+  // Entries hang below their parent: one evicted meanwhile leaves this prefix uncached.
+  if (job.next > block && !index->Holds(prompt, job.next - block)) return;
+  const int64_t snapshot = next_seq_++;
+  if (!job.cache->cache->ForkSequence(job.seq, snapshot, job.next).ok()) return;
+  if (!index->Insert(prompt, job.next, snapshot)) {
+    job.cache->cache->RemoveSequence(snapshot).IgnoreError();
+    return;
+  }
+  while (index->size() > options_.prefix_cache_entries) EvictPrefix(*job.cache, *index);
+}
+
+void PrefillWorker::MakeRoom(WorkerRuntime::Cache& c, int64_t pages) {
+  kvstore::PrefixIndex* index = PrefixesFor(c);
+  while (index != nullptr && index->size() > 0 && c.cache->pool().free_pages() < pages) {
+    EvictPrefix(c, *index);
+  }
+}
+
+void PrefillWorker::EvictPrefix(WorkerRuntime::Cache& c, kvstore::PrefixIndex& index) {
+  if (std::optional<int64_t> seq = index.EvictLeastRecent()) {
+    c.cache->RemoveSequence(*seq).IgnoreError();
+    prefix_evictions_.Increment();
+  }
+}
+
+void PrefillWorker::DropPrefixCache() {
+  std::promise<void> done;
+  std::future<void> dropped = done.get_future();
+  Post([&] {
+    for (auto& [c, index] : prefixes_) {
+      for (int64_t seq : index.Clear()) c->cache->RemoveSequence(seq).IgnoreError();
+    }
+    done.set_value();
+  });
+  dropped.wait();
+}
+
 void PrefillWorker::UpdateGauges() {
   int64_t waiting = 0, running = 0, tokens = 0, used = 0, free = 0;
   for (const auto& job : queue_) {
@@ -491,6 +605,9 @@ void PrefillWorker::UpdateGauges() {
     used += cache.cache->pool().used_pages();
     free += cache.cache->pool().free_pages();
   }
+  int64_t entries = 0;
+  for (const auto& [c, index] : prefixes_) entries += index.size();
+  prefix_entries_.Set(static_cast<double>(entries));
   running_gauge_.Set(static_cast<double>(running));
   waiting_gauge_.Set(static_cast<double>(waiting));
   queued_tokens_.Set(static_cast<double>(tokens));

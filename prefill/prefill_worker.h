@@ -14,6 +14,16 @@
 // they travel while the next layers compute; presets whose pages change after a commit send
 // everything once the prompt is done. The sender flushes while the scheduler computes the next
 // prompts, then hands the sequence back to the scheduler to free its pages.
+//
+// Prefix caching: after each chunk's commit the scheduler forks the prompt's sequence into a
+// snapshot (PagedKvCache::ForkSequence: full pages shared, the open pages and the window
+// copied) recorded in the preset's PrefixIndex under the tokens it holds. A later prompt with
+// the same first blocks forks the longest snapshot and computes only the tokens after it;
+// since a prompt is cut at the same places whatever ran before, it computes the same bits as
+// without the cache. Snapshots are evicted least recently used first, beyond
+// `prefix_cache_entries` and whenever a step or a fork needs pages they hold. Presets that
+// select from the whole prompt (snapkv, pyramid, minikv) and prompts that cross
+// transform-coded (every row goes into the coded stream) are never cached.
 #ifndef SLUICE_PREFILL_PREFILL_WORKER_H_
 #define SLUICE_PREFILL_PREFILL_WORKER_H_
 
@@ -33,6 +43,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/worker_runtime.h"
+#include "kvstore/cache/prefix_index.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -47,6 +58,8 @@ struct PrefillWorkerOptions {
   std::string name = "prefill-0";
   int64_t chunk_tokens = 512;  // prompt tokens per forward step
   absl::Duration transfer_timeout = absl::Seconds(10);
+  // Prompt prefixes kept for reuse, each chunk_tokens long more than the last; 0: no cache.
+  int64_t prefix_cache_entries = 64;
 };
 
 class PrefillWorker {
@@ -61,6 +74,8 @@ class PrefillWorker {
   rpc::StatsResponse Stats();
   // Takes no new request (true) or takes them again (false).
   void Drain(bool on = true) { draining_ = on; }
+  // Drops every cached prefix and returns their pages to the pools; waits for the scheduler.
+  void DropPrefixCache();
 
  private:
   struct Job {
@@ -68,7 +83,8 @@ class PrefillWorker {
     std::promise<absl::StatusOr<rpc::PrefillResponse>> done;
     WorkerRuntime::Cache* cache = nullptr;
     int64_t seq = 0;
-    int64_t next = 0;  // prompt tokens already run
+    int64_t next = 0;    // prompt tokens already run (or forked from a cached prefix)
+    int64_t cached = 0;  // prompt tokens forked from a cached prefix
     absl::Time start;
     absl::Duration compute;
     rpc::PrefillResponse response;
@@ -107,6 +123,15 @@ class PrefillWorker {
   absl::Status SendPages(Send& send);
   void Post(std::function<void()> task);
   void UpdateGauges();
+  // The preset's prefix index; null where prefixes are not cached.
+  kvstore::PrefixIndex* PrefixesFor(WorkerRuntime::Cache& c);
+  // Starts the job's sequence: forked from the longest cached prefix, else empty.
+  absl::Status StartSequence(Job& job, WorkerRuntime::Cache& c);
+  // Caches the job's committed tokens as a prefix, where they end a chunk.
+  void Snapshot(Job& job);
+  // Evicts cached prefixes until the pool has `pages` free or none is left.
+  void MakeRoom(WorkerRuntime::Cache& c, int64_t pages);
+  void EvictPrefix(WorkerRuntime::Cache& c, kvstore::PrefixIndex& index);
 
   WorkerRuntime& rt_;
   transport::Transport& transport_;
@@ -124,6 +149,7 @@ class PrefillWorker {
   std::deque<JobPtr> queue_;
   int64_t next_seq_ = 1;
   int64_t sending_ = 0;
+  std::map<WorkerRuntime::Cache*, kvstore::PrefixIndex> prefixes_;
 
   // Sender thread.
   std::mutex send_mu_;
@@ -149,6 +175,11 @@ class PrefillWorker {
   prometheus::Gauge& waiting_gauge_;
   prometheus::Gauge& queued_tokens_;
   prometheus::Gauge& pool_resident_;
+  prometheus::Counter& prefix_queries_;
+  prometheus::Counter& prefix_query_tokens_;
+  prometheus::Counter& prefix_hit_tokens_;
+  prometheus::Counter& prefix_evictions_;
+  prometheus::Gauge& prefix_entries_;
 
   std::thread thread_;
   std::thread sender_;

@@ -604,6 +604,7 @@ OJson UsageJson(const Usage& usage) {
   u["prompt_tokens"] = usage.prompt_tokens;
   u["completion_tokens"] = usage.completion_tokens;
   u["total_tokens"] = usage.prompt_tokens + usage.completion_tokens;
+  u["prompt_tokens_details"] = OJson{{"cached_tokens", usage.cached_tokens}};
   return u;
 }
 

@@ -154,6 +154,7 @@ struct TokenLogprob {
 struct Usage {
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_tokens = 0;  // prompt tokens served from a prefix cache (prompt_tokens_details)
 };
 
 // A finished, non-streamed result.

@@ -466,7 +466,7 @@ Completion SampleCompletion() {
   c.created = 1700000000;
   c.model = "smollm2";
   c.choices = {{.text = "Hello world", .finish_reason = FinishReason::kLength}};
-  c.usage = {.prompt_tokens = 7, .completion_tokens = 3};
+  c.usage = {.prompt_tokens = 7, .completion_tokens = 3, .cached_tokens = 4};
   return c;
 }
 
@@ -487,6 +487,8 @@ TEST(CompletionBody, TextCompletion) {
   EXPECT_EQ(j["usage"]["prompt_tokens"], 7);
   EXPECT_EQ(j["usage"]["completion_tokens"], 3);
   EXPECT_EQ(j["usage"]["total_tokens"], 10);
+  // As OpenAI reports a prompt cache: the prompt tokens it served.
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
 }
 
 TEST(CompletionBody, ChatCompletion) {

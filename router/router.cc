@@ -48,6 +48,7 @@ struct Router::Prepared {
   rpc::SamplingParams sampling;
   model::SamplingParams stops;  // stop strings only, for the text
   absl::Time arrived;
+  int cached_tokens = 0;  // of the prompt, forked from the prefill worker's prefix cache
 };
 
 // The choices of one request with several (n > 1): one session each, running apart (each
@@ -463,6 +464,7 @@ void Router::StartRequest(Endpoint endpoint, std::string body, Reply reply) {
   }
   // One prefill for every choice: counted once.
   const rpc::PrefillResponse& prefilled = (*runs)[0]->prefilled;
+  p->cached_tokens = static_cast<int>(prefilled.cached_tokens());
   transfer_bytes_->Increment(static_cast<double>(prefilled.transfer_bytes()));
   transfer_seconds_->Increment(prefilled.transfer_seconds());
   kv_bytes_->Increment(static_cast<double>(prefilled.kv_bytes()));
@@ -651,7 +653,8 @@ void Router::Complete(const std::shared_ptr<Session>& s, absl::Status st) {
   const bool gone = absl::IsCancelled(st) || s->reply->gone();
   const Prepared& p = *s->p;
   const Usage usage{.prompt_tokens = static_cast<int>(p.prompt.size()),
-                    .completion_tokens = s->text->tokens()};
+                    .completion_tokens = s->text->tokens(),
+                    .cached_tokens = p.cached_tokens};
   if (gone) {
     s->reply->End();
   } else if (p.api.stream) {
@@ -703,7 +706,8 @@ void Router::CompleteChoice(const std::shared_ptr<Session>& s, absl::Status st) 
   if (!last) return Release(s);
   // The last choice to end: the response's end is its to send.
   const Usage usage{.prompt_tokens = static_cast<int>(p.prompt.size()),
-                    .completion_tokens = g.completion_tokens};
+                    .completion_tokens = g.completion_tokens,
+                    .cached_tokens = p.cached_tokens};
   if (g.gone) {
     s->reply->End();
   } else if (p.api.stream) {

@@ -140,7 +140,7 @@ class Disaggregated : public testing::Test {
     auto p = WorkerRuntime::Create({.model_path = path_,
                                     .backend = "cpu",
                                     .threads = 1,
-                                    .kv_pages = 4096,
+                                    .kv_pages = prefill_pages_,
                                     .default_preset = "sluice",
                                     .max_presets = 8,
                                     .stage_pools = stage_pools_,
@@ -161,7 +161,7 @@ class Disaggregated : public testing::Test {
     prefill_rt_ = *std::move(p);
     decode_rt_ = *std::move(d);
     prefill_ = std::make_unique<prefill::PrefillWorker>(*prefill_rt_, *transport_, registry_,
-                                                        prefill::PrefillWorkerOptions{});
+                                                        prefill_options_);
     decode_ = std::make_unique<decode::DecodeWorker>(
         *decode_rt_, registry_, decode::DecodeWorkerOptions{.reservation_ttl = absl::Seconds(60)});
     auto gguf = model::GgufFile::Open(path_);
@@ -181,6 +181,9 @@ class Disaggregated : public testing::Test {
     auto ids = (*tok)->Encode(text, false);
     ASSERT_TRUE(ids.ok());
     prompt_ = *ids;
+    auto question = (*tok)->Encode(" Which of the two rivers is longer, and by how much?", false);
+    ASSERT_TRUE(question.ok());
+    question_ = *question;
     eos_ = (*tok)->eos_id();
   }
 
@@ -259,6 +262,8 @@ class Disaggregated : public testing::Test {
   }
 
   void ExpectNothingHeld() {
+    // What the prefill worker holds besides its cached prefixes comes back too.
+    prefill_->DropPrefixCache();
     // The decode worker's gauges refresh every scheduler loop.
     for (int i = 0; i < 100 && decode_->Stats().kv_pages_used() != 0; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -272,6 +277,9 @@ class Disaggregated : public testing::Test {
   }
 
   bool stage_pools_ = false;  // set before SetUp: pages pass through host copies of the pools
+  // Set before SetUp: the prefill worker's options and pool.
+  prefill::PrefillWorkerOptions prefill_options_;
+  int64_t prefill_pages_ = 4096;
   // Set before SetUp: the transform-coded wire (both workers' calibration, the prefill's bits).
   std::string kv_calibration_, wire_bits_;
   std::string path_;
@@ -282,7 +290,7 @@ class Disaggregated : public testing::Test {
   std::unique_ptr<decode::DecodeWorker> decode_;
   std::unique_ptr<LocalWorkers> workers_;
   std::unique_ptr<router::RequestFlow> flow_;
-  std::vector<int32_t> prompt_;
+  std::vector<int32_t> prompt_, question_;
   int32_t eos_ = 0;
 };
 
@@ -737,6 +745,96 @@ TEST_F(Disaggregated, AClientHoldsABoundedShareOfThePool) {
 // memory the transport reads (and the decode worker's always is, behind its windows), so a page
 // the prefill worker did not copy out, or the decode worker did not copy in, would change the
 // tokens.
+// Prefix caching with prompts cut every 32 tokens: a multi-turn conversation, each turn's
+// prompt the last one's with its answer and a question after it.
+class DisaggregatedPrefixCache : public Disaggregated {
+ protected:
+  void SetUp() override {
+    prefill_options_.chunk_tokens = 32;
+    Disaggregated::SetUp();
+  }
+  struct Turn {
+    std::vector<int32_t> tokens;
+    int64_t cached = 0;
+  };
+  Turn Run(const std::string& preset, const std::vector<int32_t>& prompt) {
+    prompt_ = prompt;
+    auto run = Start(preset, Greedy(8, /*stop_at_eos=*/false));
+    EXPECT_TRUE(run.ok()) << run.status();
+    if (!run.ok()) return {};
+    Turn t{.tokens = {(*run)->prefilled.first().token()},
+           .cached = (*run)->prefilled.cached_tokens()};
+    std::string reason;
+    for (int32_t token : Drain(*(*run)->stream, &reason)) t.tokens.push_back(token);
+    EXPECT_TRUE((*run)->stream->Finish().ok());
+    return t;
+  }
+};
+
+// With the cache the greedy tokens are those without it, for every preset whose prompts are
+// chunked; a hit forks the longest cached whole chunks below the prompt's last token, and
+// nothing is held once the cache is dropped.
+TEST_F(DisaggregatedPrefixCache, CachedPrefixesGiveTheTokensOfAPrefillFromTheStart) {
+  const std::vector<int32_t> first = prompt_;
+  for (const char* preset : {"fp16", "sluice", "kvcomp", "leankv-k8v4", "h2o", "sinks"}) {
+    SCOPED_TRACE(preset);
+    std::vector<int32_t> conversation = first;
+    prefill_->DropPrefixCache();
+    int64_t last = 0;  // the last turn's prompt
+    for (int turn = 0; turn < 3; ++turn) {
+      SCOPED_TRACE(turn);
+      const int64_t whole = (static_cast<int64_t>(conversation.size()) - 1) / 32 * 32;
+      // Turn 0 cold; a later one forks the last turn's prompt, cut at its last whole chunk.
+      const Turn a = Run(preset, conversation);
+      EXPECT_EQ(a.cached, last / 32 * 32);
+      const Turn b = Run(preset, conversation);  // every whole chunk below the last token
+      EXPECT_EQ(b.cached, whole);
+      prefill_->DropPrefixCache();
+      const Turn c = Run(preset, conversation);  // from the start
+      EXPECT_EQ(c.cached, 0);
+      EXPECT_EQ(a.tokens, c.tokens);
+      EXPECT_EQ(b.tokens, c.tokens);
+      ASSERT_EQ(c.tokens.size(), 8u);
+      last = static_cast<int64_t>(conversation.size());
+      conversation.insert(conversation.end(), c.tokens.begin(), c.tokens.end());
+      conversation.insert(conversation.end(), question_.begin(), question_.end());
+    }
+  }
+  EXPECT_GT(Counter("sluice_prefix_cache_hit_tokens_total"), 0);
+  ExpectNothingHeld();
+}
+
+// Presets that select from the whole prompt are not cached.
+TEST_F(DisaggregatedPrefixCache, PromptSelectionIsNotCached) {
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(Run("snapkv", prompt_).cached, 0);
+  ExpectNothingHeld();
+}
+
+// A pool of a few prompts' pages: cached prefixes give way, least recently used first, and no
+// prompt is refused for pages they held.
+class DisaggregatedPrefixCacheSmallPool : public DisaggregatedPrefixCache {
+ protected:
+  void SetUp() override {
+    prefill_pages_ = 400;
+    DisaggregatedPrefixCache::SetUp();
+  }
+};
+
+TEST_F(DisaggregatedPrefixCacheSmallPool, CachedPrefixesGiveWayToPrompts) {
+  const std::vector<int32_t> base = prompt_;
+  for (int i = 0; i < 6; ++i) {
+    // Prompts of their own from the first token, every other one twice as long: a long one
+    // finds the pool full of the short one's prefixes.
+    std::vector<int32_t> prompt = base;
+    if (i % 2 == 1) prompt.insert(prompt.end(), base.begin(), base.end());
+    prompt[0] = base[1 + i];
+    const Turn t = Run("sluice", prompt);
+    EXPECT_EQ(t.tokens.size(), 8u) << i;
+  }
+  EXPECT_GT(Counter("sluice_prefix_cache_evictions_total"), 0);
+  ExpectNothingHeld();
+}
+
 class DisaggregatedThroughHostCopies : public Disaggregated {
  protected:
   void SetUp() override {

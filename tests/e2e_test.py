@@ -464,6 +464,27 @@ class EndToEnd(unittest.TestCase):
         streamed = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
         self.assertEqual(streamed, choice["text"])
 
+    def test_a_repeated_prompt_is_served_from_the_prefix_cache(self):
+        # Past one chunk (512 tokens): the second time, the prefill worker forks the prompt's
+        # first chunk from its cache, computes the rest, and the greedy text is the same.
+        prompt = ("A lighthouse keeper writes in a log every night: the weather, the ships "
+                  "that passed, the oil burned, and what the sea threw on the rocks. ") * 24
+        body = {"model": self.c.model, "prompt": prompt, "max_tokens": 12, "temperature": 0}
+        hits = self.c.metric(self.c.prefill_metrics, "sluice_prefix_cache_hit_tokens_total")
+        answers = []
+        for _ in range(2):
+            status, text = post(self.c.url + "/v1/completions", body)
+            self.assertEqual(status, 200, text)
+            answers.append(json.loads(text))
+        first, second = answers
+        self.assertGreater(first["usage"]["prompt_tokens"], 512)
+        self.assertEqual(first["usage"]["prompt_tokens_details"], {"cached_tokens": 0})
+        self.assertEqual(second["usage"]["prompt_tokens_details"], {"cached_tokens": 512})
+        self.assertEqual(second["choices"][0]["text"], first["choices"][0]["text"])
+        self.assertEqual(
+            self.c.metric(self.c.prefill_metrics, "sluice_prefix_cache_hit_tokens_total"),
+            hits + 512)
+
     def test_several_choices_share_one_prompt(self):
         # n = 3: one prefill, three generations forked on the decode worker; choice i is the
         # text a request of seed + i gives alone.
@@ -767,6 +788,7 @@ class Migration(unittest.TestCase):
                 text, error, usage = streamed_text(out)
                 self.assertFalse(error, out[-500:] + "\nrouter log:\n" + c.log("router"))
                 tokens = 400 * bodies[i].get("n", 1)
+                self.assertIn("cached_tokens", usage.pop("prompt_tokens_details"))
                 self.assertEqual(usage, {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
                                          "total_tokens": prompt_tokens + tokens}, "stream %d" % i)
                 self.assertGreater(len(text), tokens, text)

@@ -41,6 +41,11 @@ ABSL_FLAG(int, metrics_port, 9100,
           "Metrics of prefill worker i on this port + 1 + i, of decode worker j on + 101 + j.");
 ABSL_FLAG(int64_t, kv_pages, 32768, "Pages (16 KiB) of each decode worker's KV pool per preset.");
 ABSL_FLAG(int, threads, 0, "CPU threads of each worker; 0 = one per core.");
+ABSL_FLAG(int64_t, chunk_tokens, 512,
+          "Prompt tokens per prefill step; prompts are cut (and their prefixes cached) every "
+          "chunk_tokens from their start.");
+ABSL_FLAG(int64_t, prefix_cache_entries, 64,
+          "Prompt prefixes each prefill worker keeps for reuse; 0: none.");
 ABSL_FLAG(std::string, backend, "auto",
           "What the workers compute on: auto (CUDA where a GPU is usable, else the CPU), cpu or "
           "cuda.");
@@ -240,9 +245,13 @@ int Run(const char* argv0) {
     prefill_addrs.push_back(absl::StrFormat("%s:%d", host, port));
     metrics.push_back(absl::StrFormat("http://%s:%d/metrics", host, mport));
     std::vector<std::string> argv = {
-        bin + "/prefill/prefill", absl::StrFormat("--name=prefill-%d", i),
-        absl::StrFormat("--port=%d", port), absl::StrFormat("--metrics_port=%d", mport),
-        "--wire_bits=" + absl::GetFlag(FLAGS_wire_bits)};
+        bin + "/prefill/prefill",
+        absl::StrFormat("--name=prefill-%d", i),
+        absl::StrFormat("--port=%d", port),
+        absl::StrFormat("--metrics_port=%d", mport),
+        "--wire_bits=" + absl::GetFlag(FLAGS_wire_bits),
+        absl::StrCat("--chunk_tokens=", absl::GetFlag(FLAGS_chunk_tokens)),
+        absl::StrCat("--prefix_cache_entries=", absl::GetFlag(FLAGS_prefix_cache_entries))};
     argv.insert(argv.end(), std::begin(common_flags), std::end(common_flags));
     ok = start(absl::StrFormat("prefill-%d", i), argv);
   }
