@@ -7,6 +7,13 @@ Two loads, each against both servers, one server at a time:
             --prompt-min..--prompt-max tokens, --max-tokens generated each, streamed;
   streams   --streams concurrent streams, each sending --stream-requests requests of
             --stream-prompt tokens back to back.
+  chat      (--workload chat) --conversations conversations of --turns turns each, run at
+            once, every one over the same system prompt of about --system-tokens tokens; each
+            turn resends the conversation so far with a new question (chat completions), as
+            a chat client does. Systems: sluice, sluice with its prefix cache off
+            (sluice-nocache), llama.cpp with its prompt cache (--cache). Reported besides:
+            TTFT of first and later turns, prompt tokens served from a cache, KV bytes sent per
+            turn.
 For each: generated tokens/s, requests/s, TTFT and inter-token latency p50/p99, end-to-end
 latency; for sluice also the KV pages it held at peak (and their FP16 equivalent), the bytes
 its prefill workers streamed to decode, and their prefill tokens/s (prompt tokens over the
@@ -56,6 +63,64 @@ def make_prompt(rng, n_words):
         ". Now write a short story that uses some of them."
 
 
+QUESTIONS = ("Which weighs more on the manifest, the %s or the %s?",
+             "Can the %s travel in the same hold as the %s?",
+             "Name a port that trades both %s and %s.",
+             "How should the crew pack the %s next to the %s?",
+             "Is the %s worth more than the %s this season?",
+             "Write one line of a sea song about the %s and the %s.")
+
+
+def make_system_prompt(rng, n_words):
+    """About n_words + 40 tokens: a system prompt every conversation shares."""
+    return ("You are the cargo assistant of a river shipping company. Answer every question in "
+            "one or two short sentences. The manifest of this week, item by item: " +
+            " ".join(rng.choice(WORDS) for _ in range(n_words)) + ".")
+
+
+def make_conversations(rng, conversations, turns):
+    """Each conversation's user messages, one a turn."""
+    return [[QUESTIONS[(c + t) % len(QUESTIONS)] % (rng.choice(WORDS), rng.choice(WORDS))
+             for t in range(turns)] for c in range(conversations)]
+
+
+def run_chat(host, port, model, system, conversations, max_tokens, extra):
+    """Every conversation at once, its turns one after another: each turn sends the system
+    prompt, every earlier question and answer, and the next question."""
+    results = [[None] * len(c) for c in conversations]
+
+    def go(c):
+        messages = [{"role": "system", "content": system}]
+        for t, question in enumerate(conversations[c]):
+            messages.append({"role": "user", "content": question})
+            out = chat_request(host, port, model, messages, max_tokens, extra)
+            out["turn"] = t
+            results[c][t] = out
+            if "error" in out:
+                return
+            messages.append({"role": "assistant", "content": out["text"]})
+
+    threads = [threading.Thread(target=go, args=(c,)) for c in range(len(conversations))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [r for conv in results for r in conv if r is not None]
+
+
+def summarize_chat(results):
+    """summarize's figures, and TTFT by turn, prompt tokens served from a cache."""
+    s = summarize(results)
+    ok = [r for r in results if "error" not in r and "ttft" in r]
+    s["ttft_first_turn_p50_s"] = percentile([r["ttft"] for r in ok if r["turn"] == 0], 50)
+    s["ttft_later_turns_p50_s"] = percentile([r["ttft"] for r in ok if r["turn"] > 0], 50)
+    s["turns"] = len(ok)
+    cached = [r.get("cached_tokens") for r in ok]
+    s["cached_tokens"] = sum(c for c in cached if c) if any(c is not None for c in cached) \
+        else None
+    return s
+
+
 def percentile(xs, p):
     if not xs:
         return None
@@ -70,6 +135,7 @@ def percentile(xs, p):
 # (<|endoftext|> 0, <|im_start|> 1, <|im_end|> 2 in SmolLM2's vocabulary).
 NO_EOS = {
     "sluice": {"ignore_eos": True},
+    "sluice-nocache": {"ignore_eos": True},
     "sluice+kvtc": {"ignore_eos": True},
     "llama.cpp": {"logit_bias": {"0": -100, "1": -100, "2": -100}},
 }
@@ -87,8 +153,22 @@ def is_token_event(chunk):
 def stream_request(host, port, model, prompt, max_tokens, extra):
     """One streamed /v1/completions request; returns its timings and token counts, or
     {"error": why} when it failed or streamed no token."""
+    body = dict({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                 "stream": True, "stream_options": {"include_usage": True}}, **extra)
+    return checked_stream(host, port, "/v1/completions", body)
+
+
+def chat_request(host, port, model, messages, max_tokens, extra):
+    """One streamed /v1/chat/completions request; as stream_request, with the answer's text."""
+    body = dict({"model": model, "messages": messages, "max_tokens": max_tokens,
+                 "temperature": 0, "stream": True, "stream_options": {"include_usage": True}},
+                **extra)
+    return checked_stream(host, port, "/v1/chat/completions", body)
+
+
+def checked_stream(host, port, path, body):
     try:
-        out = _stream_request(host, port, model, prompt, max_tokens, extra)
+        out = _stream_request(host, port, path, body)
     except (OSError, http.client.HTTPException, ValueError) as e:
         return {"error": "%s: %s" % (type(e).__name__, e)}
     if "error" not in out and not out.get("tokens_seen"):
@@ -96,17 +176,33 @@ def stream_request(host, port, model, prompt, max_tokens, extra):
     return out
 
 
-def _stream_request(host, port, model, prompt, max_tokens, extra):
-    body = dict({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                 "stream": True, "stream_options": {"include_usage": True}}, **extra)
+def chunk_text(chunk):
+    """The text a completions or chat chunk carries ("" for none)."""
+    choices = chunk.get("choices") or [{}]
+    return choices[0].get("text") or (choices[0].get("delta") or {}).get("content") or ""
+
+
+def _stream_request(host, port, path, body):
+    chat = path.endswith("chat/completions")
     body = json.dumps(body)
     t0 = time.time()
     conn = http.client.HTTPConnection(host, port, timeout=1800)
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    conn.request("POST", path, body, {"Content-Type": "application/json"})
     resp = conn.getresponse()
     if resp.status != 200:
         return {"error": "%d %s" % (resp.status, resp.read()[:300])}
-    times, buf, usage = [], b"", None
+    times, buf, usage, text = [], b"", None, []
+
+    def take(j):
+        nonlocal usage
+        if j.get("usage"):
+            usage = j["usage"]
+        t = chunk_text(j)
+        text.append(t)
+        # A chat stream's first chunk names the role only: a token is text there.
+        if (bool(t) if chat else is_token_event(j)):
+            times.append(time.time())
+
     while True:
         try:
             chunk = resp.read1(65536)
@@ -126,11 +222,7 @@ def _stream_request(host, port, model, prompt, max_tokens, extra):
             data = data[len("data: "):]
             if data == "[DONE]":
                 continue
-            j = json.loads(data)
-            if j.get("usage"):
-                usage = j["usage"]
-            if is_token_event(j):
-                times.append(time.time())
+            take(json.loads(data))
     for event in buf.split(b"\n\n"):
         data = event.decode(errors="replace").strip()
         if data.startswith("data: ") and data != "data: [DONE]":
@@ -138,19 +230,18 @@ def _stream_request(host, port, model, prompt, max_tokens, extra):
                 j = json.loads(data[len("data: "):])
             except ValueError:
                 continue
-            if j.get("usage"):
-                usage = j["usage"]
-            if is_token_event(j):
-                times.append(time.time())
+            take(j)
     conn.close()
     end = time.time()
-    out = {"start": t0, "end": end, "tokens_seen": len(times)}
+    out = {"start": t0, "end": end, "tokens_seen": len(times), "text": "".join(text)}
     if times:
         out["ttft"] = times[0] - t0
         out["itl"] = [b - a for a, b in zip(times, times[1:])]
     if usage:
         out["prompt_tokens"] = usage.get("prompt_tokens")
         out["completion_tokens"] = usage.get("completion_tokens")
+        details = usage.get("prompt_tokens_details") or {}
+        out["cached_tokens"] = details.get("cached_tokens")
     return out
 
 
@@ -158,7 +249,7 @@ def _stream_request(host, port, model, prompt, max_tokens, extra):
 SLUICE_METRICS = ["sluice_kv_pages_used", "sluice_kv_transfer_bytes_total",
                   "sluice_kv_compression_ratio", "sluice_prefill_tokens_total",
                   "sluice_prefill_seconds_sum", "sluice_kv_wire_bytes_total",
-                  "sluice_kv_wire_fp16_bytes_total"]
+                  "sluice_kv_wire_fp16_bytes_total", "sluice_prefix_cache_hit_tokens_total"]
 
 
 class Sampler:
@@ -321,12 +412,32 @@ def main():
     ap.add_argument("--stream-requests", type=int, default=1)
     ap.add_argument("--stream-prompt", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--systems", default="sluice,llama.cpp")
+    ap.add_argument("--workload", choices=("standard", "chat"), default="standard",
+                    help="standard: the streams and poisson loads; chat: the chat load")
+    ap.add_argument("--conversations", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--system-tokens", type=int, default=1000,
+                    help="chat: about how many tokens the shared system prompt takes")
+    ap.add_argument("--answer-tokens", type=int, default=32, help="chat: tokens of each answer")
+    ap.add_argument("--chunk-tokens", type=int, default=0,
+                    help="sluice's prefill chunk (and prefix-cache block); 0: up's default")
+    ap.add_argument("--systems", default="",
+                    help="default: sluice,llama.cpp; chat: sluice,sluice-nocache,llama.cpp")
     ap.add_argument("--loads", default="streams,poisson")
+    ap.add_argument("--out-dir", default="",
+                    help="where the JSON goes when --out is not given: serve-cpu.json, or "
+                         "serve-chat-cpu.json for the chat workload")
     ap.add_argument("--out", default="")
     ap.add_argument("--fail-on-errors", action="store_true",
                     help="exit with status 1 when any request failed (acceptance runs)")
     args = ap.parse_args()
+    chat = args.workload == "chat"
+    if not args.systems:
+        args.systems = "sluice,sluice-nocache,llama.cpp" if chat else "sluice,llama.cpp"
+    if chat:
+        args.loads = "chat"
+    if not args.out and args.out_dir:
+        args.out = os.path.join(args.out_dir, "serve-chat-cpu.json" if chat else "serve-cpu.json")
     if "llama.cpp" in args.systems.split(",") and not args.llama_python:
         ap.error("--llama-python is required for the llama.cpp system")
 
@@ -337,16 +448,21 @@ def main():
         t += rng.expovariate(args.rate)
     stream_prompts = [make_prompt(rng, args.stream_prompt)
                       for _ in range(args.streams * args.stream_requests)]
+    system_prompt = make_system_prompt(rng, max(0, args.system_tokens - 40))
+    conversations = make_conversations(rng, args.conversations, args.turns)
 
     report = {
-        "benchmark": "serve-cpu",
+        "benchmark": "serve-chat-cpu" if chat else "serve-cpu",
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "device": "CPU (no GPU)"},
         "model": os.path.basename(args.model),
         "threads": args.threads,
         "settings": {k: getattr(args, k) for k in ("preset", "rate", "requests", "prompt_min",
                                                    "prompt_max", "max_tokens", "streams",
-                                                   "stream_requests", "stream_prompt", "seed")},
+                                                   "stream_requests", "stream_prompt", "seed",
+                                                   "workload", "conversations", "turns",
+                                                   "system_tokens", "answer_tokens",
+                                                   "chunk_tokens")},
         "llama_cpp_build": llama_cpp_build(args.llama_python) if args.llama_python else None,
         "sluice_backend": args.backend,
         "results": {},
@@ -363,6 +479,10 @@ def main():
                    "--backend=" + args.backend]
             if system == "sluice+kvtc":
                 cmd.append("--wire_bits=" + args.wire_bits)
+            if system == "sluice-nocache":
+                cmd.append("--prefix_cache_entries=0")
+            if args.chunk_tokens:
+                cmd.append("--chunk_tokens=%d" % args.chunk_tokens)
             if args.bin_dir:
                 cmd.append("--bin_dir=" + args.bin_dir)
             metrics = {"decode": ["http://127.0.0.1:18501/metrics"],
@@ -375,6 +495,10 @@ def main():
                    # Queue concurrent requests instead of cutting the running one short (the
                    # server's default interrupts it when another arrives).
                    "--interrupt_requests", "False"]
+            if chat:
+                # Its prompt cache: the states of earlier prompts kept in memory, the longest
+                # prefix of a new prompt loaded instead of computed.
+                cmd += ["--cache", "True"]
             metrics = None
         print("bench serve: starting %s" % system, file=sys.stderr)
         log = tempfile.TemporaryFile()
@@ -404,11 +528,14 @@ def main():
                 if load == "poisson":
                     res = run_load("127.0.0.1", port, model, poisson, args.max_tokens,
                                    NO_EOS[system])
+                elif load == "chat":
+                    res = run_chat("127.0.0.1", port, model, system_prompt, conversations,
+                                   args.answer_tokens, NO_EOS[system])
                 else:
                     res = run_streams("127.0.0.1", port, model, args.streams,
                                       args.stream_requests, stream_prompts, args.max_tokens,
                                       NO_EOS[system])
-                s = summarize(res)
+                s = summarize_chat(res) if load == "chat" else summarize(res)
                 if sampler:
                     sampler.__exit__()
                     s["kv_pages_peak"] = sampler.peak["sluice_kv_pages_used"]
@@ -424,6 +551,10 @@ def main():
                     s["wire_fp16_bytes"] = grew["sluice_kv_wire_fp16_bytes_total"]
                     s["wire_ratio"] = (s["wire_fp16_bytes"] / s["wire_bytes"]
                                        if s["wire_bytes"] > 0 else None)
+                    s["prefix_hit_tokens"] = grew["sluice_prefix_cache_hit_tokens_total"]
+                    if load == "chat" and s.get("turns"):
+                        s["kv_bytes_sent_per_turn"] = s["transfer_bytes"] / s["turns"]
+                        s["prefill_tokens_per_turn"] = s["prefill_tokens"] / s["turns"]
                 else:
                     # llama.cpp keeps an FP16 K and V for all n_ctx positions of its one slot.
                     s["kv_bytes_allocated"] = 8192 * 30 * 3 * 64 * 2 * 2
@@ -476,6 +607,27 @@ def main():
             print("%-12s %-8s %14.1f %14.1f %11.2fx" % (
                 system, load, s["prefill_tokens_per_s"], s["wire_bytes"] / 2**20,
                 s["wire_ratio"] or 0))
+    chats = [(system, loads_out["chat"]) for system, loads_out in report["results"].items()
+             if "chat" in loads_out and "tokens_per_s" in loads_out["chat"]]
+    if chats:
+        print("\n%-15s %9s %9s %11s %11s %9s %11s %12s %12s" % (
+            "system", "ttft p50", "ttft p99", "turn 1 p50", "later p50", "tok/s",
+            "cached tok", "computed/turn", "KV KiB/turn"))
+        for system, s in chats:
+            print("%-15s %9.2f %9.2f %11.2f %11.2f %9.1f %11s %12s %12s" % (
+                system, s["ttft_p50_s"], s["ttft_p99_s"], s["ttft_first_turn_p50_s"] or 0,
+                s["ttft_later_turns_p50_s"] or 0, s["tokens_per_s"],
+                "-" if s.get("cached_tokens") is None else "%d" % s["cached_tokens"],
+                "%.0f" % s["prefill_tokens_per_turn"] if "prefill_tokens_per_turn" in s else "-",
+                "%.0f" % (s["kv_bytes_sent_per_turn"] / 1024) if "kv_bytes_sent_per_turn" in s
+                else "-"))
+        by = dict(chats)
+        if "sluice" in by:
+            for other in ("sluice-nocache", "llama.cpp"):
+                if other in by:
+                    ratio = by[other]["ttft_p50_s"] / by["sluice"]["ttft_p50_s"]
+                    report.setdefault("ttft_p50_ratio", {})[other + "/sluice"] = ratio
+                    print("TTFT p50 %s / sluice: %.2fx" % (other, ratio))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2)

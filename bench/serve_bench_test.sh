@@ -30,3 +30,21 @@ assert r["requests"] == 4 and r["errors"] == 0, r
 assert d["sluice_workers"] and all(b.startswith("cpu (") for b in d["sluice_workers"].values()), d
 print("ok:", r["requests"], "requests,", round(r["tokens_per_s"], 1), "tok/s on", d["sluice_workers"])
 PY
+# The chat workload, prefix cache on and off: every turn answers; with the cache on, later turns
+# fork cached prefixes (the workers' count and the responses' usage agree), with it off none.
+python3 "$serve_bench" --up "$up" --bin_dir "$tmp/cluster" --model "$tmp/random.gguf" \
+  --workload=chat --systems=sluice,sluice-nocache --backend=cpu --threads=1 --conversations=2 \
+  --turns=3 --system-tokens=160 --answer-tokens=4 --chunk-tokens=64 --fail-on-errors \
+  --out "$tmp/chat.json"
+python3 - "$tmp/chat.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+on, off = d["results"]["sluice"]["chat"], d["results"]["sluice-nocache"]["chat"]
+for r in (on, off):
+    assert r["requests"] == 6 and r["errors"] == 0 and r["turns"] == 6, r
+assert on["cached_tokens"] > 0 and on["cached_tokens"] % 64 == 0, on
+assert on["prefix_hit_tokens"] == on["cached_tokens"], on
+assert off["cached_tokens"] == 0 and off["prefix_hit_tokens"] == 0, off
+assert on["prefill_tokens"] + on["cached_tokens"] == off["prefill_tokens"], (on, off)
+print("ok: chat,", on["cached_tokens"], "of", off["prefill_tokens"], "prompt tokens cached")
+PY
