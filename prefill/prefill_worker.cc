@@ -606,7 +606,11 @@ void PrefillWorker::UpdateGauges() {
     free += cache.cache->pool().free_pages();
   }
   int64_t entries = 0;
-  for (const auto& [c, index] : prefixes_) entries += index.size();
+  std::vector<uint64_t> blocks;
+  for (const auto& [c, index] : prefixes_) {
+    entries += index.size();
+    for (uint64_t h : index.Hashes()) blocks.push_back(h);
+  }
   prefix_entries_.Set(static_cast<double>(entries));
   running_gauge_.Set(static_cast<double>(running));
   waiting_gauge_.Set(static_cast<double>(waiting));
@@ -621,6 +625,9 @@ void PrefillWorker::UpdateGauges() {
   stats_.set_queued_prompt_tokens(tokens);
   stats_.set_kv_pages_used(used);
   stats_.set_kv_pages_free(free);
+  stats_.set_prefix_cache_entries(entries);
+  stats_.set_prefix_block_tokens(options_.prefix_cache_entries > 0 ? options_.chunk_tokens : 0);
+  stats_.mutable_prefix_blocks()->Assign(blocks.begin(), blocks.end());
 }
 
 rpc::StatsResponse PrefillWorker::Stats() {

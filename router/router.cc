@@ -769,20 +769,24 @@ void Router::HandleWorkers(const http::Request& req, const Reply& reply) {
   if (!Authorized(req, reply)) return;
   nlohmann::json workers = nlohmann::json::array();
   for (const WorkerRegistry::View& v : registry_->Snapshot()) {
-    workers.push_back({{"name", v.stats.name().empty() ? v.address : v.stats.name()},
-                       {"address", v.address},
-                       {"role", v.role},
-                       {"backend", v.stats.backend()},
-                       {"state", v.up ? v.stats.state() : std::string("down")},
-                       {"ready", v.up && v.ready},
-                       {"running", v.stats.running()},
-                       {"waiting", v.stats.waiting()},
-                       {"kv_pages_used", v.stats.kv_pages_used()},
-                       {"kv_pages_free", v.stats.kv_pages_free()},
-                       {"kv_pages_reserved", v.stats.kv_pages_reserved()},
-                       {"queued_prompt_tokens", v.stats.queued_prompt_tokens()},
-                       {"kv_compression_ratio", v.stats.kv_compression_ratio()},
-                       {"error", v.last_error}});
+    workers.push_back(
+        {{"name", v.stats.name().empty() ? v.address : v.stats.name()},
+         {"address", v.address},
+         {"role", v.role},
+         {"backend", v.stats.backend()},
+         {"state", v.up ? v.stats.state() : std::string("down")},
+         {"ready", v.up && v.ready},
+         {"running", v.stats.running()},
+         {"waiting", v.stats.waiting()},
+         {"kv_pages_used", v.stats.kv_pages_used()},
+         {"kv_pages_free", v.stats.kv_pages_free()},
+         {"kv_pages_reserved", v.stats.kv_pages_reserved()},
+         {"queued_prompt_tokens", v.stats.queued_prompt_tokens()},
+         {"kv_compression_ratio", v.stats.kv_compression_ratio()},
+         // Prefill: prompt prefixes cached, one block each past its parent.
+         {"prefix_cache_entries", v.stats.prefix_cache_entries()},
+         {"prefix_cache_tokens", v.stats.prefix_cache_entries() * v.stats.prefix_block_tokens()},
+         {"error", v.last_error}});
   }
   reply->Send(200, "application/json",
               nlohmann::json{{"model", options_.served_model_name}, {"workers", workers}}.dump());

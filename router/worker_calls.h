@@ -14,6 +14,7 @@
 #include <set>
 #include <string>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -111,6 +112,9 @@ struct Worker {
   int failed_polls = 0;  // in a row
   rpc::StatsResponse stats;
   std::string last_error;
+  // Prefill: names of the prompt prefixes it caches (kvstore::PrefixBlockHashes), as its last
+  // poll said and as prompts placed on it since then add.
+  absl::flat_hash_set<uint64_t> prefixes;
 };
 
 // Where requests go: the router's WorkerRegistry, or a test's workers.

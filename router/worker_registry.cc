@@ -10,7 +10,6 @@
 #include <set>
 #include <utility>
 
-#include "absl/hash/hash.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
@@ -18,6 +17,7 @@
 #include "common/worker_health.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "kvstore/cache/prefix_index.h"
 #include "router/grpc_worker_calls.h"
 
 namespace sluice::router {
@@ -174,6 +174,8 @@ void WorkerRegistry::PollOnce() {
         w->last_error =
             "its scheduler loop has not turned for " + absl::FormatDuration(kLoopStallBound);
       w->stats = stats;
+      w->prefixes.clear();
+      w->prefixes.insert(stats.prefix_blocks().begin(), stats.prefix_blocks().end());
       w->failed_polls = 0;
       if (*live) w->last_error.clear();
     } else {
@@ -229,12 +231,7 @@ Worker* WorkerRegistry::Pick(const std::string& role, absl::Span<const int32_t> 
   if (placement_ == Placement::kRoundRobin) {
     return live[round_robin_[prefill ? 0 : 1]++ % live.size()];
   }
-  if (prefill && placement_ == Placement::kPrefixAffinity) {
-    // The first 64 tokens stand for the prefix (a chat's system prompt and template).
-    const size_t n = std::min<size_t>(prompt.size(), 64);
-    const size_t h = absl::HashOf(std::vector<int32_t>(prompt.begin(), prompt.begin() + n));
-    return live[h % live.size()];
-  }
+  if (prefill && placement_ == Placement::kPrefixAffinity) return PickByPrefix(live, prompt);
   if (prefill) {
     return *std::min_element(live.begin(), live.end(), [](Worker* a, Worker* b) {
       const int64_t la = a->stats.queued_prompt_tokens() + a->in_flight * 512;
@@ -248,6 +245,41 @@ Worker* WorkerRegistry::Pick(const std::string& role, absl::Span<const int32_t> 
     }
     return a->stats.running() + a->in_flight < b->stats.running() + b->in_flight;
   });
+}
+
+Worker* PickByPrefix(absl::Span<Worker* const> live, absl::Span<const int32_t> prompt) {
+  // The prompt tokens a worker would compute before this prompt's first token: those queued
+  // there, a chunk for each call in flight, and this prompt's past its longest prefix cached
+  // there (the last token is always computed).
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  std::vector<int64_t> cost(live.size());
+  for (size_t i = 0; i < live.size(); ++i) {
+    const Worker& w = *live[i];
+    int64_t cached = 0;
+    const int64_t block = w.stats.prefix_block_tokens();
+    const std::vector<uint64_t> names = kvstore::PrefixBlockHashes(prompt, block, n - 1);
+    for (size_t k = names.size(); k > 0; --k) {
+      if (w.prefixes.contains(names[k - 1])) {
+        cached = static_cast<int64_t>(k) * block;
+        break;
+      }
+    }
+    cost[i] = w.stats.queued_prompt_tokens() + w.in_flight * 512 + (n - cached);
+  }
+  const int64_t least = *std::min_element(cost.begin(), cost.end());
+  std::vector<Worker*> best;
+  for (size_t i = 0; i < live.size(); ++i) {
+    if (cost[i] == least) best.push_back(live[i]);
+  }
+  // Ties (a prefix cached nowhere, the same load): the first 64 tokens pick, so the same new
+  // prefix goes to the same worker.
+  const int64_t head = std::min<int64_t>(n, 64);
+  const std::vector<uint64_t> first = kvstore::PrefixBlockHashes(prompt, head, head);
+  Worker* pick = best[first.empty() ? 0 : first.front() % best.size()];
+  // Until its next poll says so, the prompt's prefixes count as cached there.
+  const int64_t block = pick->stats.prefix_block_tokens();
+  for (uint64_t name : kvstore::PrefixBlockHashes(prompt, block, n)) pick->prefixes.insert(name);
+  return pick;
 }
 
 std::vector<WorkerRegistry::View> WorkerRegistry::Snapshot() {

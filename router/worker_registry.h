@@ -5,9 +5,13 @@
 //   round_robin      prefill and decode workers in turn
 //   least_loaded     prefill: fewest queued prompt tokens and requests in flight;
 //                    decode: most free KV pages, then fewest running sequences
-//   prefix_affinity  prefill: the worker a hash of the prompt's first tokens picks among the
-//                    healthy ones (the same prefix goes to the same worker, whose caches and
-//                    codebooks are warm for it); decode as least_loaded
+//   prefix_affinity  prefill: the worker that would compute the fewest prompt tokens before
+//                    this prompt's first token: those queued there, plus this prompt's tokens
+//                    past the longest prefix cached there (each worker publishes its cached
+//                    prefixes' names in its stats; a prompt placed on a worker counts as
+//                    cached there until its next poll); ties go by a hash of the first 64
+//                    tokens, so the same new prefix goes to the same worker; decode as
+//                    least_loaded
 // A worker that fails a call, or three polls in a row (a worker whose cores are all busy may
 // answer a poll late), is down until a poll succeeds again. When no worker of a role is up,
 // requests still try the others before giving up.
@@ -48,6 +52,10 @@ namespace sluice::router {
 
 enum class Placement { kRoundRobin, kLeastLoaded, kPrefixAffinity };
 absl::StatusOr<Placement> ParsePlacement(const std::string& name);
+
+// prefix_affinity's choice among `live` prefill workers (not empty), as described above; the
+// prompt's prefixes are added to the chosen worker's. The caller holds what guards the workers.
+Worker* PickByPrefix(absl::Span<Worker* const> live, absl::Span<const int32_t> prompt);
 
 class WorkerRegistry final : public WorkerSet {
  public:

@@ -12,6 +12,7 @@
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "kvstore/cache/prefix_index.h"
 
 namespace sluice::router {
 namespace {
@@ -92,6 +93,54 @@ TEST(WorkerRegistry, FollowsItsSources) {
   WriteLines(list, {"127.0.0.1:13"});  // named again: the same worker comes back
   EXPECT_TRUE(Becomes(r, {"127.0.0.1:13"}));
   EXPECT_EQ(r.Pick("decode", {}, {}), added);
+}
+
+// prefix_affinity: the worker that would compute the fewest prompt tokens, its queue and the
+// prompt past its longest cached prefix; a placed prompt's prefixes count as cached there.
+TEST(PickByPrefix, WeighsCachedPrefixesAgainstQueuedTokens) {
+  std::vector<int32_t> prompt(300);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(i * 7 % 1000);
+  Worker a, b;
+  a.address = "a";
+  b.address = "b";
+  for (Worker* w : {&a, &b}) w->stats.set_prefix_block_tokens(64);
+  const std::vector<uint64_t> names = kvstore::PrefixBlockHashes(prompt, 64, 300);
+  ASSERT_EQ(names.size(), 4u);
+  // b holds the first 128 tokens: 172 to compute there against 300 on a.
+  b.prefixes.insert(names.begin(), names.begin() + 2);
+  std::vector<Worker*> live = {&a, &b};
+  EXPECT_EQ(PickByPrefix(live, prompt), &b);
+  // Placed on b, the prompt's whole blocks count as cached there until b's next poll.
+  for (uint64_t name : names) EXPECT_TRUE(b.prefixes.contains(name));
+  b.prefixes = {names[0], names[1]};  // the poll
+  // b's queue outweighs its cache: a computes 300 against 172 + 200.
+  b.stats.set_queued_prompt_tokens(200);
+  EXPECT_EQ(PickByPrefix(live, prompt), &a);
+  // Now placed on a, its whole blocks count as cached there: 100 + 44 on a against 372.
+  for (uint64_t name : names) EXPECT_TRUE(a.prefixes.contains(name));
+  a.stats.set_queued_prompt_tokens(100);
+  EXPECT_EQ(PickByPrefix(live, prompt), &a);
+  // Only the prefix's blocks count: another prompt of the same first block but then other
+  // tokens finds 64 cached on both.
+  std::vector<int32_t> other = prompt;
+  other[70] = 999;
+  b.stats.set_queued_prompt_tokens(0);
+  EXPECT_EQ(PickByPrefix(live, other), &b);  // 100 + 236 on a against 0 + 236 on b
+}
+
+// A prefix cached nowhere, workers alike: the prompt's first tokens pick, the same each time.
+TEST(PickByPrefix, TiesGoByThePromptsFirstTokens) {
+  std::vector<Worker> workers(4);
+  std::vector<Worker*> live;
+  for (Worker& w : workers) live.push_back(&w);
+  std::set<Worker*> picked;
+  for (int32_t first = 0; first < 40; ++first) {
+    std::vector<int32_t> prompt = {first, 5, 6, 7};
+    Worker* w = PickByPrefix(live, prompt);
+    EXPECT_EQ(PickByPrefix(live, prompt), w);  // block size 0: nothing is recorded as cached
+    picked.insert(w);
+  }
+  EXPECT_EQ(picked.size(), 4u);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -20,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kvstore/cache/paged_kv_cache.h"
+#include "kvstore/cache/prefix_index.h"
 #include "kvstore/kv_preset.h"
 #include "kvstore/wire/kv_transform.h"
 #include "kvstore/wire/kv_transform_calibration.h"
@@ -801,6 +803,20 @@ TEST_F(DisaggregatedPrefixCache, CachedPrefixesGiveTheTokensOfAPrefillFromTheSta
     }
   }
   EXPECT_GT(Counter("sluice_prefix_cache_hit_tokens_total"), 0);
+  ExpectNothingHeld();
+}
+
+// The worker's stats name its cached prefixes as the router names a prompt's.
+TEST_F(DisaggregatedPrefixCache, StatsNameTheCachedPrefixes) {
+  EXPECT_EQ(Run("sluice", prompt_).tokens.size(), 8u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the stats' next refresh
+  const rpc::StatsResponse stats = prefill_->Stats();
+  const std::vector<uint64_t> names =
+      kvstore::PrefixBlockHashes(prompt_, 32, static_cast<int64_t>(prompt_.size()));
+  EXPECT_EQ(stats.prefix_block_tokens(), 32);
+  EXPECT_EQ(stats.prefix_cache_entries(), static_cast<int64_t>(names.size()));
+  EXPECT_EQ(std::set<uint64_t>(stats.prefix_blocks().begin(), stats.prefix_blocks().end()),
+            std::set<uint64_t>(names.begin(), names.end()));
   ExpectNothingHeld();
 }
 

@@ -4,8 +4,43 @@
 #include <utility>
 
 namespace sluice::kvstore {
+namespace {
 
-PrefixIndex::PrefixIndex(int64_t block_tokens) : block_(std::max<int64_t>(block_tokens, 1)) {}
+// SplitMix64's finalizer: a fixed function, the same in every process (absl::Hash is seeded
+// per process).
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t RootHash(int64_t block) { return Mix(static_cast<uint64_t>(block)); }
+
+uint64_t ChainBlock(uint64_t h, absl::Span<const int32_t> block) {
+  for (int32_t t : block) h = Mix(h ^ static_cast<uint32_t>(t));
+  return h;
+}
+
+}  // namespace
+
+std::vector<uint64_t> PrefixBlockHashes(absl::Span<const int32_t> tokens, int64_t block_tokens,
+                                        int64_t limit) {
+  std::vector<uint64_t> out;
+  if (block_tokens <= 0) return out;
+  const int64_t blocks =
+      std::min<int64_t>(limit, static_cast<int64_t>(tokens.size())) / block_tokens;
+  uint64_t h = RootHash(block_tokens);
+  for (int64_t b = 0; b < blocks; ++b) {
+    h = ChainBlock(h, tokens.subspan(b * block_tokens, block_tokens));
+    out.push_back(h);
+  }
+  return out;
+}
+
+PrefixIndex::PrefixIndex(int64_t block_tokens) : block_(std::max<int64_t>(block_tokens, 1)) {
+  root_.hash = RootHash(block_);
+}
 
 const PrefixIndex::Node* PrefixIndex::Child(const Node& node, absl::Span<const int32_t> tokens,
                                             int64_t b) const {
@@ -50,6 +85,7 @@ bool PrefixIndex::Insert(absl::Span<const int32_t> tokens, int64_t length, int64
   node->used = ++clock_;
   node->parent = const_cast<Node*>(parent);
   node->key.assign(tokens.begin() + (blocks - 1) * block_, tokens.begin() + blocks * block_);
+  node->hash = ChainBlock(parent->hash, node->key);
   Node* p = node->parent;
   p->children.emplace(node->key, std::move(node));
   for (; p != &root_; p = p->parent) p->used = clock_;
@@ -78,6 +114,19 @@ std::optional<int64_t> PrefixIndex::EvictLeastRecent() {
   oldest->parent->children.erase(key);
   --size_;
   return seq;
+}
+
+void PrefixIndex::CollectHashes(const Node& node, std::vector<uint64_t>& out) {
+  for (const auto& [key, child] : node.children) {
+    out.push_back(child->hash);
+    CollectHashes(*child, out);
+  }
+}
+
+std::vector<uint64_t> PrefixIndex::Hashes() const {
+  std::vector<uint64_t> out;
+  CollectHashes(root_, out);
+  return out;
 }
 
 std::vector<int64_t> PrefixIndex::Clear() {

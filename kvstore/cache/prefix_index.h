@@ -23,6 +23,13 @@
 
 namespace sluice::kvstore {
 
+// Names of a prompt's prefixes that hold across processes (a worker publishes those it caches,
+// the router looks for a prompt's): element k names the first k + 1 blocks of `block_tokens`
+// tokens, hashing each block after the name of those before it. Only whole blocks within the
+// first `limit` tokens are named.
+std::vector<uint64_t> PrefixBlockHashes(absl::Span<const int32_t> tokens, int64_t block_tokens,
+                                        int64_t limit);
+
 class PrefixIndex {
  public:
   // `block_tokens` >= 1: the length of one block, the prefill's chunk.
@@ -47,6 +54,9 @@ class PrefixIndex {
   // Removes every entry; their sequences.
   std::vector<int64_t> Clear();
 
+  // The PrefixBlockHashes name of every entry's prefix.
+  std::vector<uint64_t> Hashes() const;
+
   int64_t size() const { return size_; }
   int64_t block_tokens() const { return block_; }
 
@@ -55,12 +65,14 @@ class PrefixIndex {
     int64_t seq = -1;
     uint64_t used = 0;
     Node* parent = nullptr;
+    uint64_t hash = 0;         // PrefixBlockHashes' name of the prefix up to this block
     std::vector<int32_t> key;  // this entry's block
     absl::flat_hash_map<std::vector<int32_t>, std::unique_ptr<Node>> children;
   };
   // The child of `node` for block `b` of `tokens`, or null.
   const Node* Child(const Node& node, absl::Span<const int32_t> tokens, int64_t b) const;
   void Leaves(Node& node, std::vector<Node*>& out);
+  static void CollectHashes(const Node& node, std::vector<uint64_t>& out);
 
   int64_t block_;
   Node root_;

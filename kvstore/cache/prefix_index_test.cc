@@ -80,6 +80,33 @@ TEST(PrefixIndex, EvictsTheLeastRecentlyUsedLeafFirst) {
   EXPECT_EQ(index.Longest(a, 6).tokens, 0);
 }
 
+// Entries are named as PrefixBlockHashes names a prompt's prefixes; the names differ for other
+// tokens, another block size, and are fixed numbers (the router and the workers are apart).
+TEST(PrefixIndex, NamesItsEntriesAsPrefixBlockHashesNamesAPromptsPrefixes) {
+  PrefixIndex index(4);
+  const std::vector<int32_t> a = Tokens(13);
+  ASSERT_TRUE(index.Insert(a, 4, 1));
+  ASSERT_TRUE(index.Insert(a, 8, 2));
+  std::vector<int32_t> b = a;
+  b[5] = 77;
+  ASSERT_TRUE(index.Insert(b, 8, 3));
+  const std::vector<uint64_t> ha = PrefixBlockHashes(a, 4, 13), hb = PrefixBlockHashes(b, 4, 13);
+  ASSERT_EQ(ha.size(), 3u);  // whole blocks only
+  EXPECT_EQ(PrefixBlockHashes(a, 4, 12).size(), 3u);
+  EXPECT_EQ(PrefixBlockHashes(a, 4, 11).size(), 2u);
+  EXPECT_EQ(ha[0], hb[0]);
+  EXPECT_NE(ha[1], hb[1]);
+  EXPECT_NE(ha[2], hb[2]);
+  EXPECT_NE(PrefixBlockHashes(a, 2, 13)[1], ha[0]);
+  std::vector<uint64_t> names = index.Hashes();
+  std::sort(names.begin(), names.end());
+  std::vector<uint64_t> expected = {ha[0], ha[1], hb[1]};
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(names, expected);
+  // Fixed: the same in every process and build (SplitMix64 of 2, then of each token in turn).
+  EXPECT_EQ(PrefixBlockHashes(Tokens(2), 2, 2), std::vector<uint64_t>{0x7bdc61a85e2e79ULL});
+}
+
 // Against a plain list of held prefixes on random prompts: the same longest hit, and Clear
 // returns every sequence once.
 TEST(PrefixIndex, AgreesWithAListOfHeldPrefixes) {
