@@ -11,7 +11,8 @@ Two loads, each against both servers, one server at a time:
             once, every one over the same system prompt of about --system-tokens tokens; each
             turn resends the conversation so far with a new question (chat completions), as
             a chat client does. Systems: sluice, sluice with its prefix cache off
-            (sluice-nocache), llama.cpp with its prompt cache (--cache). Reported besides:
+            (sluice-nocache), llama.cpp with its prompt cache (--cache); sluice's prompts are
+            cut (and cached) every 128 tokens unless --chunk-tokens says. Reported besides:
             TTFT of first and later turns, prompt tokens served from a cache, KV bytes sent per
             turn.
 For each: generated tokens/s, requests/s, TTFT and inter-token latency p50/p99, end-to-end
@@ -118,6 +119,9 @@ def summarize_chat(results):
     cached = [r.get("cached_tokens") for r in ok]
     s["cached_tokens"] = sum(c for c in cached if c) if any(c is not None for c in cached) \
         else None
+    if s["cached_tokens"] is not None:
+        s["cached_tokens_first_turn"] = sum(r.get("cached_tokens") or 0 for r in ok
+                                            if r["turn"] == 0)
     return s
 
 
@@ -420,7 +424,8 @@ def main():
                     help="chat: about how many tokens the shared system prompt takes")
     ap.add_argument("--answer-tokens", type=int, default=32, help="chat: tokens of each answer")
     ap.add_argument("--chunk-tokens", type=int, default=0,
-                    help="sluice's prefill chunk (and prefix-cache block); 0: up's default")
+                    help="sluice's prefill chunk (and prefix-cache block); 0: up's default "
+                         "(512), or 128 for the chat workload")
     ap.add_argument("--systems", default="",
                     help="default: sluice,llama.cpp; chat: sluice,sluice-nocache,llama.cpp")
     ap.add_argument("--loads", default="streams,poisson")
@@ -436,6 +441,10 @@ def main():
         args.systems = "sluice,sluice-nocache,llama.cpp" if chat else "sluice,llama.cpp"
     if chat:
         args.loads = "chat"
+        # Prompts are cut, and their prefixes cached, every chunk: a chat turn reuses the
+        # conversation up to the last chunk its previous turn ended, so finer chunks reuse
+        # more (a step still runs up to 512 tokens, a chunk from each of several prompts).
+        args.chunk_tokens = args.chunk_tokens or 128
     if not args.out and args.out_dir:
         args.out = os.path.join(args.out_dir, "serve-chat-cpu.json" if chat else "serve-cpu.json")
     if "llama.cpp" in args.systems.split(",") and not args.llama_python:

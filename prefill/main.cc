@@ -24,7 +24,12 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "Address the gRPC and metrics servers 
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port; 0 = none.");
 ABSL_FLAG(std::string, preset, "sluice", "KV compression preset for requests that name none.");
 ABSL_FLAG(int64_t, kv_pages, 16384, "Pages of each preset's KV pool (16 KiB each).");
-ABSL_FLAG(int64_t, chunk_tokens, 512, "Prompt tokens per forward step (chunked prefill).");
+ABSL_FLAG(int64_t, chunk_tokens, 512,
+          "A prompt is cut every chunk_tokens from its start, one chunk a forward step (chunked "
+          "prefill); its prefixes are cached in chunks.");
+ABSL_FLAG(int64_t, step_tokens, 512,
+          "Prompt tokens a forward step runs at most, a chunk from each of several prompts (at "
+          "least one chunk).");
 ABSL_FLAG(int64_t, prefix_cache_entries, 64,
           "Prompt prefixes kept for reuse (each chunk_tokens longer than the one it extends); a "
           "prompt that starts with a kept prefix computes only the tokens after it. 0: none.");
@@ -98,6 +103,7 @@ absl::Status Run() {
       **runtime, **transport, *registry,
       {.name = absl::GetFlag(FLAGS_name),
        .chunk_tokens = absl::GetFlag(FLAGS_chunk_tokens),
+       .step_tokens = absl::GetFlag(FLAGS_step_tokens),
        .prefix_cache_entries = absl::GetFlag(FLAGS_prefix_cache_entries)});
   PrefillService service(worker, *auth);
   AdminService admin(

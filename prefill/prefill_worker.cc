@@ -239,7 +239,7 @@ void PrefillWorker::Step() {
   std::vector<JobPtr> jobs;
   std::vector<int64_t> counts;
   std::vector<model::ForwardEntry> entries;
-  int64_t budget = options_.chunk_tokens;
+  int64_t budget = std::max(options_.step_tokens, options_.chunk_tokens);
   std::deque<JobPtr> keep;
   while (!queue_.empty()) {
     JobPtr job = std::move(queue_.front());
@@ -251,6 +251,10 @@ void PrefillWorker::Step() {
         st = absl::InvalidArgumentError(absl::StrFormat(
             "the reservation's pages have %d bytes, preset %s's %d", job->request.page_bytes(),
             (*c)->cache->preset().name, (*c)->cache->pool().page_bytes()));
+      }
+      if (st.ok() && AwaitsSharedPrefix(*job, **c, {&keep, &queue_})) {
+        keep.push_back(std::move(job));  // not started: it waits for the prefix's snapshot
+        continue;
       }
       if (st.ok()) {
         job->seq = next_seq_++;
@@ -547,6 +551,30 @@ absl::Status PrefillWorker::StartSequence(Job& job, WorkerRuntime::Cache& c) {
     }
   }
   return c.cache->AddSequence(job.seq, n);
+}
+
+bool PrefillWorker::AwaitsSharedPrefix(const Job& job, WorkerRuntime::Cache& c,
+                                       std::initializer_list<const std::deque<JobPtr>*> jobs) {
+  kvstore::PrefixIndex* index = PrefixesFor(c);
+  if (index == nullptr) return false;
+  const int64_t block = options_.chunk_tokens;
+  const int64_t n = job.request.prompt_size();
+  const auto prompt = absl::MakeConstSpan(job.request.prompt().data(), n);
+  const int64_t cached = index->Longest(prompt, n - 1).tokens;
+  for (const std::deque<JobPtr>* list : jobs) {
+    for (const JobPtr& other : *list) {
+      if (other->cache != &c) continue;  // not started, or another preset
+      // The whole blocks both prompts start with (below this one's last token).
+      const int64_t limit = std::min<int64_t>(n - 1, other->request.prompt_size());
+      const int64_t common =
+          std::mismatch(prompt.begin(), prompt.begin() + limit, other->request.prompt().begin())
+              .first -
+          prompt.begin();
+      const int64_t shared = common / block * block;
+      if (shared > cached && other->next < shared) return true;
+    }
+  }
+  return false;
 }
 
 void PrefillWorker::Snapshot(Job& job) {

@@ -6,21 +6,24 @@
 // coded as each chunk computes them and one stream crosses instead of pages and state.
 //
 // One scheduler thread owns the model and the caches. It takes waiting prompts first come,
-// first served, and runs up to `chunk_tokens` prompt tokens a step, from one prompt or several
-// (chunked prefill). A prompt is cut every `chunk_tokens` from its start whatever runs beside
-// it, and its matmuls run as a prompt's (model::StepKind::kPrompt), so its KV and first token
-// are the same bits however it was batched (on the host backends). In a prompt's last chunk each
-// layer's pages go to a sender thread as soon as the layer is done (PagedKvCache::StreamLayers), so
-// they travel while the next layers compute; presets whose pages change after a commit send
-// everything once the prompt is done. The sender flushes while the scheduler computes the next
-// prompts, then hands the sequence back to the scheduler to free its pages.
+// first served, and runs up to `step_tokens` prompt tokens a step, a chunk of up to
+// `chunk_tokens` from each of one prompt or several (chunked prefill). A prompt is cut every
+// `chunk_tokens` from its start whatever runs beside it, and its matmuls run as a prompt's
+// (model::StepKind::kPrompt), so its KV and first token are the same bits however it was batched
+// (on the host backends). In a prompt's last chunk each layer's pages go to a sender thread as soon
+// as the layer is done (PagedKvCache::StreamLayers), so they travel while the next layers compute;
+// presets whose pages change after a commit send everything once the prompt is done. The sender
+// flushes while the scheduler computes the next prompts, then hands the sequence back to the
+// scheduler to free its pages.
 //
 // Prefix caching: after each chunk's commit the scheduler forks the prompt's sequence into a
 // snapshot (PagedKvCache::ForkSequence: full pages shared, the open pages and the window
 // copied) recorded in the preset's PrefixIndex under the tokens it holds. A later prompt with
 // the same first blocks forks the longest snapshot and computes only the tokens after it;
 // since a prompt is cut at the same places whatever ran before, it computes the same bits as
-// without the cache. Snapshots are evicted least recently used first, beyond
+// without the cache. A prompt whose first blocks another started prompt is computing (the
+// chat turns of several conversations over one system prompt, arriving together) waits until
+// their snapshot is there. Snapshots are evicted least recently used first, beyond
 // `prefix_cache_entries` and whenever a step or a fork needs pages they hold. Presets that
 // select from the whole prompt (snapkv, pyramid, minikv) and prompts that cross
 // transform-coded (every row goes into the coded stream) are never cached.
@@ -33,6 +36,7 @@
 #include <deque>
 #include <functional>
 #include <future>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -56,7 +60,11 @@ namespace sluice::prefill {
 
 struct PrefillWorkerOptions {
   std::string name = "prefill-0";
-  int64_t chunk_tokens = 512;  // prompt tokens per forward step
+  // A prompt is cut every chunk_tokens from its start (a chunk a step), and its prefixes are
+  // cached in chunks; a step runs chunks of several prompts up to step_tokens (at least one
+  // chunk).
+  int64_t chunk_tokens = 512;
+  int64_t step_tokens = 512;
   absl::Duration transfer_timeout = absl::Seconds(10);
   // Prompt prefixes kept for reuse, each chunk_tokens long more than the last; 0: no cache.
   int64_t prefix_cache_entries = 64;
@@ -127,6 +135,11 @@ class PrefillWorker {
   kvstore::PrefixIndex* PrefixesFor(WorkerRuntime::Cache& c);
   // Starts the job's sequence: forked from the longest cached prefix, else empty.
   absl::Status StartSequence(Job& job, WorkerRuntime::Cache& c);
+  // Whether a started job in `jobs` is computing whole blocks this job starts with that are not
+  // cached yet: the job then waits for their snapshot rather than compute them too (as SGLang
+  // holds back a prompt whose prefix another in its batch computes).
+  bool AwaitsSharedPrefix(const Job& job, WorkerRuntime::Cache& c,
+                          std::initializer_list<const std::deque<JobPtr>*> jobs);
   // Caches the job's committed tokens as a prefix, where they end a chunk.
   void Snapshot(Job& job);
   // Evicts cached prefixes until the pool has `pages` free or none is left.

@@ -806,6 +806,61 @@ TEST_F(DisaggregatedPrefixCache, CachedPrefixesGiveTheTokensOfAPrefillFromTheSta
   ExpectNothingHeld();
 }
 
+// A prompt that arrives while another computes the blocks it starts with waits for their
+// snapshot rather than compute them too, and gives the tokens it gives alone.
+TEST_F(DisaggregatedPrefixCache, APromptWaitsForTheSharedPrefixAnotherComputes) {
+  std::vector<int32_t> first;
+  for (int i = 0; i < 8; ++i) first.insert(first.end(), prompt_.begin(), prompt_.end());
+  std::vector<int32_t> second(first.begin(), first.begin() + 1200);
+  second.insert(second.end(), question_.begin(), question_.end());
+  const Turn alone = Run("sluice", second);
+  prefill_->DropPrefixCache();
+  const double computed = Counter("sluice_prefill_tokens_total");
+  auto run = [&](const std::vector<int32_t>& prompt, Turn* out) {
+    LocalWorkers workers(*prefill_, *decode_, nullptr);
+    router::RequestFlow flow(workers, router::RequestFlowOptions{});
+    auto r = flow.Start(
+        {.request_id = 7, .prompt = prompt, .sampling = Greedy(8, false), .preset = "sluice"});
+    ASSERT_TRUE(r.ok()) << r.status();
+    out->tokens = {(*r)->prefilled.first().token()};
+    out->cached = (*r)->prefilled.cached_tokens();
+    std::string reason;
+    for (int32_t token : Drain(*(*r)->stream, &reason)) out->tokens.push_back(token);
+  };
+  Turn a, b;
+  std::thread ta([&] { run(first, &a); });
+  // The first has committed a few chunks, far from the 1,200 tokens both start with.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::thread tb([&] { run(second, &b); });
+  ta.join();
+  tb.join();
+  EXPECT_EQ(a.cached, 0);
+  EXPECT_EQ(b.cached, 1184);  // the whole chunks of the 1,200
+  EXPECT_EQ(b.tokens, alone.tokens);
+  EXPECT_EQ(Counter("sluice_prefill_tokens_total") - computed,
+            static_cast<double>(first.size() + second.size() - 1184));
+  ExpectNothingHeld();
+}
+
+// A prompt forked from the cache that then fails (its window too small for its pages) gives
+// its pages back: only the cached prefixes hold any, and they go when dropped.
+TEST_F(DisaggregatedPrefixCache, AFailedPromptAfterAHitGivesItsPagesBack) {
+  EXPECT_EQ(Run("sluice", prompt_).tokens.size(), 8u);
+  const double hits = Counter("sluice_prefix_cache_hit_tokens_total");
+  rpc::PrefillRequest bad;
+  bad.mutable_prompt()->Assign(prompt_.begin(), prompt_.end());
+  *bad.mutable_sampling() = Greedy(8);
+  bad.mutable_compression()->set_preset("sluice");
+  bad.set_pages(1);
+  bad.set_state_bytes(1);
+  bad.set_page_bytes(prefill_rt_->caches().at("sluice").cache->pool().page_bytes());
+  auto r = prefill_->Prefill(bad);
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(Counter("sluice_prefix_cache_hit_tokens_total") - hits,
+            static_cast<double>((prompt_.size() - 1) / 32 * 32));
+  ExpectNothingHeld();
+}
+
 // The worker's stats name its cached prefixes as the router names a prompt's.
 TEST_F(DisaggregatedPrefixCache, StatsNameTheCachedPrefixes) {
   EXPECT_EQ(Run("sluice", prompt_).tokens.size(), 8u);

@@ -44,6 +44,8 @@ ABSL_FLAG(int, threads, 0, "CPU threads of each worker; 0 = one per core.");
 ABSL_FLAG(int64_t, chunk_tokens, 512,
           "Prompt tokens per prefill step; prompts are cut (and their prefixes cached) every "
           "chunk_tokens from their start.");
+ABSL_FLAG(int64_t, step_tokens, 512,
+          "Prompt tokens a prefill step runs at most, a chunk from each of several prompts.");
 ABSL_FLAG(int64_t, prefix_cache_entries, 64,
           "Prompt prefixes each prefill worker keeps for reuse; 0: none.");
 ABSL_FLAG(std::string, backend, "auto",
@@ -251,6 +253,7 @@ int Run(const char* argv0) {
         absl::StrFormat("--metrics_port=%d", mport),
         "--wire_bits=" + absl::GetFlag(FLAGS_wire_bits),
         absl::StrCat("--chunk_tokens=", absl::GetFlag(FLAGS_chunk_tokens)),
+        absl::StrCat("--step_tokens=", absl::GetFlag(FLAGS_step_tokens)),
         absl::StrCat("--prefix_cache_entries=", absl::GetFlag(FLAGS_prefix_cache_entries))};
     argv.insert(argv.end(), std::begin(common_flags), std::end(common_flags));
     ok = start(absl::StrFormat("prefill-%d", i), argv);
