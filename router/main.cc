@@ -22,7 +22,9 @@ ABSL_FLAG(std::string, prefill, "127.0.0.1:50100",
           "Prefill workers, comma-separated: host:port, dns:NAME:PORT or file:PATH (looked at "
           "again every second).");
 ABSL_FLAG(std::string, decode, "127.0.0.1:50200", "Decode workers, as --prefill.");
-ABSL_FLAG(std::string, placement, "least_loaded", "round_robin, least_loaded or prefix_affinity.");
+ABSL_FLAG(std::string, placement, "prefix_affinity",
+          "round_robin, least_loaded or prefix_affinity (prefill: where the fewest prompt tokens "
+          "would be computed, given the prefixes each worker caches).");
 ABSL_FLAG(std::string, api_key, "", "Require 'Authorization: Bearer KEY'; empty: no key.");
 ABSL_FLAG(std::string, api_key_file, "",
           "As --api_key, the key read from this file (a Kubernetes Secret); at least 16 "

@@ -63,7 +63,7 @@ ABSL_FLAG(std::string, wire_bits, "",
 ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else the cache).");
 ABSL_FLAG(std::string, bin_dir, "", "Where the prefill/, decode/ and router/ binaries are.");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports for the page streams; empty: UCX's choice.");
-ABSL_FLAG(std::string, placement, "least_loaded", "The router's placement policy.");
+ABSL_FLAG(std::string, placement, "prefix_affinity", "The router's placement policy.");
 ABSL_FLAG(int, max_migrations, 3,
           "The router's: times a generation moves when its decode worker fails or stalls.");
 ABSL_FLAG(double, stall_timeout, 10,
