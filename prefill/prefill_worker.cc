@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "common/sampling.h"
 #include "common/status_macros.h"
@@ -593,6 +594,7 @@ void PrefillWorker::Snapshot(Job& job) {
     job.cache->cache->RemoveSequence(snapshot).IgnoreError();
     return;
   }
+  prefixes_changed_ = true;
   while (index->size() > options_.prefix_cache_entries) EvictPrefix(*job.cache, *index);
 }
 
@@ -606,6 +608,7 @@ void PrefillWorker::MakeRoom(WorkerRuntime::Cache& c, int64_t pages) {
 void PrefillWorker::EvictPrefix(WorkerRuntime::Cache& c, kvstore::PrefixIndex& index) {
   if (std::optional<int64_t> seq = index.EvictLeastRecent()) {
     c.cache->RemoveSequence(*seq).IgnoreError();
+    prefixes_changed_ = true;
     prefix_evictions_.Increment();
   }
 }
@@ -617,6 +620,7 @@ void PrefillWorker::DropPrefixCache() {
     for (auto& [c, index] : prefixes_) {
       for (int64_t seq : index.Clear()) c->cache->RemoveSequence(seq).IgnoreError();
     }
+    prefixes_changed_ = true;
     done.set_value();
   });
   dropped.wait();
@@ -639,6 +643,15 @@ void PrefillWorker::UpdateGauges() {
     entries += index.size();
     for (uint64_t h : index.Hashes()) blocks.push_back(h);
   }
+  if (prefixes_changed_) {  // the pages the snapshots hold, shared ones once
+    prefix_pages_ = 0;
+    for (const auto& [c, index] : prefixes_) {
+      absl::flat_hash_set<kvstore::PageId> pages;
+      for (int64_t seq : index.Sequences()) c->cache->CollectPages(seq, pages).IgnoreError();
+      prefix_pages_ += static_cast<int64_t>(pages.size());
+    }
+    prefixes_changed_ = false;
+  }
   prefix_entries_.Set(static_cast<double>(entries));
   running_gauge_.Set(static_cast<double>(running));
   waiting_gauge_.Set(static_cast<double>(waiting));
@@ -654,6 +667,7 @@ void PrefillWorker::UpdateGauges() {
   stats_.set_kv_pages_used(used);
   stats_.set_kv_pages_free(free);
   stats_.set_prefix_cache_entries(entries);
+  stats_.set_prefix_cache_pages(prefix_pages_);
   stats_.set_prefix_block_tokens(options_.prefix_cache_entries > 0 ? options_.chunk_tokens : 0);
   stats_.mutable_prefix_blocks()->Assign(blocks.begin(), blocks.end());
 }

@@ -163,6 +163,8 @@ class PrefillWorker {
   int64_t next_seq_ = 1;
   int64_t sending_ = 0;
   std::map<WorkerRuntime::Cache*, kvstore::PrefixIndex> prefixes_;
+  bool prefixes_changed_ = false;  // since prefix_pages_ was counted
+  int64_t prefix_pages_ = 0;
 
   // Sender thread.
   std::mutex send_mu_;

@@ -786,6 +786,7 @@ void Router::HandleWorkers(const http::Request& req, const Reply& reply) {
          // Prefill: prompt prefixes cached, one block each past its parent.
          {"prefix_cache_entries", v.stats.prefix_cache_entries()},
          {"prefix_cache_tokens", v.stats.prefix_cache_entries() * v.stats.prefix_block_tokens()},
+         {"prefix_cache_pages", v.stats.prefix_cache_pages()},
          {"error", v.last_error}});
   }
   reply->Send(200, "application/json",

@@ -1167,6 +1167,19 @@ absl::StatusOr<PageId> PagedKvCache::AllocatePage(int64_t tokens) {
   return *id;
 }
 
+absl::Status PagedKvCache::CollectPages(int64_t seq, absl::flat_hash_set<PageId>& pages) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    return absl::NotFoundError(absl::StrFormat("sequence %d has no KV cache", seq));
+  }
+  for (const HeadPages& hp : it->second.heads) {
+    for (int t = 0; t < tiers_; ++t) {
+      for (int32_t j = 0; j < hp.count(t); ++j) pages.insert(hp.page(t, j));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PagedKvCache::ForkSequence(int64_t src, int64_t dst, int64_t max_tokens) {
   SLUICE_ASSIGN_OR_RETURN(Seq * from, Find(src));
   if (seqs_.contains(dst)) {

@@ -31,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
@@ -148,6 +149,10 @@ class PagedKvCache final : public model::KvCache {
   // on writing there. AlreadyExists / NotFound for the ids; FailedPrecondition if `src` has
   // written tokens it has not committed; ResourceExhausted if the copies find no pages.
   absl::Status ForkSequence(int64_t src, int64_t dst, int64_t max_tokens);
+
+  // Adds the ids of every page `seq` holds (all lists, both tiers) to `pages`: the pages a set
+  // of sequences holds, shared ones once. NotFound for an unknown sequence.
+  absl::Status CollectPages(int64_t seq, absl::flat_hash_set<PageId>& pages) const;
 
   // Evicts the tokens at `positions` of one (sequence, layer, kv-head): tokens already in pages
   // at once (their slots turn invalid; a page left with no live token returns to the pool, and

@@ -129,6 +129,19 @@ std::vector<uint64_t> PrefixIndex::Hashes() const {
   return out;
 }
 
+void PrefixIndex::CollectSequences(const Node& node, std::vector<int64_t>& out) {
+  for (const auto& [key, child] : node.children) {
+    out.push_back(child->seq);
+    CollectSequences(*child, out);
+  }
+}
+
+std::vector<int64_t> PrefixIndex::Sequences() const {
+  std::vector<int64_t> out;
+  CollectSequences(root_, out);
+  return out;
+}
+
 std::vector<int64_t> PrefixIndex::Clear() {
   std::vector<int64_t> seqs;
   while (std::optional<int64_t> seq = EvictLeastRecent()) seqs.push_back(*seq);

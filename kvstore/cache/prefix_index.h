@@ -56,6 +56,8 @@ class PrefixIndex {
 
   // The PrefixBlockHashes name of every entry's prefix.
   std::vector<uint64_t> Hashes() const;
+  // Every entry's sequence.
+  std::vector<int64_t> Sequences() const;
 
   int64_t size() const { return size_; }
   int64_t block_tokens() const { return block_; }
@@ -73,6 +75,7 @@ class PrefixIndex {
   const Node* Child(const Node& node, absl::Span<const int32_t> tokens, int64_t b) const;
   void Leaves(Node& node, std::vector<Node*>& out);
   static void CollectHashes(const Node& node, std::vector<uint64_t>& out);
+  static void CollectSequences(const Node& node, std::vector<int64_t>& out);
 
   int64_t block_;
   Node root_;

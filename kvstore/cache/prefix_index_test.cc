@@ -98,6 +98,9 @@ TEST(PrefixIndex, NamesItsEntriesAsPrefixBlockHashesNamesAPromptsPrefixes) {
   EXPECT_NE(ha[1], hb[1]);
   EXPECT_NE(ha[2], hb[2]);
   EXPECT_NE(PrefixBlockHashes(a, 2, 13)[1], ha[0]);
+  std::vector<int64_t> seqs = index.Sequences();
+  std::sort(seqs.begin(), seqs.end());
+  EXPECT_EQ(seqs, (std::vector<int64_t>{1, 2, 3}));
   std::vector<uint64_t> names = index.Hashes();
   std::sort(names.begin(), names.end());
   std::vector<uint64_t> expected = {ha[0], ha[1], hb[1]};

@@ -53,8 +53,14 @@ void RowWindow::DropFront(int64_t n) {
 }
 
 absl::StatusOr<RowWindow> RowWindow::Clone(kernels::Backend& backend) const {
+  // Exactly the rows it holds: a fork kept as it is (a cached prompt prefix) costs no headroom,
+  // and one that goes on writing grows on its first write.
   RowWindow copy(row_);
-  SLUICE_RETURN_IF_ERROR(copy.Resize(backend, rows_));
+  if (rows_ > 0) {
+    SLUICE_ASSIGN_OR_RETURN(copy.buffer_,
+                            kernels::DeviceBuffer::Create(backend, rows_ * row_ * sizeof(float)));
+    copy.rows_ = copy.capacity_ = rows_;
+  }
   if (rows_ > 0) {
     SLUICE_RETURN_IF_ERROR(backend.CopyOnDevice(
         {{.dst = copy.data(), .src = data(), .bytes = rows_ * row_ * sizeof(float)}}));

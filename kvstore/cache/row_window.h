@@ -37,7 +37,7 @@ class RowWindow {
   absl::Status Resize(kernels::Backend& backend, int64_t rows);
   // Drops the oldest n rows (n <= rows()).
   void DropFront(int64_t n);
-  // A window of the same rows in memory of its own.
+  // A window of the same rows in memory of its own, no larger than they need.
   absl::StatusOr<RowWindow> Clone(kernels::Backend& backend) const;
 
  private:

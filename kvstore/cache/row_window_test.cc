@@ -44,6 +44,11 @@ TEST(RowWindow, KeepsRowsThroughGrowthDropsAndClones) {
   ASSERT_TRUE(copy.ok());
   Fill(backend, w, 0, 1, -1.f);  // the clone has memory of its own
   EXPECT_EQ(FirstColumn(backend, *copy), want);
+  EXPECT_EQ(copy->capacity(), copy->rows());    // and no headroom: a cached prefix keeps it as is
+  ASSERT_TRUE(copy->Resize(backend, 41).ok());  // one that goes on writing grows
+  Fill(backend, *copy, 40, 41, 99.f);
+  want.push_back(99.f);
+  EXPECT_EQ(FirstColumn(backend, *copy), want);
   ASSERT_TRUE(w.Resize(backend, 2).ok());  // shrinking drops the newest
   EXPECT_EQ(FirstColumn(backend, w), (std::vector<float>{-1, 3}));
 }
