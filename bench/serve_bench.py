@@ -30,6 +30,7 @@ that fails or streams no token counts as an error, never as a silent zero.
 usage: serve_bench.py --up PATH_TO_tools/up --llama-python VENV_PYTHON --model GGUF [--out F]
 """
 import argparse
+import hashlib
 import http.client
 import json
 import os
@@ -122,6 +123,10 @@ def summarize_chat(results):
     if s["cached_tokens"] is not None:
         s["cached_tokens_first_turn"] = sum(r.get("cached_tokens") or 0 for r in ok
                                             if r["turn"] == 0)
+    # Every answer, conversation by conversation and turn by turn: two systems that answered
+    # alike have the same digest.
+    s["answers_sha256"] = hashlib.sha256(
+        "\x1e".join(r.get("text", "") for r in results).encode()).hexdigest()
     return s
 
 
@@ -631,6 +636,11 @@ def main():
                 "%.0f" % (s["kv_bytes_sent_per_turn"] / 1024) if "kv_bytes_sent_per_turn" in s
                 else "-"))
         by = dict(chats)
+        if "sluice" in by and "sluice-nocache" in by:
+            same = by["sluice"]["answers_sha256"] == by["sluice-nocache"]["answers_sha256"]
+            report["sluice_answers_equal_with_and_without_cache"] = same
+            print("sluice's answers with and without the prefix cache: %s" %
+                  ("the same" if same else "DIFFERENT"))
         if "sluice" in by:
             for other in ("sluice-nocache", "llama.cpp"):
                 if other in by:

@@ -46,5 +46,6 @@ assert on["cached_tokens"] > 0 and on["cached_tokens"] % 64 == 0, on
 assert on["prefix_hit_tokens"] == on["cached_tokens"], on
 assert off["cached_tokens"] == 0 and off["prefix_hit_tokens"] == 0, off
 assert on["prefill_tokens"] + on["cached_tokens"] == off["prefill_tokens"], (on, off)
+assert d["sluice_answers_equal_with_and_without_cache"], (on, off)
 print("ok: chat,", on["cached_tokens"], "of", off["prefill_tokens"], "prompt tokens cached")
 PY
