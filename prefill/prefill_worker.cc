@@ -664,8 +664,11 @@ void PrefillWorker::UpdateGauges() {
   stats_.set_running(running);
   stats_.set_waiting(waiting);
   stats_.set_queued_prompt_tokens(tokens);
-  stats_.set_kv_pages_used(used);
-  stats_.set_kv_pages_free(free);
+  // Pages only cached prefixes hold come back whenever a prompt needs them: free, as vLLM
+  // counts its cached blocks (a worker whose cache filled its pool stays ready).
+  const int64_t cached = std::min(prefix_pages_, used);
+  stats_.set_kv_pages_used(used - cached);
+  stats_.set_kv_pages_free(free + cached);
   stats_.set_prefix_cache_entries(entries);
   stats_.set_prefix_cache_pages(prefix_pages_);
   stats_.set_prefix_block_tokens(options_.prefix_cache_entries > 0 ? options_.chunk_tokens : 0);

@@ -82,7 +82,8 @@ class PrefillWorker {
   rpc::StatsResponse Stats();
   // Takes no new request (true) or takes them again (false).
   void Drain(bool on = true) { draining_ = on; }
-  // Drops every cached prefix and returns their pages to the pools; waits for the scheduler.
+  // Drops every cached prefix and returns their pages to the pools; waits for the scheduler
+  // (call it while the worker runs).
   void DropPrefixCache();
 
  private:

@@ -539,14 +539,13 @@ class EndToEnd(unittest.TestCase):
 
     def wait_for_no_pages(self):
         """Neither worker holds a page: decode's gauges, and both as the router last polled
-        (a prefill worker's cached prompt prefixes aside)."""
+        (a prefill worker's cached prompt prefixes count as free)."""
         deadline = time.time() + 10
         while True:
             used = self.c.metric(self.c.decode_metrics, "sluice_kv_pages_used")
             reserved = self.c.metric(self.c.decode_metrics, "sluice_kv_pages_reserved")
             _, body = get(self.c.url + "/v1/workers")
-            held = {w["name"]: w["kv_pages_used"] - w["prefix_cache_pages"]
-                    for w in json.loads(body)["workers"]}
+            held = {w["name"]: w["kv_pages_used"] for w in json.loads(body)["workers"]}
             if used == 0 and reserved == 0 and not any(held.values()):
                 return
             if time.time() > deadline:
