@@ -116,29 +116,15 @@ std::optional<int64_t> PrefixIndex::EvictLeastRecent() {
   return seq;
 }
 
-void PrefixIndex::CollectHashes(const Node& node, std::vector<uint64_t>& out) {
-  for (const auto& [key, child] : node.children) {
-    out.push_back(child->hash);
-    CollectHashes(*child, out);
-  }
-}
-
 std::vector<uint64_t> PrefixIndex::Hashes() const {
   std::vector<uint64_t> out;
-  CollectHashes(root_, out);
+  ForEachEntry(root_, [&](const Node& n) { out.push_back(n.hash); });
   return out;
-}
-
-void PrefixIndex::CollectSequences(const Node& node, std::vector<int64_t>& out) {
-  for (const auto& [key, child] : node.children) {
-    out.push_back(child->seq);
-    CollectSequences(*child, out);
-  }
 }
 
 std::vector<int64_t> PrefixIndex::Sequences() const {
   std::vector<int64_t> out;
-  CollectSequences(root_, out);
+  ForEachEntry(root_, [&](const Node& n) { out.push_back(n.seq); });
   return out;
 }
 

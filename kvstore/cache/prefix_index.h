@@ -74,8 +74,14 @@ class PrefixIndex {
   // The child of `node` for block `b` of `tokens`, or null.
   const Node* Child(const Node& node, absl::Span<const int32_t> tokens, int64_t b) const;
   void Leaves(Node& node, std::vector<Node*>& out);
-  static void CollectHashes(const Node& node, std::vector<uint64_t>& out);
-  static void CollectSequences(const Node& node, std::vector<int64_t>& out);
+  // Calls fn(entry) for every entry below `node`, each before those below it.
+  template <typename Fn>
+  static void ForEachEntry(const Node& node, const Fn& fn) {
+    for (const auto& [key, child] : node.children) {
+      fn(*child);
+      ForEachEntry(*child, fn);
+    }
+  }
 
   int64_t block_;
   Node root_;
