@@ -664,8 +664,9 @@ void PrefillWorker::UpdateGauges() {
   stats_.set_running(running);
   stats_.set_waiting(waiting);
   stats_.set_queued_prompt_tokens(tokens);
-  // Pages only cached prefixes hold come back whenever a prompt needs them: free, as vLLM
-  // counts its cached blocks (a worker whose cache filled its pool stays ready).
+  // Pages the cached prefixes hold come back whenever a prompt needs them (those a running
+  // prompt shares once it ends): free, as vLLM counts its cached blocks, so a worker whose
+  // cache filled its pool stays ready.
   const int64_t cached = std::min(prefix_pages_, used);
   stats_.set_kv_pages_used(used - cached);
   stats_.set_kv_pages_free(free + cached);
