@@ -332,7 +332,7 @@ void PrefillWorker::Step() {
       need += kvstore::PagesForSequence(cache->cache->preset(), config.layers, config.kv_heads,
                                         n + cache->cache->preset().residual)
                   .value_or(0) +
-              2 * config.layers * config.kv_heads;
+              ForkCopyPages();
     }
     MakeRoom(*cache, need);
   }
@@ -542,8 +542,7 @@ absl::Status PrefillWorker::StartSequence(Job& job, WorkerRuntime::Cache& c) {
   const kvstore::PrefixIndex::Hit hit =
       index->Longest(absl::MakeConstSpan(job.request.prompt().data(), n), n - 1);
   if (hit.tokens > 0) {
-    const model::LlamaConfig& config = rt_.config();
-    MakeRoom(c, 2 * config.layers * config.kv_heads);
+    MakeRoom(c, ForkCopyPages());
     // A fork that finds no pages for its copies computes the prompt from its start.
     if (c.cache->ForkSequence(hit.seq, job.seq, n).ok()) {
       job.next = job.cached = hit.tokens;
@@ -584,8 +583,7 @@ void PrefillWorker::Snapshot(Job& job) {
   if (index == nullptr || job.next % block != 0) return;
   const auto prompt = absl::MakeConstSpan(job.request.prompt().data(), job.next);
   if (index->Holds(prompt, job.next)) return;
-  const model::LlamaConfig& config = rt_.config();
-  MakeRoom(*job.cache, 2 * config.layers * config.kv_heads);
+  MakeRoom(*job.cache, ForkCopyPages());
   // Entries hang below their parent: one evicted meanwhile leaves this prefix uncached.
   if (job.next > block && !index->Holds(prompt, job.next - block)) return;
   const int64_t snapshot = next_seq_++;
@@ -596,6 +594,10 @@ void PrefillWorker::Snapshot(Job& job) {
   }
   prefixes_changed_ = true;
   while (index->size() > options_.prefix_cache_entries) EvictPrefix(*job.cache, *index);
+}
+
+int64_t PrefillWorker::ForkCopyPages() const {
+  return 2 * rt_.config().layers * rt_.config().kv_heads;
 }
 
 void PrefillWorker::MakeRoom(WorkerRuntime::Cache& c, int64_t pages) {
@@ -637,21 +639,18 @@ void PrefillWorker::UpdateGauges() {
     used += cache.cache->pool().used_pages();
     free += cache.cache->pool().free_pages();
   }
-  int64_t entries = 0;
-  std::vector<uint64_t> blocks;
-  for (const auto& [c, index] : prefixes_) {
-    entries += index.size();
-    for (uint64_t h : index.Hashes()) blocks.push_back(h);
-  }
-  if (prefixes_changed_) {  // the pages the snapshots hold, shared ones once
+  if (prefixes_changed_) {  // names, and the pages the snapshots hold, shared ones once
     prefix_pages_ = 0;
+    prefix_names_.clear();
     for (const auto& [c, index] : prefixes_) {
+      for (uint64_t h : index.Hashes()) prefix_names_.push_back(h);
       absl::flat_hash_set<kvstore::PageId> pages;
       for (int64_t seq : index.Sequences()) c->cache->CollectPages(seq, pages).IgnoreError();
       prefix_pages_ += static_cast<int64_t>(pages.size());
     }
     prefixes_changed_ = false;
   }
+  const int64_t entries = static_cast<int64_t>(prefix_names_.size());
   prefix_entries_.Set(static_cast<double>(entries));
   running_gauge_.Set(static_cast<double>(running));
   waiting_gauge_.Set(static_cast<double>(waiting));
@@ -673,7 +672,7 @@ void PrefillWorker::UpdateGauges() {
   stats_.set_prefix_cache_entries(entries);
   stats_.set_prefix_cache_pages(prefix_pages_);
   stats_.set_prefix_block_tokens(options_.prefix_cache_entries > 0 ? options_.chunk_tokens : 0);
-  stats_.mutable_prefix_blocks()->Assign(blocks.begin(), blocks.end());
+  stats_.mutable_prefix_blocks()->Assign(prefix_names_.begin(), prefix_names_.end());
 }
 
 rpc::StatsResponse PrefillWorker::Stats() {

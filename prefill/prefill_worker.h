@@ -143,6 +143,8 @@ class PrefillWorker {
                           std::initializer_list<const std::deque<JobPtr>*> jobs);
   // Caches the job's committed tokens as a prefix, where they end a chunk.
   void Snapshot(Job& job);
+  // At most how many pages a fork copies: each list's open page in either tier.
+  int64_t ForkCopyPages() const;
   // Evicts cached prefixes until the pool has `pages` free or none is left.
   void MakeRoom(WorkerRuntime::Cache& c, int64_t pages);
   void EvictPrefix(WorkerRuntime::Cache& c, kvstore::PrefixIndex& index);
@@ -164,7 +166,8 @@ class PrefillWorker {
   int64_t next_seq_ = 1;
   int64_t sending_ = 0;
   std::map<WorkerRuntime::Cache*, kvstore::PrefixIndex> prefixes_;
-  bool prefixes_changed_ = false;  // since prefix_pages_ was counted
+  bool prefixes_changed_ = false;       // since prefix_names_ and prefix_pages_ were counted
+  std::vector<uint64_t> prefix_names_;  // every entry's PrefixBlockHashes name
   int64_t prefix_pages_ = 0;
 
   // Sender thread.

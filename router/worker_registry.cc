@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -252,13 +253,24 @@ Worker* PickByPrefix(absl::Span<Worker* const> live, absl::Span<const int32_t> p
   // there, a chunk for each call in flight, and this prompt's past its longest prefix cached
   // there (the last token is always computed).
   const int64_t n = static_cast<int64_t>(prompt.size());
+  // The prompt's prefixes' names, once per block size the workers cut in (one, usually).
+  std::map<int64_t, std::vector<uint64_t>> names_by_block;
+  auto names_for = [&](int64_t block) -> const std::vector<uint64_t>& {
+    auto it = names_by_block.find(block);
+    if (it == names_by_block.end()) {
+      it = names_by_block.emplace(block, kvstore::PrefixBlockHashes(prompt, block, n)).first;
+    }
+    return it->second;
+  };
   std::vector<int64_t> cost(live.size());
   for (size_t i = 0; i < live.size(); ++i) {
     const Worker& w = *live[i];
     int64_t cached = 0;
     const int64_t block = w.stats.prefix_block_tokens();
-    const std::vector<uint64_t> names = kvstore::PrefixBlockHashes(prompt, block, n - 1);
-    for (size_t k = names.size(); k > 0; --k) {
+    const std::vector<uint64_t>& names = names_for(block);
+    // Prefixes below the last token only.
+    const size_t usable = block > 0 ? static_cast<size_t>((n - 1) / block) : 0;
+    for (size_t k = std::min(usable, names.size()); k > 0; --k) {
       if (w.prefixes.contains(names[k - 1])) {
         cached = static_cast<int64_t>(k) * block;
         break;
@@ -277,8 +289,7 @@ Worker* PickByPrefix(absl::Span<Worker* const> live, absl::Span<const int32_t> p
   const std::vector<uint64_t> first = kvstore::PrefixBlockHashes(prompt, head, head);
   Worker* pick = best[first.empty() ? 0 : first.front() % best.size()];
   // Until its next poll says so, the prompt's prefixes count as cached there.
-  const int64_t block = pick->stats.prefix_block_tokens();
-  for (uint64_t name : kvstore::PrefixBlockHashes(prompt, block, n)) pick->prefixes.insert(name);
+  for (uint64_t name : names_for(pick->stats.prefix_block_tokens())) pick->prefixes.insert(name);
   return pick;
 }
 
