@@ -1180,6 +1180,50 @@ absl::Status PagedKvCache::CollectPages(int64_t seq, absl::flat_hash_set<PageId>
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<int32_t>> PagedKvCache::SharedLeadingPages(int64_t a, int64_t b) const {
+  auto ia = seqs_.find(a), ib = seqs_.find(b);
+  if (ia == seqs_.end() || ib == seqs_.end()) {
+    return absl::NotFoundError(
+        absl::StrFormat("sequence %d has no KV cache", ia == seqs_.end() ? a : b));
+  }
+  std::vector<int32_t> out;
+  out.reserve(ia->second.heads.size() * tiers_);
+  for (size_t i = 0; i < ia->second.heads.size(); ++i) {
+    const HeadPages& x = ia->second.heads[i];
+    const HeadPages& y = ib->second.heads[i];
+    for (int t = 0; t < tiers_; ++t) {
+      int32_t n = 0;
+      while (n < x.count(t) && n < y.count(t) && x.page(t, n) == y.page(t, n)) ++n;
+      out.push_back(n);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::vector<PageId>>> PagedKvCache::LeadingPages(
+    int64_t seq, absl::Span<const int32_t> counts) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    return absl::NotFoundError(absl::StrFormat("sequence %d has no KV cache", seq));
+  }
+  const std::vector<HeadPages>& heads = it->second.heads;
+  if (counts.size() != heads.size() * tiers_) {
+    return absl::InvalidArgumentError(absl::StrFormat("%d page runs named, sequence %d has %d",
+                                                      counts.size(), seq, heads.size() * tiers_));
+  }
+  std::vector<std::vector<PageId>> out(counts.size());
+  for (size_t x = 0; x < counts.size(); ++x) {
+    const HeadPages& hp = heads[x / tiers_];
+    const int t = static_cast<int>(x % tiers_);
+    if (counts[x] < 0 || counts[x] > hp.count(t)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "run %d: %d leading pages asked for, it has %d", x, counts[x], hp.count(t)));
+    }
+    for (int32_t j = 0; j < counts[x]; ++j) out[x].push_back(hp.page(t, j));
+  }
+  return out;
+}
+
 absl::Status PagedKvCache::ForkSequence(int64_t src, int64_t dst, int64_t max_tokens) {
   SLUICE_ASSIGN_OR_RETURN(Seq * from, Find(src));
   if (seqs_.contains(dst)) {

@@ -154,6 +154,18 @@ class PagedKvCache final : public model::KvCache {
   // of sequences holds, shared ones once. NotFound for an unknown sequence.
   absl::Status CollectPages(int64_t seq, absl::flat_hash_set<PageId>& pages) const;
 
+  // Page runs, per page list and tier: entry list * tiers() + tier, layers * kv_heads * tiers()
+  // entries, lists in ExportSequence's order.
+  int tiers() const { return tiers_; }
+  // How many leading pages of each run sequences `a` and `b` hold in common (the same pool
+  // pages, as a fork shares them and keeps them while neither writes there): the pages of a
+  // prompt's prefix that are final once that prefix is computed. NotFound for either id.
+  absl::StatusOr<std::vector<int32_t>> SharedLeadingPages(int64_t a, int64_t b) const;
+  // The ids of the first counts[x] pages of each run x of `seq`. NotFound for an unknown
+  // sequence, InvalidArgument for counts of another length or beyond a run's pages.
+  absl::StatusOr<std::vector<std::vector<PageId>>> LeadingPages(
+      int64_t seq, absl::Span<const int32_t> counts) const;
+
   // Evicts the tokens at `positions` of one (sequence, layer, kv-head): tokens already in pages
   // at once (their slots turn invalid; a page left with no live token returns to the pool, and
   // a page shared with a fork is copied first), tokens still in the full-precision window when
@@ -169,6 +181,8 @@ class PagedKvCache final : public model::KvCache {
   struct SequenceExport {
     std::string state;
     std::vector<PageId> pages;
+    std::vector<int32_t> run_pages;  // pages per run (list and tier), as tiers() lays them out
+    std::vector<uint32_t> crcs;      // each page's CRC32C, as the state holds them
   };
   // NotFound for an unknown sequence; FailedPrecondition if it has written tokens it has not
   // committed.
@@ -179,7 +193,11 @@ class PagedKvCache final : public model::KvCache {
   // Starts `seq` (room for `max_tokens`) from an exported `state` whose pages' bytes already sit
   // in this cache's pool at pages[0, n), n being the pages the state lists (allocated by the
   // caller with refcount 1, in export order). On success the sequence owns those n pages and n
-  // is returned; the caller frees the pages after them. On error nothing changes and every page
+  // is returned; the caller frees the pages after them. With `held` (one entry per run, as
+  // tiers() lays them out), each run begins with the pages held[x] names, pages this pool
+  // holds already (a prefix the caller keeps): `pages` then lists only the others, the
+  // sequence takes a reference on the held ones, and n counts `pages` only; the caller keeps
+  // its own references. On error nothing changes and every page
   // stays the caller's. InvalidArgument naming the field for a state that does not parse or
   // does not fit this cache (another preset or shape, counts that do not add up, positions out
   // of range, fewer pages than it lists, Huffman-coded pages without codebooks); DataLoss for a
@@ -188,7 +206,8 @@ class PagedKvCache final : public model::KvCache {
   // a Huffman codebook other than the one this cache already uses for that layer;
   // AlreadyExists for a live `seq`.
   absl::StatusOr<int64_t> ImportSequence(int64_t seq, int64_t max_tokens, std::string_view state,
-                                         absl::Span<const PageId> pages);
+                                         absl::Span<const PageId> pages,
+                                         absl::Span<const std::vector<PageId>> held = {});
 
   // The transform-coded wire (kvstore/wire/kv_wire_codec.h): a prompt's KV crosses as rows
   // rather than pages. Tokens that a sequence whose first commit holds `tokens` tokens keeps in

@@ -97,13 +97,14 @@ absl::StatusOr<PagedKvCache::SequenceExport> PagedKvCache::ExportSequence(int64_
       tier->mutable_positions()->Add(hp.tier[t].positions.begin(), hp.tier[t].positions.end());
       tier->set_last_closed(hp.tier[t].last_closed);
       for (int32_t i = 0; i < hp.count(t); ++i) out.pages.push_back(hp.page(t, i));
+      out.run_pages.push_back(hp.count(t));
     }
     list->mutable_pending()->Add(hp.pending.begin(), hp.pending.end());
     list->mutable_score()->Add(hp.policy.score.begin(), hp.policy.score.end());
     list->set_gone(std::string(hp.policy.gone.begin(), hp.policy.gone.end()));
   }
-  SLUICE_ASSIGN_OR_RETURN(const std::vector<uint32_t> crcs, PageCrcs(out.pages));
-  st.mutable_page_crc32c()->Add(crcs.begin(), crcs.end());
+  SLUICE_ASSIGN_OR_RETURN(out.crcs, PageCrcs(out.pages));
+  st.mutable_page_crc32c()->Add(out.crcs.begin(), out.crcs.end());
   if (options_.preset.high.huffman_bits > 0) {
     for (int l = 0; l < options_.layers; ++l) {
       KvLayerCodebooks* books = st.add_codebooks();
@@ -118,7 +119,8 @@ absl::StatusOr<PagedKvCache::SequenceExport> PagedKvCache::ExportSequence(int64_
 
 absl::StatusOr<int64_t> PagedKvCache::ImportSequence(int64_t seq, int64_t max_tokens,
                                                      std::string_view state,
-                                                     absl::Span<const PageId> pages) {
+                                                     absl::Span<const PageId> given,
+                                                     absl::Span<const std::vector<PageId>> held) {
   if (seqs_.contains(seq)) {
     return absl::AlreadyExistsError(absl::StrFormat("sequence %d already has a KV cache", seq));
   }
@@ -165,6 +167,10 @@ absl::StatusOr<int64_t> PagedKvCache::ImportSequence(int64_t seq, int64_t max_to
     return Bad(absl::StrFormat("%d page lists, expected %d", st.lists_size(), lists));
   }
   const int64_t group = options_.heads / options_.kv_heads;
+  if (!held.empty() && static_cast<int64_t>(held.size()) != lists * tiers_) {
+    return Bad(
+        absl::StrFormat("%d runs of held pages, the cache has %d", held.size(), lists * tiers_));
+  }
   int64_t listed = 0;
   for (int64_t i = 0; i < lists; ++i) {
     const KvListState& list = st.lists(i);
@@ -205,20 +211,51 @@ absl::StatusOr<int64_t> PagedKvCache::ImportSequence(int64_t seq, int64_t max_to
   if (st.page_crc32c_size() != listed) {
     return Bad(absl::StrFormat("%d page checksums for %d pages", st.page_crc32c_size(), listed));
   }
-  if (static_cast<int64_t>(pages.size()) < listed) {
-    return Bad(absl::StrFormat("it lists %d pages, %d were given", listed, pages.size()));
+  // Every page in export order: each run's held pages, then the given ones after them.
+  std::vector<PageId> pages;
+  std::vector<PageId> shared;
+  std::vector<bool> is_held;
+  pages.reserve(static_cast<size_t>(listed));
+  is_held.reserve(static_cast<size_t>(listed));
+  size_t taken = 0;
+  for (int64_t i = 0; i < lists; ++i) {
+    for (int t = 0; t < tiers_; ++t) {
+      const int64_t run = st.lists(i).tiers(t).slots_size();
+      const std::vector<PageId> none;
+      const std::vector<PageId>& mine = held.empty() ? none : held[i * tiers_ + t];
+      if (static_cast<int64_t>(mine.size()) > run) {
+        return Bad(absl::StrFormat("list %d tier %d: %d held pages, the state lists %d", i, t,
+                                   mine.size(), run));
+      }
+      for (PageId id : mine) {
+        pages.push_back(id);
+        shared.push_back(id);
+        is_held.push_back(true);
+      }
+      for (int64_t j = static_cast<int64_t>(mine.size()); j < run; ++j) {
+        if (taken == given.size()) {
+          return Bad(absl::StrFormat("it lists %d pages, %d were given and %d held", listed,
+                                     given.size(), shared.size()));
+        }
+        pages.push_back(given[taken++]);
+        is_held.push_back(false);
+      }
+    }
   }
   absl::flat_hash_set<PageId> distinct;
   for (int64_t i = 0; i < listed; ++i) {
     if (!distinct.insert(pages[i]).second) {
       return Bad(absl::StrFormat("page id %d is given twice", pages[i]));
     }
-    if (pages[i] < 0 || pages[i] >= pool_->num_pages() || pool_->refcount(pages[i]) != 1) {
+    // A given page is the caller's alone; a held one is already referenced.
+    const int32_t refs =
+        pages[i] < 0 || pages[i] >= pool_->num_pages() ? 0 : pool_->refcount(pages[i]);
+    if (is_held[i] ? refs < 1 : refs != 1) {
       return Bad(absl::StrFormat("page %d (id %d) is not one of this pool's allocated pages", i,
                                  pages[i]));
     }
   }
-  SLUICE_ASSIGN_OR_RETURN(const std::vector<uint32_t> crcs, PageCrcs(pages.subspan(0, listed)));
+  SLUICE_ASSIGN_OR_RETURN(const std::vector<uint32_t> crcs, PageCrcs(pages));
   for (int64_t i = 0; i < listed; ++i) {
     if (crcs[i] != st.page_crc32c(i)) {
       return absl::DataLossError(absl::StrFormat(
@@ -333,11 +370,12 @@ absl::StatusOr<int64_t> PagedKvCache::ImportSequence(int64_t seq, int64_t max_to
     }
     SLUICE_RETURN_IF_ERROR(LoadValid(placed));
   }
+  SLUICE_RETURN_IF_ERROR(pool_->Retain(shared));  // the held pages: the caller keeps its own
   for (int l = 0; l < options_.layers; ++l) {
     if (adopted[l]) codebooks_[l] = std::move(adopted[l]);
   }
   seqs_.emplace(seq, std::move(s));
-  return listed;
+  return static_cast<int64_t>(taken);
 }
 
 int64_t PagedKvCache::WindowAfterPrompt(int64_t tokens) const {

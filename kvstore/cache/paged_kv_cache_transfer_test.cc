@@ -1,6 +1,7 @@
 // A sequence exported from one cache and imported into another (its pages copied into pages of
 // the other pool, as a transport would) goes on exactly as it would have in the first cache,
 // for every preset; bad states and damaged pages are refused with nothing changed or leaked.
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -132,6 +133,138 @@ TEST_P(TransferTest, ImportedSequenceGoesOnExactlyAsTheOriginal) {
   ASSERT_TRUE(a->RemoveSequence(1).ok());
   ASSERT_TRUE(b->RemoveSequence(7).ok());
   EXPECT_EQ(a->pool().used_pages(), 0);
+  EXPECT_EQ(b->pool().used_pages(), 0);
+}
+
+// A decode worker that holds a prompt's pages takes a later prompt with the same prefix from
+// the pages it holds and only the others: two prompts forked from one snapshot share their
+// leading pages, and the second, imported over the first's held pages, goes on exactly as in
+// the cache that computed it; the held pages gain a reference each and every page comes back.
+TEST_P(TransferTest, ImportOverHeldPagesGoesOnExactly) {
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  kernels::Backend& backend = **cpu;
+  auto a = MakeCache(backend, GetParam());
+  auto b = MakeCache(backend, GetParam());
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  const int64_t prefix = 256, room = 700;
+  ASSERT_TRUE(a->AddSequence(1, room).ok());
+  Step(*a, 1, prefix, seed);
+  ASSERT_TRUE(a->ForkSequence(1, 2, room).ok());  // the prefix's snapshot
+  ASSERT_TRUE(a->ForkSequence(2, 3, room).ok());
+  Step(*a, 1, 200, seed + 1);  // prompt A goes on one way
+  Step(*a, 3, 150, seed + 2);  // prompt B another
+
+  // The decode side imports A whole.
+  auto ea = a->ExportSequence(1);
+  ASSERT_TRUE(ea.ok()) << ea.status();
+  Landed la = Land(*a, *ea, *b, 1, 0);
+  ASSERT_TRUE(b->ImportSequence(7, room, ea->state, la.pages).ok());
+  // It holds A's pages that were final once the prefix was computed; B shares as many.
+  auto held_a = a->SharedLeadingPages(1, 2);
+  auto held_b = a->SharedLeadingPages(3, 2);
+  ASSERT_TRUE(held_a.ok() && held_b.ok());
+  ASSERT_EQ(held_a->size(), static_cast<size_t>(kLayers * kKvHeads * a->tiers()));
+  std::vector<int32_t> use(held_a->size());
+  int64_t used_total = 0;
+  for (size_t x = 0; x < use.size(); ++x) {
+    use[x] = std::min((*held_a)[x], (*held_b)[x]);
+    used_total += use[x];
+  }
+  auto held = b->LeadingPages(7, use);
+  ASSERT_TRUE(held.ok()) << held.status();
+
+  auto eb = a->ExportSequence(3);
+  ASSERT_TRUE(eb.ok()) << eb.status();
+  ASSERT_EQ(eb->run_pages.size(), use.size());
+  // B's pages past the held ones, in export order, land as a transport puts them.
+  PagedKvCache::SequenceExport rest{.state = eb->state};
+  size_t at = 0;
+  for (size_t x = 0; x < use.size(); ++x) {
+    for (int32_t j = 0; j < eb->run_pages[x]; ++j, ++at) {
+      if (j < use[x]) {
+        EXPECT_EQ(eb->crcs[at], Crc32c(b->pool().data((*held)[x][j]), b->pool().page_bytes()));
+      } else {
+        rest.pages.push_back(eb->pages[at]);
+      }
+    }
+  }
+  ASSERT_EQ(at, eb->pages.size());
+  Landed lb = Land(*a, rest, *b, 0, 0);
+  const int64_t before = b->pool().used_pages();
+  auto taken = b->ImportSequence(8, room, eb->state, lb.pages, *held);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(*taken, static_cast<int64_t>(rest.pages.size()));
+  EXPECT_EQ(b->pool().used_pages(), before);  // no page more: the held ones are shared
+  for (const auto& run : *held) {
+    for (PageId id : run) EXPECT_EQ(b->pool().refcount(id), 2);
+  }
+  if (std::string_view(GetParam()) == "fp16" || std::string_view(GetParam()) == "sluice") {
+    EXPECT_GT(used_total, 0);  // the prefix's full pages
+  }
+  for (int64_t t = 0; t < 30; ++t) {
+    ASSERT_EQ(Step(*b, 8, 1, seed + 10 + t), Step(*a, 3, 1, seed + 10 + t)) << "step " << t;
+  }
+  for (int64_t seq : {1, 2, 3}) ASSERT_TRUE(a->RemoveSequence(seq).ok());
+  ASSERT_TRUE(b->RemoveSequence(8).ok());
+  ASSERT_TRUE(b->RemoveSequence(7).ok());
+  ASSERT_TRUE(b->mutable_pool().Free(la.skew).ok());
+  EXPECT_EQ(a->pool().used_pages(), 0);
+  EXPECT_EQ(b->pool().used_pages(), 0);
+}
+
+// Held pages that are not what the state says (another prompt's, or too many) are refused with
+// nothing changed: no reference taken, no page of the caller's kept.
+TEST_P(TransferTest, WrongHeldPagesAreRefused) {
+  auto cpu = kernels::CpuBackend::Create();
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto a = MakeCache(**cpu, GetParam());
+  auto b = MakeCache(**cpu, GetParam());
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  ASSERT_TRUE(a->AddSequence(1, 600).ok());
+  ASSERT_TRUE(a->AddSequence(2, 600).ok());
+  Step(*a, 1, 300, seed);
+  Step(*a, 2, 300, seed + 1);
+  auto e1 = a->ExportSequence(1);
+  auto e2 = a->ExportSequence(2);
+  ASSERT_TRUE(e1.ok() && e2.ok());
+  Landed l1 = Land(*a, *e1, *b, 0, 0);
+  ASSERT_TRUE(b->ImportSequence(7, 600, e1->state, l1.pages).ok());
+  // Sequence 7's first page of each run offered as sequence 2's: other bytes.
+  std::vector<int32_t> one(e2->run_pages.size());
+  for (size_t x = 0; x < one.size(); ++x) one[x] = std::min(e2->run_pages[x], 1);
+  auto held = b->LeadingPages(7, one);
+  ASSERT_TRUE(held.ok());
+  PagedKvCache::SequenceExport rest{.state = e2->state};
+  size_t at = 0;
+  for (size_t x = 0; x < one.size(); ++x) {
+    for (int32_t j = 0; j < e2->run_pages[x]; ++j, ++at) {
+      if (j >= one[x]) rest.pages.push_back(e2->pages[at]);
+    }
+  }
+  Landed l2 = Land(*a, rest, *b, 0, 0);
+  const int64_t used = b->pool().used_pages();
+  auto r = b->ImportSequence(8, 600, e2->state, l2.pages, *held);
+  ASSERT_GT(std::count(one.begin(), one.end(), 1), 0);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  // More held pages than a run has, and a held list of the wrong length.
+  std::vector<std::vector<PageId>> too_many = *held;
+  too_many[0].resize(static_cast<size_t>(e2->run_pages[0]) + 1,
+                     too_many[0].empty() ? 0 : too_many[0][0]);
+  EXPECT_EQ(b->ImportSequence(8, 600, e2->state, l2.pages, too_many).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->ImportSequence(8, 600, e2->state, l2.pages, absl::MakeConstSpan(*held).subspan(1))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->pool().used_pages(), used);
+  for (const auto& run : *held) {
+    for (PageId id : run) EXPECT_EQ(b->pool().refcount(id), 1);
+  }
+  ASSERT_TRUE(b->mutable_pool().Free(l2.pages).ok());
+  ASSERT_TRUE(b->RemoveSequence(7).ok());
   EXPECT_EQ(b->pool().used_pages(), 0);
 }
 
