@@ -153,7 +153,28 @@ DecodeWorker::DecodeWorker(WorkerRuntime& runtime, prometheus::Registry& registr
                       .Name("sluice_decode_batch_size")
                       .Help("Sequences in one decode step.")
                       .Register(registry)
-                      .Add({}, kBatchBuckets)) {
+                      .Add({}, kBatchBuckets)),
+      held_offered_tokens_(
+          prometheus::BuildCounter()
+              .Name("sluice_prefix_cache_held_offered_tokens_total")
+              .Help("Prompt tokens of held prefixes offered to prefill workers at Reserve.")
+              .Register(registry)
+              .Add({})),
+      held_evictions_(prometheus::BuildCounter()
+                          .Name("sluice_prefix_cache_held_evictions_total")
+                          .Help("Held prefixes let go (least recently used first).")
+                          .Register(registry)
+                          .Add({})),
+      held_entries_(prometheus::BuildGauge()
+                        .Name("sluice_prefix_cache_held_entries")
+                        .Help("Prompt prefixes whose KV pages this decode worker keeps.")
+                        .Register(registry)
+                        .Add({})),
+      held_pages_(prometheus::BuildGauge()
+                      .Name("sluice_prefix_cache_held_pages")
+                      .Help("KV pages that only held prefixes keep: free once let go.")
+                      .Register(registry)
+                      .Add({})) {
   stats_.set_name(options_.name);
   stats_.set_role("decode");
   stats_.set_backend(rt_.backend_name());
@@ -217,6 +238,11 @@ void DecodeWorker::Loop() {
     Finish(running_.begin()->first, "abort", absl::UnavailableError("decode worker stopped"));
   }
   while (!reservations_.empty()) FreeReservation(reservations_.begin());
+  for (auto& [key, held] : held_) {
+    while (EvictHeld(key.first)) {
+    }
+  }
+  held_.clear();
 }
 
 absl::StatusOr<rpc::ReserveResponse> DecodeWorker::Reserve(const rpc::ReserveRequest& request,
@@ -228,6 +254,11 @@ absl::StatusOr<rpc::ReserveResponse> DecodeWorker::Reserve(const rpc::ReserveReq
                         request.max_tokens()));
   }
   SLUICE_ASSIGN_OR_RETURN(const int choices, CheckedChoices(request.choices()));
+  if (!request.prompt().empty() && request.prompt_size() != request.prompt_tokens()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the prompt has %d tokens, prompt_tokens says %d", request.prompt_size(),
+                        request.prompt_tokens()));
+  }
   return OnScheduler<absl::StatusOr<rpc::ReserveResponse>>(
       [&]() -> absl::StatusOr<rpc::ReserveResponse> {
         SLUICE_ASSIGN_OR_RETURN(WorkerRuntime::Cache * cache,
@@ -251,7 +282,11 @@ absl::StatusOr<rpc::ReserveResponse> DecodeWorker::Reserve(const rpc::ReserveReq
             choices == 1
                 ? room_pages
                 : prompt_pages + choices * ForkPages(preset, c, request.prompt_tokens(), room);
-        const int64_t available = pool.free_pages() - GrowthPages(cache);
+        int64_t available = pool.free_pages() - GrowthPages(cache);
+        // Held prefixes give way to a request: never refused for pages they keep.
+        while (need > available && EvictHeld(cache)) {
+          available = pool.free_pages() - GrowthPages(cache);
+        }
         if (need > available) {
           return absl::ResourceExhaustedError(
               absl::StrFormat("%s: the KV pool (preset %s) has %d pages to spare, the request "
@@ -284,6 +319,8 @@ absl::StatusOr<rpc::ReserveResponse> DecodeWorker::Reserve(const rpc::ReserveReq
         out.set_region(r.window->descriptor());
         out.set_transport(rt_.transport_name());
         out.set_expires_in_seconds(absl::ToDoubleSeconds(options_.reservation_ttl));
+        OfferHeld(cache, request.prompt(), r, out.mutable_held());
+        if (out.held().crc32c().empty()) out.clear_held();
         reservations_.emplace(id, std::move(r));
         return out;
       });
@@ -336,10 +373,134 @@ int64_t DecodeWorker::GrowthPages(const WorkerRuntime::Cache* cache) const {
   return growth;
 }
 
+void DecodeWorker::OfferHeld(WorkerRuntime::Cache* cache, absl::Span<const int32_t> prompt,
+                             Reservation& r, rpc::HeldPrefix* offer) {
+  const HeldEntry* best = nullptr;
+  int64_t tokens = 0;
+  for (auto& [key, held] : held_) {
+    if (key.first != cache) continue;
+    const kvstore::PrefixIndex::Hit hit =
+        held.index.Longest(prompt, static_cast<int64_t>(prompt.size()));
+    if (hit.tokens > tokens) {
+      best = &held.entries.at(hit.seq);
+      tokens = hit.tokens;
+    }
+  }
+  if (best == nullptr) return;
+  std::vector<kvstore::PageId> flat;
+  for (const auto& run : best->pages) flat.insert(flat.end(), run.begin(), run.end());
+  // The reservation keeps the pages it offers until it ends, whatever is let go meanwhile.
+  if (flat.empty() || !cache->cache->mutable_pool().Retain(flat).ok()) return;
+  r.held = best->pages;
+  offer->set_tokens(tokens);
+  for (const auto& run : best->pages) offer->add_pages(static_cast<int32_t>(run.size()));
+  offer->mutable_crc32c()->Add(best->crcs.begin(), best->crcs.end());
+  held_offered_tokens_.Increment(static_cast<double>(tokens));
+}
+
+void DecodeWorker::HoldPrefixes(WorkerRuntime::Cache* cache, int64_t seq,
+                                absl::Span<const int32_t> prompt, const rpc::PrefixMarks& marks) {
+  const int64_t block = marks.block_tokens();
+  const int64_t runs = marks.runs();
+  if (options_.held_prefix_entries <= 0 || marks.pages().empty() || block <= 0 || runs <= 0 ||
+      marks.pages_size() % runs != 0) {
+    return;
+  }
+  const int64_t blocks = marks.pages_size() / runs;
+  if (blocks * block > static_cast<int64_t>(prompt.size())) return;
+  // The most pages any block keeps of each run, and their checksums, read once.
+  std::vector<int32_t> most(static_cast<size_t>(runs), 0);
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t x = 0; x < runs; ++x) {
+      most[x] = std::max(most[x], marks.pages(static_cast<int>(b * runs + x)));
+    }
+  }
+  absl::StatusOr<std::vector<std::vector<kvstore::PageId>>> pages =
+      cache->cache->LeadingPages(seq, most);
+  if (!pages.ok()) return;  // marks for another shape or beyond the prompt's pages
+  std::vector<kvstore::PageId> flat;
+  for (const auto& run : *pages) flat.insert(flat.end(), run.begin(), run.end());
+  absl::StatusOr<std::vector<uint32_t>> crcs = cache->cache->PageCrcs(flat);
+  if (!crcs.ok()) return;
+  HeldPrefixes& held = held_.try_emplace({cache, block}, block).first->second;
+  kvstore::PagePool& pool = cache->cache->mutable_pool();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t length = (b + 1) * block;
+    if (held.index.Holds(prompt, length)) continue;
+    HeldEntry entry;
+    std::vector<kvstore::PageId> mine;
+    size_t at = 0;
+    for (int64_t x = 0; x < runs; ++x) {
+      const int32_t n = marks.pages(static_cast<int>(b * runs + x));
+      entry.pages.emplace_back((*pages)[x].begin(), (*pages)[x].begin() + n);
+      mine.insert(mine.end(), entry.pages.back().begin(), entry.pages.back().end());
+      entry.crcs.insert(entry.crcs.end(), crcs->begin() + at, crcs->begin() + at + n);
+      at += (*pages)[x].size();
+    }
+    if (!pool.Retain(mine).ok()) break;
+    const int64_t id = next_held_++;
+    if (!held.index.Insert(prompt, length, id)) {  // its parent went meanwhile
+      pool.Free(mine).IgnoreError();
+      break;
+    }
+    held.entries.emplace(id, std::move(entry));
+  }
+  while (held.index.size() > options_.held_prefix_entries && EvictHeld(cache)) {
+  }
+}
+
+bool DecodeWorker::EvictHeld(const WorkerRuntime::Cache* cache) {
+  for (auto& [key, held] : held_) {
+    if (key.first != cache || held.index.size() == 0) continue;
+    const std::optional<int64_t> id = held.index.EvictLeastRecent();
+    if (!id) continue;
+    auto entry = held.entries.find(*id);
+    std::vector<kvstore::PageId> flat;
+    for (const auto& run : entry->second.pages) flat.insert(flat.end(), run.begin(), run.end());
+    cache->cache->mutable_pool().Free(flat).IgnoreError();
+    held.entries.erase(entry);
+    held_evictions_.Increment();
+    return true;
+  }
+  return false;
+}
+
+int64_t DecodeWorker::HeldOnlyPages(const WorkerRuntime::Cache* cache) const {
+  const kvstore::PagePool& pool = cache->cache->pool();
+  std::vector<int32_t> refs(static_cast<size_t>(pool.num_pages()), 0);
+  int64_t only = 0;
+  for (const auto& [key, held] : held_) {
+    if (key.first != cache) continue;
+    for (const auto& [id, entry] : held.entries) {
+      for (const auto& run : entry.pages) {
+        for (kvstore::PageId p : run) {
+          // Counted once, when the held references reach the page's.
+          if (++refs[p] == pool.refcount(p)) ++only;
+        }
+      }
+    }
+  }
+  return only;
+}
+
+void DecodeWorker::DropHeldPrefixes() {
+  OnScheduler<absl::Status>([&]() -> absl::Status {
+    for (auto& [key, held] : held_) {
+      while (EvictHeld(key.first)) {
+      }
+    }
+    held_.clear();
+    return absl::OkStatus();
+  }).IgnoreError();
+}
+
 void DecodeWorker::FreeReservation(std::map<uint64_t, Reservation>::iterator it) {
   auto cache = rt_.caches().find(it->second.preset);
   if (cache != rt_.caches().end()) {
     cache->second.cache->mutable_pool().Free(it->second.pages).IgnoreError();
+    std::vector<kvstore::PageId> held;
+    for (const auto& run : it->second.held) held.insert(held.end(), run.begin(), run.end());
+    cache->second.cache->mutable_pool().Free(held).IgnoreError();
     // An imported prompt's pages go with it, but for those its choices share.
     if (it->second.parent != 0) {
       cache->second.cache->RemoveSequence(static_cast<int64_t>(it->second.parent)).IgnoreError();
@@ -467,6 +628,25 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
 absl::Status DecodeWorker::ImportReserved(Reservation& reserved,
                                           const rpc::GenerateRequest& request,
                                           WorkerRuntime::Cache* cache, uint64_t seq, int64_t room) {
+  // Each run's leading pages the prefill worker left out: the reservation's held ones.
+  std::vector<std::vector<kvstore::PageId>> held;
+  if (request.held_pages_size() > 0 &&
+      request.held_pages_size() != static_cast<int>(reserved.held.size())) {
+    import_failures_.Increment();
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the request takes held pages of %d runs, its reservation holds %d",
+                        request.held_pages_size(), reserved.held.size()));
+  }
+  for (int x = 0; x < request.held_pages_size(); ++x) {
+    const int32_t n = request.held_pages(x);
+    if (n < 0 || n > static_cast<int32_t>(reserved.held[x].size())) {
+      import_failures_.Increment();
+      return absl::InvalidArgumentError(
+          absl::StrFormat("the request takes %d held pages of run %d, its reservation holds %d", n,
+                          x, reserved.held[x].size()));
+    }
+    held.emplace_back(reserved.held[x].begin(), reserved.held[x].begin() + n);
+  }
   // The state the prefill worker wrote after the pages, checked against its CRC32C; the pages
   // it put move from the window into the pool, where the import checks each one.
   const int64_t sent = request.pages();
@@ -502,8 +682,9 @@ absl::Status DecodeWorker::ImportReserved(Reservation& reserved,
                                       kvstore::PagedKvCache::HostLayout::kPacked);
   reserved.window.reset();  // unexposed: nothing reaches these pages any more
   absl::StatusOr<int64_t> imported =
-      moved.ok() ? cache->cache->ImportSequence(static_cast<int64_t>(seq), room, *state, pages)
-                 : absl::StatusOr<int64_t>(moved);
+      moved.ok()
+          ? cache->cache->ImportSequence(static_cast<int64_t>(seq), room, *state, pages, held)
+          : absl::StatusOr<int64_t>(moved);
   if (!imported.ok()) {
     import_failures_.Increment();
     return imported.status();
@@ -518,6 +699,7 @@ absl::Status DecodeWorker::ImportReserved(Reservation& reserved,
     return absl::InvalidArgumentError(absl::StrFormat(
         "the KV state holds %d tokens, the prompt has %d", length.value_or(-1), prompt));
   }
+  HoldPrefixes(cache, static_cast<int64_t>(seq), request.prompt(), request.marks());
   return absl::OkStatus();
 }
 
@@ -743,22 +925,36 @@ void DecodeWorker::UpdateGauges() {
   for (const auto& [seq, r] : reservations_) {
     reserved += static_cast<int64_t>(r.pages.size());
   }
+  int64_t held_entries = 0, held_pages = 0, held_block = 0;
+  const HeldPrefixes* widest = nullptr;  // the index the stats name
+  for (const auto& [key, held] : held_) {
+    held_entries += held.index.size();
+    if (widest == nullptr || held.index.size() > widest->index.size()) {
+      widest = &held;
+      held_block = key.second;
+    }
+  }
   for (const auto& [name, cache] : rt_.caches()) {
     const kvstore::KvCacheStats s = cache.cache->Stats();
     const kvstore::PagePool& pool = cache.cache->pool();
+    // Pages only held prefixes keep count as free: a reservation lets them go.
+    const int64_t held_only = held_.empty() ? 0 : HeldOnlyPages(&cache);
+    held_pages += held_only;
     pages_used_.Add({{"tier", "high"}, {"preset", name}}).Set(s.pages.pages_high);
     pages_used_.Add({{"tier", "low"}, {"preset", name}}).Set(s.pages.pages_low);
-    pages_free_.Add({{"preset", name}}).Set(pool.free_pages());
+    pages_free_.Add({{"preset", name}}).Set(pool.free_pages() + held_only);
     pages_total_.Add({{"preset", name}}).Set(pool.num_pages());
     double& seen = compaction_seen_[name];
     compaction_seconds_.Add({{"preset", name}}).Increment(s.compaction_seconds - seen);
     seen = s.compaction_seconds;
     compression_.Add({{"preset", name}}).Set(s.pages.compression_ratio());
     fragmentation_.Add({{"preset", name}}).Set(s.pages.fragmentation());
-    used += pool.used_pages();
-    free += pool.free_pages();
+    used += pool.used_pages() - held_only;
+    free += pool.free_pages() + held_only;
     if (s.held_bytes() > 0) ratio = s.ratio_vs_fp16();
   }
+  held_entries_.Set(static_cast<double>(held_entries));
+  held_pages_.Set(static_cast<double>(held_pages));
   pages_reserved_.Set(static_cast<double>(reserved));
   pool_resident_.Set(static_cast<double>(rt_.PoolResidentBytes()));
   running_gauge_.Set(static_cast<double>(running_.size()));
@@ -771,6 +967,14 @@ void DecodeWorker::UpdateGauges() {
   stats_.set_kv_pages_free(free);
   stats_.set_kv_pages_reserved(reserved);
   stats_.set_kv_compression_ratio(ratio);
+  stats_.set_prefix_cache_entries(held_entries);
+  stats_.set_prefix_cache_pages(held_pages);
+  stats_.set_prefix_block_tokens(held_block);
+  stats_.clear_prefix_blocks();
+  if (widest != nullptr) {
+    const std::vector<uint64_t> names = widest->index.Hashes();
+    stats_.mutable_prefix_blocks()->Add(names.begin(), names.end());
+  }
 }
 
 rpc::StatsResponse DecodeWorker::Stats() {

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/worker_runtime.h"
+#include "kvstore/cache/prefix_index.h"
 #include "model/sampler.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -77,6 +78,10 @@ struct DecodeWorkerOptions {
   // What one client may hold in reservations at once (its first is always admitted):
   double max_client_reserved_fraction = 0.5;  // of the pool's pages
   int max_client_reservations = 1024;
+  // Prompt prefixes whose pages the worker keeps after importing them, for later prompts that
+  // begin the same way (their prefill worker then sends only the other pages); least recently
+  // used first out, and whenever a reservation needs their pages. 0: none kept.
+  int held_prefix_entries = 64;
 };
 
 class DecodeWorker {
@@ -99,6 +104,9 @@ class DecodeWorker {
   // Ends the generation feeding `stream` and frees its pages.
   void Cancel(const std::shared_ptr<TokenStream>& stream);
   rpc::StatsResponse Stats();
+  // Lets go of every held prefix (their pages go back to the pools once nothing else uses
+  // them); waits for the scheduler.
+  void DropHeldPrefixes();
   // Takes no new request (true) or takes them again (false).
   void Drain(bool on = true) { draining_ = on; }
   bool draining() const { return draining_; }
@@ -121,6 +129,21 @@ class DecodeWorker {
     int64_t room = 0;         // prompt + max_tokens, set at the import
     int64_t fork_pages = 0;   // what each choice may take beyond the prompt's pages
     std::vector<bool> begun;  // by choice
+    // The held prefix offered (ReserveResponse.held): per run, its leading pages, one
+    // reference each kept by the reservation until it ends.
+    std::vector<std::vector<kvstore::PageId>> held;
+  };
+  // Prefixes of imported prompts whose pages stay: one index per cache and block size; each
+  // entry (a prefix of whole blocks) holds, per run, the leading pages final once that prefix
+  // was computed (PrefixMarks), one reference each, and their CRC32Cs.
+  struct HeldEntry {
+    std::vector<std::vector<kvstore::PageId>> pages;
+    std::vector<uint32_t> crcs;
+  };
+  struct HeldPrefixes {
+    explicit HeldPrefixes(int64_t block) : index(block) {}
+    kvstore::PrefixIndex index;  // an entry's "sequence" is its HeldEntry's id
+    std::map<int64_t, HeldEntry> entries;
   };
   struct Running {
     uint64_t request_id = 0;
@@ -184,6 +207,18 @@ class DecodeWorker {
                                 int64_t pages) const;
   void ExpireReservations();
   void FreeReservation(std::map<uint64_t, Reservation>::iterator it);
+  // The longest prefix of `prompt` whose pages `cache` holds; its pages retained for `r` and
+  // described in *offer. Nothing when none is held.
+  void OfferHeld(WorkerRuntime::Cache* cache, absl::Span<const int32_t> prompt, Reservation& r,
+                 rpc::HeldPrefix* offer);
+  // Keeps the pages of the imported prompt `seq` that `marks` names, one entry per block (those
+  // held already stay as they are); marks that do not fit the sequence are ignored.
+  void HoldPrefixes(WorkerRuntime::Cache* cache, int64_t seq, absl::Span<const int32_t> prompt,
+                    const rpc::PrefixMarks& marks);
+  // Lets go of the least recently used held prefix of `cache`; false when none is held.
+  bool EvictHeld(const WorkerRuntime::Cache* cache);
+  // Pages of `cache` that only held prefixes keep: free once they are let go.
+  int64_t HeldOnlyPages(const WorkerRuntime::Cache* cache) const;
   void UpdateGauges();
   // Pages that the running sequences may still need to reach their room.
   int64_t GrowthPages(const WorkerRuntime::Cache* cache) const;
@@ -205,6 +240,8 @@ class DecodeWorker {
   absl::BitGen id_bits_;
   rpc::StatsResponse stats_;  // refreshed by UpdateGauges, read under mu_
   absl::Time gauges_at_ = absl::InfinitePast();
+  std::map<std::pair<const WorkerRuntime::Cache*, int64_t>, HeldPrefixes> held_;
+  int64_t next_held_ = 1;  // held entry ids
 
   // Metrics.
   prometheus::Family<prometheus::Gauge>& pages_used_;
@@ -224,6 +261,10 @@ class DecodeWorker {
   prometheus::Histogram& step_seconds_;
   prometheus::Histogram& wire_decode_seconds_;
   prometheus::Histogram& batch_size_;
+  prometheus::Counter& held_offered_tokens_;
+  prometheus::Counter& held_evictions_;
+  prometheus::Gauge& held_entries_;
+  prometheus::Gauge& held_pages_;
 
   std::thread thread_;
 };

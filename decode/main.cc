@@ -46,6 +46,9 @@ ABSL_FLAG(double, max_client_reserved_fraction, 0.5,
           "Share of a pool's pages one client (a peer host) may hold in reservations at once; "
           "its first reservation is always admitted.");
 ABSL_FLAG(int, max_client_reservations, 1024, "Reservations one client may hold at once.");
+ABSL_FLAG(int, held_prefix_entries, 64,
+          "Prompt prefixes whose KV pages are kept for later prompts that begin the same way "
+          "(their prefill worker then sends only the other pages); 0: none.");
 
 namespace sluice {
 namespace {
@@ -86,7 +89,8 @@ absl::Status Run() {
        .max_batch = absl::GetFlag(FLAGS_max_batch),
        .reservation_ttl = absl::Seconds(absl::GetFlag(FLAGS_reservation_ttl)),
        .max_client_reserved_fraction = absl::GetFlag(FLAGS_max_client_reserved_fraction),
-       .max_client_reservations = absl::GetFlag(FLAGS_max_client_reservations)});
+       .max_client_reservations = absl::GetFlag(FLAGS_max_client_reservations),
+       .held_prefix_entries = absl::GetFlag(FLAGS_held_prefix_entries)});
   decode::DecodeService decode_service(worker, *auth);
   AdminService admin(
       *auth, absl::GetFlag(FLAGS_name), "decode", ServedModelName(path),

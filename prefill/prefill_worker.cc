@@ -108,7 +108,12 @@ PrefillWorker::PrefillWorker(WorkerRuntime& runtime, transport::Transport& trans
                           .Name("sluice_prefix_cache_entries")
                           .Help("Cached prompt prefixes, each a chunk longer than its parent.")
                           .Register(registry)
-                          .Add({})) {
+                          .Add({})),
+      held_bytes_(prometheus::BuildCounter()
+                      .Name("sluice_prefix_cache_bytes_not_sent_total")
+                      .Help("KV page bytes not sent: the decode worker held them already.")
+                      .Register(registry)
+                      .Add({})) {
   stats_.set_name(options_.name);
   stats_.set_role("prefill");
   stats_.set_backend(rt_.backend_name());
@@ -156,6 +161,15 @@ absl::StatusOr<rpc::PrefillResponse> PrefillWorker::Prefill(const rpc::PrefillRe
   }
   SLUICE_RETURN_IF_ERROR(CheckedSampling(request.sampling()).status());
   SLUICE_RETURN_IF_ERROR(CheckedChoices(request.choices()).status());
+  int64_t held = 0;
+  for (int32_t n : request.held().pages()) {
+    if (n < 0) return absl::InvalidArgumentError("held prefix: a run holds fewer than 0 pages");
+    held += n;
+  }
+  if (request.held().crc32c_size() != held) {
+    return absl::InvalidArgumentError(absl::StrFormat("held prefix: %d checksums for %d pages",
+                                                      request.held().crc32c_size(), held));
+  }
   auto job = std::make_shared<Job>();
   job->request = request;
   job->start = absl::Now();
@@ -299,19 +313,20 @@ void PrefillWorker::Step() {
     entries.push_back({job->seq, absl::MakeConstSpan(job->request.prompt().data() + job->next,
                                                      static_cast<size_t>(n))});
     counts.push_back(n);
-    if (job->next + n == job->request.prompt_size() && !job->coded) {
+    if (job->next + n == job->request.prompt_size() && !job->coded &&
+        job->request.held().crc32c().empty()) {
       // The last chunk: each layer's pages leave as soon as the layer is done, where the
-      // preset allows it.
+      // preset allows it (a prompt whose prefix the decode worker holds sends once it is done,
+      // the pages it holds left out).
       Job* raw = job.get();
       // FailedPrecondition for presets whose pages change after a commit: they send once the
-      // prompt is done.
+      // prompt is done. Each layer's pages follow the layers before it in export order.
       cache->cache
           ->StreamLayers(
               job->seq,
               [this, raw, weak = std::weak_ptr<Job>(job)](int, std::vector<kvstore::PageId> pages) {
-                if (pages.size() <= static_cast<size_t>(raw->streamed)) return;
-                Send send{.job = weak.lock(), .first = raw->streamed};
-                send.pages.assign(pages.begin() + raw->streamed, pages.end());
+                if (pages.empty()) return;
+                Send send{.job = weak.lock(), .pages = std::move(pages), .first = raw->streamed};
                 raw->streamed += static_cast<int64_t>(send.pages.size());
                 streamed_pages_.Increment(static_cast<double>(send.pages.size()));
                 Enqueue(std::move(send));
@@ -423,10 +438,54 @@ void PrefillWorker::Complete(JobPtr job, absl::Span<const float> logits) {
     Enqueue({.job = job, .last = true, .state = std::move(stream), .coded = true});
     return;
   }
-  if (exported->pages.size() > static_cast<size_t>(req.pages())) {
+  if (kvstore::PrefixIndex* index = PrefixesFor(*job->cache); index != nullptr) {
+    // For each block of the prompt that has a snapshot, the pages final once it was computed.
+    rpc::PrefixMarks* marks = out.mutable_marks();
+    for (int64_t snapshot : index->Path(prompt, req.prompt_size())) {
+      auto shared = job->cache->cache->SharedLeadingPages(job->seq, snapshot);
+      if (!shared.ok()) break;
+      marks->mutable_pages()->Add(shared->begin(), shared->end());
+    }
+    if (marks->pages_size() > 0) {
+      marks->set_block_tokens(options_.chunk_tokens);
+      marks->set_runs(static_cast<int32_t>(exported->run_pages.size()));
+    } else {
+      out.clear_marks();
+    }
+  }
+  // Pages the decode worker holds, bytes for bytes, stay here: each run's leading pages whose
+  // checksums are the held ones'; the others go packed into the window.
+  std::vector<kvstore::PageId> pages = std::move(exported->pages);
+  if (!req.held().crc32c().empty()) {
+    const rpc::HeldPrefix& held = req.held();
+    if (held.pages_size() != static_cast<int>(exported->run_pages.size())) {
+      Fail(std::move(job), absl::InvalidArgumentError(absl::StrFormat(
+                               "held prefix: %d page runs, preset %s has %d", held.pages_size(),
+                               job->cache->cache->preset().name, exported->run_pages.size())));
+      return;
+    }
+    std::vector<kvstore::PageId> rest;
+    int64_t at = 0, offered = 0;
+    for (size_t x = 0; x < exported->run_pages.size(); ++x) {
+      const int32_t run = exported->run_pages[x];
+      int32_t same = 0;
+      while (same < std::min(run, held.pages(x)) &&
+             exported->crcs[at + same] == held.crc32c(offered + same)) {
+        ++same;
+      }
+      out.add_held_pages(same);
+      rest.insert(rest.end(), pages.begin() + at + same, pages.begin() + at + run);
+      at += run;
+      offered += held.pages(x);
+    }
+    out.set_held_bytes(static_cast<int64_t>(pages.size() - rest.size()) * page_bytes);
+    held_bytes_.Increment(static_cast<double>(out.held_bytes()));
+    pages = std::move(rest);
+  }
+  if (pages.size() > static_cast<size_t>(req.pages())) {
     Fail(std::move(job), absl::ResourceExhaustedError(absl::StrFormat(
                              "the prompt's KV takes %d pages, the decode worker reserved %d",
-                             exported->pages.size(), req.pages())));
+                             pages.size(), req.pages())));
     return;
   }
   const int64_t state_room = req.state_bytes();
@@ -436,14 +495,14 @@ void PrefillWorker::Complete(JobPtr job, absl::Span<const float> logits) {
                              exported->state.size(), state_room)));
     return;
   }
-  out.set_pages(static_cast<int64_t>(exported->pages.size()));
+  out.set_pages(static_cast<int64_t>(pages.size()));
   out.set_state_bytes(static_cast<int64_t>(exported->state.size()));
   out.set_state_crc32c(kvstore::Crc32c(exported->state.data(), exported->state.size()));
-  wire_bytes_pages_.Increment(static_cast<double>(out.kv_bytes()));
+  wire_bytes_pages_.Increment(static_cast<double>(out.kv_bytes() - out.held_bytes()));
   wire_fp16_bytes_pages_.Increment(static_cast<double>(fp16_bytes));
   // What the layers did not stream yet, then the flush.
   Send send{.job = job, .first = job->streamed, .last = true, .state = std::move(exported->state)};
-  send.pages.assign(exported->pages.begin() + job->streamed, exported->pages.end());
+  send.pages.assign(pages.begin() + job->streamed, pages.end());
   Enqueue(std::move(send));
 }
 

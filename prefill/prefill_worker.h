@@ -199,6 +199,7 @@ class PrefillWorker {
   prometheus::Counter& prefix_hit_tokens_;
   prometheus::Counter& prefix_evictions_;
   prometheus::Gauge& prefix_entries_;
+  prometheus::Counter& held_bytes_;
 
   std::thread thread_;
   std::thread sender_;

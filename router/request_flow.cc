@@ -138,6 +138,8 @@ absl::StatusOr<std::vector<std::unique_ptr<RunningRequest>>> RequestFlow::StartC
       reserve.set_prompt_tokens(static_cast<int32_t>(r.prompt.size()));
       reserve.set_max_tokens(r.sampling.max_tokens());
       if (choices > 1) reserve.set_choices(choices);
+      // The decode worker offers the pages it holds of the prompt's prefix.
+      reserve.mutable_prompt()->Add(r.prompt.begin(), r.prompt.end());
       absl::StatusOr<rpc::ReserveResponse> reserved = d->decode->Reserve(reserve);
       if (absl::IsResourceExhausted(reserved.status()) && absl::Now() < give_up) {
         // Every decode worker's pool is busy: wait for pages, as a queue would.
@@ -173,6 +175,7 @@ absl::StatusOr<std::vector<std::unique_ptr<RunningRequest>>> RequestFlow::StartC
       pre.set_state_bytes(reserved->state_bytes());
       pre.set_page_bytes(reserved->page_bytes());
       if (choices > 1) pre.set_choices(choices);
+      if (reserved->has_held()) *pre.mutable_held() = reserved->held();
       // The prompt may wait in the prefill worker's queue longer than the reservation lives.
       const absl::Duration period =
           std::max(options_.min_renew_period, absl::Seconds(reserved->expires_in_seconds() / 3.0));
@@ -250,6 +253,8 @@ absl::StatusOr<std::vector<std::unique_ptr<RunningRequest>>> RequestFlow::StartC
         gen.set_state_crc32c(prefilled->state_crc32c());
         gen.set_wire_codec(prefilled->wire_codec());
         gen.set_wire_calibration(prefilled->wire_calibration());
+        *gen.mutable_held_pages() = prefilled->held_pages();
+        if (prefilled->has_marks()) *gen.mutable_marks() = prefilled->marks();
         if (choices > 1) {
           gen.set_choice(choice);
           gen.set_choices(choices);
@@ -296,6 +301,7 @@ absl::StatusOr<std::vector<std::unique_ptr<RunningRequest>>> RequestFlow::StartC
         running->prefilled = *prefilled;
         *running->prefilled.mutable_first() = first;
         running->prefilled.clear_more_first();
+        running->prefilled.clear_marks();
         runs.push_back(std::move(running));
       }
       if (!opening_failed.ok()) {

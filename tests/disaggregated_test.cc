@@ -153,7 +153,7 @@ class Disaggregated : public testing::Test {
     auto d = WorkerRuntime::Create({.model_path = path_,
                                     .backend = "cpu",
                                     .threads = 1,
-                                    .kv_pages = 4096,
+                                    .kv_pages = decode_pages_,
                                     .default_preset = "sluice",
                                     .max_presets = 8,
                                     .receiver = true,
@@ -264,8 +264,9 @@ class Disaggregated : public testing::Test {
   }
 
   void ExpectNothingHeld() {
-    // What the prefill worker holds besides its cached prefixes comes back too.
+    // What the workers hold besides their cached and held prefixes comes back too.
     prefill_->DropPrefixCache();
+    decode_->DropHeldPrefixes();
     // The decode worker's gauges refresh every scheduler loop.
     for (int i = 0; i < 100 && decode_->Stats().kv_pages_used() != 0; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -276,12 +277,16 @@ class Disaggregated : public testing::Test {
     for (const auto& [name, cache] : prefill_rt_->caches()) {
       EXPECT_EQ(cache.cache->pool().used_pages(), 0) << name;
     }
+    for (const auto& [name, cache] : decode_rt_->caches()) {
+      EXPECT_EQ(cache.cache->pool().used_pages(), 0) << "decode " << name;
+    }
   }
 
   bool stage_pools_ = false;  // set before SetUp: pages pass through host copies of the pools
   // Set before SetUp: the prefill worker's options and pool.
   prefill::PrefillWorkerOptions prefill_options_;
   int64_t prefill_pages_ = 4096;
+  int64_t decode_pages_ = 4096;
   // Set before SetUp: the transform-coded wire (both workers' calibration, the prefill's bits).
   std::string kv_calibration_, wire_bits_;
   std::string path_;
@@ -758,14 +763,24 @@ class DisaggregatedPrefixCache : public Disaggregated {
   struct Turn {
     std::vector<int32_t> tokens;
     int64_t cached = 0;
+    int64_t sent = 0, held = 0;  // page bytes put, and not put for the decode worker held them
   };
+  // The prompt `times` over.
+  std::vector<int32_t> Repeated(int times) const {
+    std::vector<int32_t> out;
+    for (int i = 0; i < times; ++i) out.insert(out.end(), prompt_.begin(), prompt_.end());
+    return out;
+  }
   Turn Run(const std::string& preset, const std::vector<int32_t>& prompt) {
     prompt_ = prompt;
     auto run = Start(preset, Greedy(8, /*stop_at_eos=*/false));
     EXPECT_TRUE(run.ok()) << run.status();
     if (!run.ok()) return {};
-    Turn t{.tokens = {(*run)->prefilled.first().token()},
-           .cached = (*run)->prefilled.cached_tokens()};
+    const rpc::PrefillResponse& p = (*run)->prefilled;
+    Turn t{.tokens = {p.first().token()},
+           .cached = p.cached_tokens(),
+           .sent = p.transfer_bytes() - p.state_bytes(),
+           .held = p.held_bytes()};
     std::string reason;
     for (int32_t token : Drain(*(*run)->stream, &reason)) t.tokens.push_back(token);
     EXPECT_TRUE((*run)->stream->Finish().ok());
@@ -803,6 +818,127 @@ TEST_F(DisaggregatedPrefixCache, CachedPrefixesGiveTheTokensOfAPrefillFromTheSta
     }
   }
   EXPECT_GT(Counter("sluice_prefix_cache_hit_tokens_total"), 0);
+  ExpectNothingHeld();
+}
+
+// A decode worker that holds a prompt's prefix receives only the pages it lacks: each turn of
+// a conversation sends the pages past the last turn's, and the greedy tokens are those of a
+// decode worker that holds nothing, for every preset whose prompts are chunked.
+TEST_F(DisaggregatedPrefixCache, ADecodeWorkerReceivesOnlyThePagesItLacks) {
+  // Long enough for full pages of the compressed presets (a page holds a few hundred tokens).
+  const std::vector<int32_t> first = Repeated(4);
+  for (const char* preset : {"fp16", "sluice", "kvcomp", "h2o"}) {
+    SCOPED_TRACE(preset);
+    const bool appends = std::string(preset) != "h2o";
+    std::vector<int32_t> conversation = first;
+    decode_->DropHeldPrefixes();
+    for (int turn = 0; turn < 2; ++turn) {
+      SCOPED_TRACE(turn);
+      const Turn a = Run(preset, conversation);  // over the last turn's held pages
+      const Turn b = Run(preset, conversation);  // the same prompt again: all but its tail
+      decode_->DropHeldPrefixes();
+      const Turn c = Run(preset, conversation);  // nothing held
+      EXPECT_EQ(c.held, 0);
+      EXPECT_EQ(a.tokens, c.tokens);
+      EXPECT_EQ(b.tokens, c.tokens);
+      EXPECT_EQ(a.sent + a.held, c.sent);
+      EXPECT_EQ(b.sent + b.held, c.sent);
+      if (appends) {
+        EXPECT_GT(b.held, 0);
+        EXPECT_GE(b.held, a.held);
+        if (turn > 0) {
+          EXPECT_GT(a.held, 0);
+        }
+      }
+      ASSERT_EQ(c.tokens.size(), 8u);
+      conversation.insert(conversation.end(), c.tokens.begin(), c.tokens.end());
+      conversation.insert(conversation.end(), question_.begin(), question_.end());
+    }
+  }
+  EXPECT_GT(Counter("sluice_prefix_cache_bytes_not_sent_total"), 0);
+  EXPECT_GT(Counter("sluice_prefix_cache_held_offered_tokens_total"), 0);
+  ExpectNothingHeld();
+}
+
+// The decode worker names its held prefixes in its stats as the router names a prompt's, and
+// the pages only they keep count as free.
+TEST_F(DisaggregatedPrefixCache, DecodeStatsNameTheHeldPrefixes) {
+  EXPECT_EQ(Run("sluice", Repeated(4)).tokens.size(), 8u);
+  rpc::StatsResponse stats;
+  for (int i = 0; i < 100; ++i) {  // the stats' next refresh, once the sequence ended
+    stats = decode_->Stats();
+    if (stats.running() == 0 && stats.prefix_cache_entries() > 0 && stats.kv_pages_used() == 0) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const std::vector<uint64_t> names =
+      kvstore::PrefixBlockHashes(prompt_, 32, static_cast<int64_t>(prompt_.size()));
+  EXPECT_EQ(stats.prefix_block_tokens(), 32);
+  EXPECT_EQ(stats.prefix_cache_entries(), static_cast<int64_t>(names.size()));
+  EXPECT_EQ(std::set<uint64_t>(stats.prefix_blocks().begin(), stats.prefix_blocks().end()),
+            std::set<uint64_t>(names.begin(), names.end()));
+  EXPECT_GT(stats.prefix_cache_pages(), 0);
+  EXPECT_EQ(stats.prefix_cache_pages(),
+            decode_rt_->caches().at("sluice").cache->pool().used_pages());
+  EXPECT_EQ(stats.kv_pages_used(), 0);
+  ExpectNothingHeld();
+}
+
+// A generation that names more held pages than its reservation offered is refused by name,
+// and the reservation's pages, the offered ones included, go back.
+TEST_F(DisaggregatedPrefixCache, AGenerationTakingPagesNotOfferedIsRefused) {
+  EXPECT_EQ(Run("fp16", prompt_).tokens.size(), 8u);
+  rpc::ReserveRequest reserve;
+  reserve.mutable_compression()->set_preset("fp16");
+  reserve.set_prompt_tokens(static_cast<int32_t>(prompt_.size()));
+  reserve.set_max_tokens(8);
+  reserve.mutable_prompt()->Assign(prompt_.begin(), prompt_.end());
+  auto r = decode_->Reserve(reserve);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->has_held());
+  EXPECT_EQ(r->held().tokens(), static_cast<int64_t>(prompt_.size()) / 32 * 32);
+  rpc::GenerateRequest gen;
+  gen.set_reservation_id(r->reservation_id());
+  gen.mutable_prompt()->Assign(prompt_.begin(), prompt_.end());
+  *gen.mutable_sampling() = Greedy(8);
+  gen.mutable_compression()->set_preset("fp16");
+  gen.set_state_bytes(1);
+  for (int32_t n : r->held().pages()) gen.add_held_pages(n);
+  gen.set_held_pages(0, r->held().pages(0) + 1);
+  auto g = decode_->Generate(gen);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(g.status().message().find("held pages of run 0"), std::string::npos) << g.status();
+  // A prompt whose size disagrees with its tokens is refused by name.
+  reserve.set_prompt_tokens(reserve.prompt_tokens() + 1);
+  auto bad = decode_->Reserve(reserve);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("prompt_tokens"), std::string::npos) << bad.status();
+  ExpectNothingHeld();
+}
+
+// A decode pool of a few prompts' pages: held prefixes give way to reservations, least
+// recently used first, and no request is refused for pages they kept.
+class DisaggregatedHeldSmallPool : public DisaggregatedPrefixCache {
+ protected:
+  void SetUp() override {
+    decode_pages_ = 700;
+    DisaggregatedPrefixCache::SetUp();
+  }
+};
+
+TEST_F(DisaggregatedHeldSmallPool, HeldPrefixesGiveWayToReservations) {
+  // fp16 pages hold 64 tokens of a list: the long prompts need most of the pool, the held
+  // pages of the prompts before them included.
+  const std::vector<int32_t> base = prompt_;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> prompt = base;
+    if (i % 2 == 1) prompt.insert(prompt.end(), base.begin(), base.end());
+    prompt[0] = base[1 + i];
+    const Turn t = Run("fp16", prompt);
+    EXPECT_EQ(t.tokens.size(), 8u) << i;
+  }
+  EXPECT_GT(Counter("sluice_prefix_cache_held_evictions_total"), 0);
   ExpectNothingHeld();
 }
 

@@ -47,7 +47,8 @@ ABSL_FLAG(int64_t, chunk_tokens, 512,
 ABSL_FLAG(int64_t, step_tokens, 512,
           "Prompt tokens a prefill step runs at most, a chunk from each of several prompts.");
 ABSL_FLAG(int64_t, prefix_cache_entries, 64,
-          "Prompt prefixes each prefill worker keeps for reuse; 0: none.");
+          "Prompt prefixes each prefill worker keeps for reuse, and each decode worker keeps "
+          "the pages of; 0: none.");
 ABSL_FLAG(std::string, backend, "auto",
           "What the workers compute on: auto (CUDA where a GPU is usable, else the CPU), cpu or "
           "cuda.");
@@ -235,9 +236,12 @@ int Run(const char* argv0) {
     decode_addrs.push_back(absl::StrFormat("%s:%d", host, port));
     metrics.push_back(absl::StrFormat("http://%s:%d/metrics", host, mport));
     std::vector<std::string> argv = {
-        bin + "/decode/decode", absl::StrFormat("--name=decode-%d", j),
-        absl::StrFormat("--port=%d", port), absl::StrFormat("--metrics_port=%d", mport),
-        absl::StrFormat("--kv_pages=%d", absl::GetFlag(FLAGS_kv_pages))};
+        bin + "/decode/decode",
+        absl::StrFormat("--name=decode-%d", j),
+        absl::StrFormat("--port=%d", port),
+        absl::StrFormat("--metrics_port=%d", mport),
+        absl::StrFormat("--kv_pages=%d", absl::GetFlag(FLAGS_kv_pages)),
+        absl::StrCat("--held_prefix_entries=", absl::GetFlag(FLAGS_prefix_cache_entries))};
     argv.insert(argv.end(), std::begin(common_flags), std::end(common_flags));
     ok = start(absl::StrFormat("decode-%d", j), argv);
   }

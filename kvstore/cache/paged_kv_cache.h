@@ -165,6 +165,8 @@ class PagedKvCache final : public model::KvCache {
   // sequence, InvalidArgument for counts of another length or beyond a run's pages.
   absl::StatusOr<std::vector<std::vector<PageId>>> LeadingPages(
       int64_t seq, absl::Span<const int32_t> counts) const;
+  // CRC32C of each page's bytes (valid bits included), as ExportSequence checksums them.
+  absl::StatusOr<std::vector<uint32_t>> PageCrcs(absl::Span<const PageId> ids) const;
 
   // Evicts the tokens at `positions` of one (sequence, layer, kv-head): tokens already in pages
   // at once (their slots turn invalid; a page left with no live token returns to the pool, and
@@ -406,8 +408,6 @@ class PagedKvCache final : public model::KvCache {
                          absl::FunctionRef<void(size_t, const uint8_t*)> fn) const;
   // Device backend: page_staging_ and host_staging_ hold `pages` (<= kStagedPages) pages.
   absl::Status GrowPageStaging(size_t pages) const;
-  // CRC32C of each page's bytes.
-  absl::StatusOr<std::vector<uint32_t>> PageCrcs(absl::Span<const PageId> ids) const;
   absl::Status CheckPageIds(absl::Span<const PageId> ids) const;
   // A layer's score arrays as the backend writes them: page_scores_ and recent_scores_ on a
   // host backend, zeroed device memory on a device backend (DownloadScores brings them back).

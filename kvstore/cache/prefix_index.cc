@@ -63,6 +63,18 @@ PrefixIndex::Hit PrefixIndex::Longest(absl::Span<const int32_t> tokens, int64_t 
   return hit;
 }
 
+std::vector<int64_t> PrefixIndex::Path(absl::Span<const int32_t> tokens, int64_t limit) const {
+  const int64_t blocks = std::min<int64_t>(limit, static_cast<int64_t>(tokens.size())) / block_;
+  std::vector<int64_t> out;
+  const Node* node = &root_;
+  for (int64_t b = 0; b < blocks; ++b) {
+    node = Child(*node, tokens, b);
+    if (node == nullptr) break;
+    out.push_back(node->seq);
+  }
+  return out;
+}
+
 bool PrefixIndex::Holds(absl::Span<const int32_t> tokens, int64_t length) const {
   if (length <= 0 || length % block_ != 0 || length > static_cast<int64_t>(tokens.size())) {
     return false;

@@ -42,6 +42,9 @@ class PrefixIndex {
   // The longest held prefix of `tokens` that is at most `limit` tokens long; marks every entry
   // on its path used.
   Hit Longest(absl::Span<const int32_t> tokens, int64_t limit);
+  // The sequence of each entry on the path of `tokens`, block by block from the first, up to
+  // the first block not held or `limit` tokens; marks nothing used.
+  std::vector<int64_t> Path(absl::Span<const int32_t> tokens, int64_t limit) const;
   // Whether the first `length` tokens of `tokens` (whole blocks) are held.
   bool Holds(absl::Span<const int32_t> tokens, int64_t length) const;
   // Records `seq` as holding the first `length` tokens of `tokens` (a positive multiple of

@@ -43,6 +43,14 @@ TEST(PrefixIndex, FindsTheLongestHeldPrefixOfWholeBlocksWithinTheLimit) {
   EXPECT_TRUE(index.Holds(a, 8));
   EXPECT_FALSE(index.Holds(b, 4));
   EXPECT_FALSE(index.Holds(a, 6));  // not a whole block
+  // The path: every entry from the first block, up to the limit or the first not held.
+  EXPECT_EQ(index.Path(a, 14), (std::vector<int64_t>{10, 11, 12}));
+  EXPECT_EQ(index.Path(a, 11), (std::vector<int64_t>{10, 11}));
+  b = a;
+  b[9] = 99;
+  EXPECT_EQ(index.Path(b, 14), (std::vector<int64_t>{10, 11}));
+  b[0] = 99;
+  EXPECT_TRUE(index.Path(b, 14).empty());
 }
 
 TEST(PrefixIndex, InsertsOnlyBelowAHeldParentAndNeverTwice) {
