@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <utility>
@@ -232,7 +233,9 @@ Worker* WorkerRegistry::Pick(const std::string& role, absl::Span<const int32_t> 
   if (placement_ == Placement::kRoundRobin) {
     return live[round_robin_[prefill ? 0 : 1]++ % live.size()];
   }
-  if (prefill && placement_ == Placement::kPrefixAffinity) return PickByPrefix(live, prompt);
+  if (placement_ == Placement::kPrefixAffinity) {
+    return prefill ? PickByPrefix(live, prompt) : PickByHeldPrefix(live, prompt);
+  }
   if (prefill) {
     return *std::min_element(live.begin(), live.end(), [](Worker* a, Worker* b) {
       const int64_t la = a->stats.queued_prompt_tokens() + a->in_flight * 512;
@@ -240,12 +243,64 @@ Worker* WorkerRegistry::Pick(const std::string& role, absl::Span<const int32_t> 
       return la < lb;
     });
   }
+  return MostFreePages(live);
+}
+
+namespace {
+
+// The length of the longest prefix of `prompt` among `w`'s published ones, at most `limit`
+// tokens; `names` gives the prompt's prefixes' names for a block size.
+template <typename Names>
+int64_t LongestPublished(const Worker& w, int64_t limit, Names& names) {
+  const int64_t block = w.stats.prefix_block_tokens();
+  if (block <= 0) return 0;
+  const std::vector<uint64_t>& mine = names(block);
+  for (size_t k = std::min(static_cast<size_t>(limit / block), mine.size()); k > 0; --k) {
+    if (w.prefixes.contains(mine[k - 1])) return static_cast<int64_t>(k) * block;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Worker* MostFreePages(absl::Span<Worker* const> live) {
   return *std::min_element(live.begin(), live.end(), [](Worker* a, Worker* b) {
     if (a->stats.kv_pages_free() != b->stats.kv_pages_free()) {
       return a->stats.kv_pages_free() > b->stats.kv_pages_free();
     }
     return a->stats.running() + a->in_flight < b->stats.running() + b->in_flight;
   });
+}
+
+Worker* PickByHeldPrefix(absl::Span<Worker* const> live, absl::Span<const int32_t> prompt) {
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  std::map<int64_t, std::vector<uint64_t>> names_by_block;
+  auto names_for = [&](int64_t block) -> const std::vector<uint64_t>& {
+    auto it = names_by_block.find(block);
+    if (it == names_by_block.end()) {
+      it = names_by_block.emplace(block, kvstore::PrefixBlockHashes(prompt, block, n)).first;
+    }
+    return it->second;
+  };
+  int64_t least_busy = std::numeric_limits<int64_t>::max(), most_free = 0;
+  for (const Worker* w : live) {
+    least_busy = std::min(least_busy, w->stats.running() + w->in_flight);
+    most_free = std::max(most_free, w->stats.kv_pages_free());
+  }
+  Worker* pick = nullptr;
+  int64_t held = 0;
+  for (Worker* w : live) {
+    if (w->stats.running() + w->in_flight > least_busy + 8 ||
+        2 * w->stats.kv_pages_free() < most_free) {
+      continue;
+    }
+    const int64_t mine = LongestPublished(*w, n, names_for);
+    if (mine > held) {
+      pick = w;
+      held = mine;
+    }
+  }
+  return pick != nullptr ? pick : MostFreePages(live);
 }
 
 Worker* PickByPrefix(absl::Span<Worker* const> live, absl::Span<const int32_t> prompt) {
@@ -265,17 +320,8 @@ Worker* PickByPrefix(absl::Span<Worker* const> live, absl::Span<const int32_t> p
   std::vector<int64_t> cost(live.size());
   for (size_t i = 0; i < live.size(); ++i) {
     const Worker& w = *live[i];
-    int64_t cached = 0;
-    const int64_t block = w.stats.prefix_block_tokens();
-    const std::vector<uint64_t>& names = names_for(block);
     // Prefixes below the last token only.
-    const size_t usable = block > 0 ? static_cast<size_t>((n - 1) / block) : 0;
-    for (size_t k = std::min(usable, names.size()); k > 0; --k) {
-      if (w.prefixes.contains(names[k - 1])) {
-        cached = static_cast<int64_t>(k) * block;
-        break;
-      }
-    }
+    const int64_t cached = LongestPublished(w, n - 1, names_for);
     cost[i] = w.stats.queued_prompt_tokens() + w.in_flight * 512 + (n - cached);
   }
   const int64_t least = *std::min_element(cost.begin(), cost.end());

@@ -10,8 +10,10 @@
 //                    past the longest prefix cached there (each worker publishes its cached
 //                    prefixes' names in its stats; a prompt placed on a worker counts as
 //                    cached there until its next poll); ties go by a hash of the first 64
-//                    tokens, so the same new prefix goes to the same worker; decode as
-//                    least_loaded
+//                    tokens, so the same new prefix goes to the same worker; decode: among
+//                    the workers within 8 sequences of the least busy and with at least half
+//                    the most free pages, the one holding the longest prefix of the prompt
+//                    (its prefill then sends only the pages past it), else as least_loaded
 // A worker that fails a call, or three polls in a row (a worker whose cores are all busy may
 // answer a poll late), is down until a poll succeeds again. When no worker of a role is up,
 // requests still try the others before giving up.
@@ -56,6 +58,10 @@ absl::StatusOr<Placement> ParsePlacement(const std::string& name);
 // prefix_affinity's choice among `live` prefill workers (not empty), as described above; the
 // prompt's prefixes are added to the chosen worker's. The caller holds what guards the workers.
 Worker* PickByPrefix(absl::Span<Worker* const> live, absl::Span<const int32_t> prompt);
+// least_loaded's choice among `live` decode workers (not empty).
+Worker* MostFreePages(absl::Span<Worker* const> live);
+// prefix_affinity's choice among `live` decode workers (not empty), as described above.
+Worker* PickByHeldPrefix(absl::Span<Worker* const> live, absl::Span<const int32_t> prompt);
 
 class WorkerRegistry final : public WorkerSet {
  public:

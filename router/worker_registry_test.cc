@@ -143,5 +143,38 @@ TEST(PickByPrefix, TiesGoByThePromptsFirstTokens) {
   EXPECT_EQ(picked.size(), 4u);
 }
 
+// prefix_affinity on decode workers: the one holding the longest prefix of the prompt, while
+// it is not much busier than the least busy nor short of pages; else the most free pages.
+TEST(PickByHeldPrefix, PrefersTheLongestHeldPrefixWithinLoadAndPages) {
+  std::vector<int32_t> prompt(300);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(i * 11 % 1000);
+  Worker a, b, c;
+  for (Worker* w : {&a, &b, &c}) {
+    w->stats.set_prefix_block_tokens(64);
+    w->stats.set_kv_pages_free(1000);
+  }
+  a.stats.set_kv_pages_free(1200);  // the most free pages
+  const std::vector<uint64_t> names = kvstore::PrefixBlockHashes(prompt, 64, 300);
+  std::vector<Worker*> live = {&a, &b, &c};
+  EXPECT_EQ(PickByHeldPrefix(live, prompt), &a);  // nothing held anywhere
+  b.prefixes.insert(names.begin(), names.begin() + 1);
+  c.prefixes.insert(names.begin(), names.begin() + 3);
+  EXPECT_EQ(PickByHeldPrefix(live, prompt), &c);  // 192 tokens held against 64
+  // The whole prompt may be held: a decode worker holds pages, not a token to compute.
+  c.prefixes.insert(names.begin(), names.end());
+  EXPECT_EQ(PickByHeldPrefix(live, prompt), &c);
+  c.stats.set_running(9);  // more than 8 sequences busier than the least busy
+  EXPECT_EQ(PickByHeldPrefix(live, prompt), &b);
+  b.stats.set_kv_pages_free(500);  // short of pages: under half the most free
+  EXPECT_EQ(PickByHeldPrefix(live, prompt), &a);
+  c.stats.set_running(0);
+  EXPECT_EQ(PickByHeldPrefix(live, prompt), &c);
+  // Another prompt that shares only the first block.
+  std::vector<int32_t> other = prompt;
+  other[70] = 999;
+  b.stats.set_kv_pages_free(1000);
+  EXPECT_EQ(PickByHeldPrefix(live, other), &b);  // the first of the workers holding 64
+}
+
 }  // namespace
 }  // namespace sluice::router
