@@ -258,7 +258,8 @@ def _stream_request(host, port, path, body):
 SLUICE_METRICS = ["sluice_kv_pages_used", "sluice_kv_transfer_bytes_total",
                   "sluice_kv_compression_ratio", "sluice_prefill_tokens_total",
                   "sluice_prefill_seconds_sum", "sluice_kv_wire_bytes_total",
-                  "sluice_kv_wire_fp16_bytes_total", "sluice_prefix_cache_hit_tokens_total"]
+                  "sluice_kv_wire_fp16_bytes_total", "sluice_prefix_cache_hit_tokens_total",
+                  "sluice_prefix_cache_bytes_not_sent_total"]
 
 
 class Sampler:
@@ -568,6 +569,9 @@ def main():
                     s["prefix_hit_tokens"] = grew["sluice_prefix_cache_hit_tokens_total"]
                     if load == "chat" and s.get("turns"):
                         s["kv_bytes_sent_per_turn"] = s["transfer_bytes"] / s["turns"]
+                        # Pages the decode worker held already: left out of what was sent.
+                        s["kv_bytes_not_sent_per_turn"] = (
+                            grew["sluice_prefix_cache_bytes_not_sent_total"] / s["turns"])
                         s["prefill_tokens_per_turn"] = s["prefill_tokens"] / s["turns"]
                 else:
                     # llama.cpp keeps an FP16 K and V for all n_ctx positions of its one slot.
@@ -624,17 +628,19 @@ def main():
     chats = [(system, loads_out["chat"]) for system, loads_out in report["results"].items()
              if "chat" in loads_out and "tokens_per_s" in loads_out["chat"]]
     if chats:
-        print("\n%-15s %9s %9s %11s %11s %9s %11s %12s %12s" % (
+        print("\n%-15s %9s %9s %11s %11s %9s %11s %12s %12s %13s" % (
             "system", "ttft p50", "ttft p99", "turn 1 p50", "later p50", "tok/s",
-            "cached tok", "computed/turn", "KV KiB/turn"))
+            "cached tok", "computed/turn", "KV KiB/turn", "held KiB/turn"))
         for system, s in chats:
-            print("%-15s %9.2f %9.2f %11.2f %11.2f %9.1f %11s %12s %12s" % (
+            print("%-15s %9.2f %9.2f %11.2f %11.2f %9.1f %11s %12s %12s %13s" % (
                 system, s["ttft_p50_s"], s["ttft_p99_s"], s["ttft_first_turn_p50_s"] or 0,
                 s["ttft_later_turns_p50_s"] or 0, s["tokens_per_s"],
                 "-" if s.get("cached_tokens") is None else "%d" % s["cached_tokens"],
                 "%.0f" % s["prefill_tokens_per_turn"] if "prefill_tokens_per_turn" in s else "-",
                 "%.0f" % (s["kv_bytes_sent_per_turn"] / 1024) if "kv_bytes_sent_per_turn" in s
-                else "-"))
+                else "-",
+                "%.0f" % (s["kv_bytes_not_sent_per_turn"] / 1024)
+                if "kv_bytes_not_sent_per_turn" in s else "-"))
         by = dict(chats)
         if "sluice" in by and "sluice-nocache" in by:
             same = by["sluice"]["answers_sha256"] == by["sluice-nocache"]["answers_sha256"]
