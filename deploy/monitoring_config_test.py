@@ -108,7 +108,9 @@ class Dashboards(unittest.TestCase):
                       "sluice_inter_token_latency_seconds_bucket",
                       "sluice_request_queue_seconds_bucket", "sluice_requests_running",
                       "sluice_requests_waiting", "sluice_kv_transfer_bytes_total",
-                      "sluice_kv_transfer_failures_total"]
+                      "sluice_kv_transfer_failures_total", "sluice_prefix_cache_hit_tokens_total",
+                      "sluice_prefix_cache_bytes_not_sent_total",
+                      "sluice_prefix_cache_held_entries"]
         for m in memory:
             self.assertIn(m, exprs["sluice-memory.json"])
         for m in throughput:
