@@ -248,10 +248,28 @@ Worker* WorkerRegistry::Pick(const std::string& role, absl::Span<const int32_t> 
 
 namespace {
 
-// The length of the longest prefix of `prompt` among `w`'s published ones, at most `limit`
-// tokens; `names` gives the prompt's prefixes' names for a block size.
-template <typename Names>
-int64_t LongestPublished(const Worker& w, int64_t limit, Names& names) {
+// A prompt's prefixes' names (kvstore::PrefixBlockHashes), made once per block size the
+// workers cut in (one, usually).
+class PrefixNames {
+ public:
+  explicit PrefixNames(absl::Span<const int32_t> prompt) : prompt_(prompt) {}
+  const std::vector<uint64_t>& operator()(int64_t block) {
+    auto it = by_block_.find(block);
+    if (it == by_block_.end()) {
+      const int64_t n = static_cast<int64_t>(prompt_.size());
+      it = by_block_.emplace(block, kvstore::PrefixBlockHashes(prompt_, block, n)).first;
+    }
+    return it->second;
+  }
+
+ private:
+  absl::Span<const int32_t> prompt_;
+  std::map<int64_t, std::vector<uint64_t>> by_block_;
+};
+
+// The length of the longest prefix of the prompt `names` names among `w`'s published ones, at
+// most `limit` tokens.
+int64_t LongestPublished(const Worker& w, int64_t limit, PrefixNames& names) {
   const int64_t block = w.stats.prefix_block_tokens();
   if (block <= 0) return 0;
   const std::vector<uint64_t>& mine = names(block);
@@ -274,14 +292,7 @@ Worker* MostFreePages(absl::Span<Worker* const> live) {
 
 Worker* PickByHeldPrefix(absl::Span<Worker* const> live, absl::Span<const int32_t> prompt) {
   const int64_t n = static_cast<int64_t>(prompt.size());
-  std::map<int64_t, std::vector<uint64_t>> names_by_block;
-  auto names_for = [&](int64_t block) -> const std::vector<uint64_t>& {
-    auto it = names_by_block.find(block);
-    if (it == names_by_block.end()) {
-      it = names_by_block.emplace(block, kvstore::PrefixBlockHashes(prompt, block, n)).first;
-    }
-    return it->second;
-  };
+  PrefixNames names_for(prompt);
   int64_t least_busy = std::numeric_limits<int64_t>::max(), most_free = 0;
   for (const Worker* w : live) {
     least_busy = std::min(least_busy, w->stats.running() + w->in_flight);
@@ -308,15 +319,7 @@ Worker* PickByPrefix(absl::Span<Worker* const> live, absl::Span<const int32_t> p
   // there, a chunk for each call in flight, and this prompt's past its longest prefix cached
   // there (the last token is always computed).
   const int64_t n = static_cast<int64_t>(prompt.size());
-  // The prompt's prefixes' names, once per block size the workers cut in (one, usually).
-  std::map<int64_t, std::vector<uint64_t>> names_by_block;
-  auto names_for = [&](int64_t block) -> const std::vector<uint64_t>& {
-    auto it = names_by_block.find(block);
-    if (it == names_by_block.end()) {
-      it = names_by_block.emplace(block, kvstore::PrefixBlockHashes(prompt, block, n)).first;
-    }
-    return it->second;
-  };
+  PrefixNames names_for(prompt);
   std::vector<int64_t> cost(live.size());
   for (size_t i = 0; i < live.size(); ++i) {
     const Worker& w = *live[i];

@@ -771,6 +771,18 @@ class DisaggregatedPrefixCache : public Disaggregated {
     for (int i = 0; i < times; ++i) out.insert(out.end(), prompt_.begin(), prompt_.end());
     return out;
   }
+  // Six prompts of their own from the first token, every other one twice as long (a long one
+  // finds the pool full of the short one's prefixes); each must run.
+  void RunPromptsOfTheirOwn(const std::string& preset) {
+    const std::vector<int32_t> base = prompt_;
+    for (int i = 0; i < 6; ++i) {
+      std::vector<int32_t> prompt = base;
+      if (i % 2 == 1) prompt.insert(prompt.end(), base.begin(), base.end());
+      prompt[0] = base[1 + i];
+      EXPECT_EQ(Run(preset, prompt).tokens.size(), 8u) << i;
+    }
+    prompt_ = base;
+  }
   Turn Run(const std::string& preset, const std::vector<int32_t>& prompt) {
     prompt_ = prompt;
     auto run = Start(preset, Greedy(8, /*stop_at_eos=*/false));
@@ -930,14 +942,7 @@ class DisaggregatedHeldSmallPool : public DisaggregatedPrefixCache {
 TEST_F(DisaggregatedHeldSmallPool, HeldPrefixesGiveWayToReservations) {
   // fp16 pages hold 64 tokens of a list: the long prompts need most of the pool, the held
   // pages of the prompts before them included.
-  const std::vector<int32_t> base = prompt_;
-  for (int i = 0; i < 6; ++i) {
-    std::vector<int32_t> prompt = base;
-    if (i % 2 == 1) prompt.insert(prompt.end(), base.begin(), base.end());
-    prompt[0] = base[1 + i];
-    const Turn t = Run("fp16", prompt);
-    EXPECT_EQ(t.tokens.size(), 8u) << i;
-  }
+  RunPromptsOfTheirOwn("fp16");
   EXPECT_GT(Counter("sluice_prefix_cache_held_evictions_total"), 0);
   ExpectNothingHeld();
 }
@@ -1034,16 +1039,7 @@ class DisaggregatedPrefixCacheSmallPool : public DisaggregatedPrefixCache {
 };
 
 TEST_F(DisaggregatedPrefixCacheSmallPool, CachedPrefixesGiveWayToPrompts) {
-  const std::vector<int32_t> base = prompt_;
-  for (int i = 0; i < 6; ++i) {
-    // Prompts of their own from the first token, every other one twice as long: a long one
-    // finds the pool full of the short one's prefixes.
-    std::vector<int32_t> prompt = base;
-    if (i % 2 == 1) prompt.insert(prompt.end(), base.begin(), base.end());
-    prompt[0] = base[1 + i];
-    const Turn t = Run("sluice", prompt);
-    EXPECT_EQ(t.tokens.size(), 8u) << i;
-  }
+  RunPromptsOfTheirOwn("sluice");
   EXPECT_GT(Counter("sluice_prefix_cache_evictions_total"), 0);
   ExpectNothingHeld();
 }

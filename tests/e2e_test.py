@@ -471,6 +471,7 @@ class EndToEnd(unittest.TestCase):
                   "that passed, the oil burned, and what the sea threw on the rocks. ") * 24
         body = {"model": self.c.model, "prompt": prompt, "max_tokens": 12, "temperature": 0}
         hits = self.c.metric(self.c.prefill_metrics, "sluice_prefix_cache_hit_tokens_total")
+        not_sent = self.c.metric(self.c.prefill_metrics, "sluice_prefix_cache_bytes_not_sent_total")
         answers = []
         for _ in range(2):
             status, text = post(self.c.url + "/v1/completions", body)
@@ -484,6 +485,11 @@ class EndToEnd(unittest.TestCase):
         self.assertEqual(
             self.c.metric(self.c.prefill_metrics, "sluice_prefix_cache_hit_tokens_total"),
             hits + 512)
+        # The decode worker kept the first prompt's pages of that chunk: the second time they
+        # were not sent over UCX.
+        self.assertGreater(
+            self.c.metric(self.c.prefill_metrics, "sluice_prefix_cache_bytes_not_sent_total"),
+            not_sent)
 
     def test_several_choices_share_one_prompt(self):
         # n = 3: one prefill, three generations forked on the decode worker; choice i is the
