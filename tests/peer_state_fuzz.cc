@@ -6,7 +6,8 @@
 //   0, 1  a KV state and its pages: a 2-byte little-endian length, the serialized
 //         kvstore::KvSequenceState, then the pages' bytes (zero-padded to whole pages). With 1,
 //         the pages' CRC32Cs in the state are made right first, as a peer that means harm would
-//         make them, so that the page bytes themselves reach the decoders.
+//         make them, so that the page bytes themselves reach the decoders; and with an odd
+//         last byte, each run's first pages are held already (a decode worker's held prefix).
 //   2..7  one rpc message (Reserve, Prefill, Generate, Renew, Release, Drain request).
 //
 // Properties, for a state: PagedKvCache::ImportSequence takes it or refuses it with
@@ -151,8 +152,36 @@ void FuzzState(bool fix_crcs, const uint8_t* data, size_t size) {
     state = st.SerializeAsString();
   }
 
+  // With an odd last byte, the first pages of each run (as the state counts them) are held
+  // already, a decode worker's held prefix: the import shares them and takes the rest from
+  // `rest`. The caller keeps its own reference on them either way.
+  std::vector<std::vector<kvstore::PageId>> held;
+  std::vector<kvstore::PageId> rest = pages;
+  int64_t held_total = 0;
+  if (fix_crcs && page_data_size > 0 && (page_data[page_data_size - 1] & 1) != 0) {
+    const int tiers = cache->tiers();
+    const int keep = 1 + page_data[page_data_size - 1] / 2 % 3;
+    held.resize(static_cast<size_t>(st.lists_size()) * tiers);
+    rest.clear();
+    int64_t at = 0;
+    for (int i = 0; i < st.lists_size(); ++i) {
+      for (int t = 0; t < std::min(tiers, st.lists(i).tiers_size()); ++t) {
+        const int64_t run = st.lists(i).tiers(t).slots_size();
+        for (int64_t j = 0; j < run && at < given; ++j, ++at) {
+          if (j < keep) {
+            held[static_cast<size_t>(i) * tiers + t].push_back(pages[at]);
+            ++held_total;
+          } else {
+            rest.push_back(pages[at]);
+          }
+        }
+      }
+    }
+    rest.insert(rest.end(), pages.begin() + at, pages.end());
+  }
+
   const int64_t seq = 7, room = std::max<int64_t>(st.length(), 0) + kSteps;
-  absl::StatusOr<int64_t> imported = cache->ImportSequence(seq, room, state, pages);
+  absl::StatusOr<int64_t> imported = cache->ImportSequence(seq, room, state, rest, held);
   if (!imported.ok()) {
     const absl::StatusCode code = imported.status().code();
     Check(code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kDataLoss ||
@@ -164,8 +193,12 @@ void FuzzState(bool fix_crcs, const uint8_t* data, size_t size) {
     Check(pool.Free(pages).ok(), "the caller's pages are no longer the caller's");
     return;
   }
-  Check(*imported == listed && listed <= given, "the import took other pages than listed");
-  Check(pool.Free(std::vector<kvstore::PageId>(pages.begin() + listed, pages.end())).ok(),
+  Check(*imported == listed - held_total && listed <= given,
+        "the import took other pages than listed");
+  for (const auto& run : held) {
+    for (kvstore::PageId id : run) Check(pool.refcount(id) == 2, "a held page is not shared");
+  }
+  Check(pool.Free(std::vector<kvstore::PageId>(rest.begin() + *imported, rest.end())).ok(),
         "the pages past those listed are not the caller's");
   absl::StatusOr<int64_t> length = cache->Length(seq);
   Check(length.ok() && *length == st.length(), "the sequence does not hold the state's tokens");
@@ -188,6 +221,9 @@ void FuzzState(bool fix_crcs, const uint8_t* data, size_t size) {
   }
   (void)cache->Stats();
   Check(cache->RemoveSequence(seq).ok(), "the sequence cannot be removed");
+  for (const auto& run : held) {
+    Check(pool.Free(run).ok(), "a held page is no longer the caller's");
+  }
   Check(pool.used_pages() == 0, "pages leaked");
 }
 

@@ -227,6 +227,16 @@ absl::StatusOr<int64_t> PagedKvCache::ImportSequence(int64_t seq, int64_t max_to
         return Bad(absl::StrFormat("list %d tier %d: %d held pages, the state lists %d", i, t,
                                    mine.size(), run));
       }
+      // The sequence writes on into its run's last page while it is open: that page must be
+      // its own, never one it shares.
+      const KvTierState& ts = st.lists(i).tiers(t);
+      if (!mine.empty() && static_cast<int64_t>(mine.size()) == run && !ts.last_closed() &&
+          ts.slots(static_cast<int>(run - 1)) < layouts_[t].tokens) {
+        return Bad(absl::StrFormat(
+            "list %d tier %d: the last page is open (%d of %d slots) and held; a held page must "
+            "be full",
+            i, t, ts.slots(static_cast<int>(run - 1)), layouts_[t].tokens));
+      }
       for (PageId id : mine) {
         pages.push_back(id);
         shared.push_back(id);
