@@ -654,6 +654,7 @@ def main():
                     report.setdefault("ttft_p50_ratio", {})[other + "/sluice"] = ratio
                     print("TTFT p50 %s / sluice: %.2fx" % (other, ratio))
     if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2)
         print("wrote " + args.out, file=sys.stderr)
