@@ -77,6 +77,13 @@ int64_t ForkPages(const kvstore::KvPreset& preset, const model::LlamaConfig& c, 
   return room_pages - prompt_pages + std::min(copies, prompt_pages);
 }
 
+// The pages of every run, one after another.
+std::vector<kvstore::PageId> Flatten(const std::vector<std::vector<kvstore::PageId>>& runs) {
+  std::vector<kvstore::PageId> flat;
+  for (const auto& run : runs) flat.insert(flat.end(), run.begin(), run.end());
+  return flat;
+}
+
 }  // namespace
 
 DecodeWorker::DecodeWorker(WorkerRuntime& runtime, prometheus::Registry& registry,
@@ -238,11 +245,7 @@ void DecodeWorker::Loop() {
     Finish(running_.begin()->first, "abort", absl::UnavailableError("decode worker stopped"));
   }
   while (!reservations_.empty()) FreeReservation(reservations_.begin());
-  for (auto& [key, held] : held_) {
-    while (EvictHeld(key.first)) {
-    }
-  }
-  held_.clear();
+  DropAllHeld();
 }
 
 absl::StatusOr<rpc::ReserveResponse> DecodeWorker::Reserve(const rpc::ReserveRequest& request,
@@ -387,8 +390,7 @@ void DecodeWorker::OfferHeld(WorkerRuntime::Cache* cache, absl::Span<const int32
     }
   }
   if (best == nullptr) return;
-  std::vector<kvstore::PageId> flat;
-  for (const auto& run : best->pages) flat.insert(flat.end(), run.begin(), run.end());
+  const std::vector<kvstore::PageId> flat = Flatten(best->pages);
   // The reservation keeps the pages it offers until it ends, whatever is let go meanwhile.
   if (flat.empty() || !cache->cache->mutable_pool().Retain(flat).ok()) return;
   r.held = best->pages;
@@ -418,8 +420,7 @@ void DecodeWorker::HoldPrefixes(WorkerRuntime::Cache* cache, int64_t seq,
   absl::StatusOr<std::vector<std::vector<kvstore::PageId>>> pages =
       cache->cache->LeadingPages(seq, most);
   if (!pages.ok()) return;  // marks for another shape or beyond the prompt's pages
-  std::vector<kvstore::PageId> flat;
-  for (const auto& run : *pages) flat.insert(flat.end(), run.begin(), run.end());
+  const std::vector<kvstore::PageId> flat = Flatten(*pages);
   absl::StatusOr<std::vector<uint32_t>> crcs = cache->cache->PageCrcs(flat);
   if (!crcs.ok()) return;
   HeldPrefixes& held = held_.try_emplace({cache, block}, block).first->second;
@@ -444,6 +445,7 @@ void DecodeWorker::HoldPrefixes(WorkerRuntime::Cache* cache, int64_t seq,
       break;
     }
     held.entries.emplace(id, std::move(entry));
+    held_changed_ = true;
   }
   while (held.index.size() > options_.held_prefix_entries && EvictHeld(cache)) {
   }
@@ -455,11 +457,10 @@ bool DecodeWorker::EvictHeld(const WorkerRuntime::Cache* cache) {
     const std::optional<int64_t> id = held.index.EvictLeastRecent();
     if (!id) continue;
     auto entry = held.entries.find(*id);
-    std::vector<kvstore::PageId> flat;
-    for (const auto& run : entry->second.pages) flat.insert(flat.end(), run.begin(), run.end());
-    cache->cache->mutable_pool().Free(flat).IgnoreError();
+    cache->cache->mutable_pool().Free(Flatten(entry->second.pages)).IgnoreError();
     held.entries.erase(entry);
     held_evictions_.Increment();
+    held_changed_ = true;
     return true;
   }
   return false;
@@ -483,13 +484,18 @@ int64_t DecodeWorker::HeldOnlyPages(const WorkerRuntime::Cache* cache) const {
   return only;
 }
 
+void DecodeWorker::DropAllHeld() {
+  for (auto& [key, held] : held_) {
+    while (EvictHeld(key.first)) {
+    }
+  }
+  held_.clear();
+  held_changed_ = true;
+}
+
 void DecodeWorker::DropHeldPrefixes() {
   OnScheduler<absl::Status>([&]() -> absl::Status {
-    for (auto& [key, held] : held_) {
-      while (EvictHeld(key.first)) {
-      }
-    }
-    held_.clear();
+    DropAllHeld();
     return absl::OkStatus();
   }).IgnoreError();
 }
@@ -498,9 +504,7 @@ void DecodeWorker::FreeReservation(std::map<uint64_t, Reservation>::iterator it)
   auto cache = rt_.caches().find(it->second.preset);
   if (cache != rt_.caches().end()) {
     cache->second.cache->mutable_pool().Free(it->second.pages).IgnoreError();
-    std::vector<kvstore::PageId> held;
-    for (const auto& run : it->second.held) held.insert(held.end(), run.begin(), run.end());
-    cache->second.cache->mutable_pool().Free(held).IgnoreError();
+    cache->second.cache->mutable_pool().Free(Flatten(it->second.held)).IgnoreError();
     // An imported prompt's pages go with it, but for those its choices share.
     if (it->second.parent != 0) {
       cache->second.cache->RemoveSequence(static_cast<int64_t>(it->second.parent)).IgnoreError();
@@ -934,6 +938,11 @@ void DecodeWorker::UpdateGauges() {
       held_block = key.second;
     }
   }
+  // The held prefixes' names, made again only when they changed.
+  std::vector<uint64_t> names;
+  const bool renamed = held_changed_;
+  if (renamed && widest != nullptr) names = widest->index.Hashes();
+  held_changed_ = false;
   for (const auto& [name, cache] : rt_.caches()) {
     const kvstore::KvCacheStats s = cache.cache->Stats();
     const kvstore::PagePool& pool = cache.cache->pool();
@@ -970,9 +979,8 @@ void DecodeWorker::UpdateGauges() {
   stats_.set_prefix_cache_entries(held_entries);
   stats_.set_prefix_cache_pages(held_pages);
   stats_.set_prefix_block_tokens(held_block);
-  stats_.clear_prefix_blocks();
-  if (widest != nullptr) {
-    const std::vector<uint64_t> names = widest->index.Hashes();
+  if (renamed) {
+    stats_.clear_prefix_blocks();
     stats_.mutable_prefix_blocks()->Add(names.begin(), names.end());
   }
 }

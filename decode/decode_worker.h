@@ -217,6 +217,8 @@ class DecodeWorker {
                     const rpc::PrefixMarks& marks);
   // Lets go of the least recently used held prefix of `cache`; false when none is held.
   bool EvictHeld(const WorkerRuntime::Cache* cache);
+  // Lets go of every held prefix (shutdown, DropHeldPrefixes).
+  void DropAllHeld();
   // Pages of `cache` that only held prefixes keep: free once they are let go.
   int64_t HeldOnlyPages(const WorkerRuntime::Cache* cache) const;
   void UpdateGauges();
@@ -241,7 +243,8 @@ class DecodeWorker {
   rpc::StatsResponse stats_;  // refreshed by UpdateGauges, read under mu_
   absl::Time gauges_at_ = absl::InfinitePast();
   std::map<std::pair<const WorkerRuntime::Cache*, int64_t>, HeldPrefixes> held_;
-  int64_t next_held_ = 1;  // held entry ids
+  int64_t next_held_ = 1;      // held entry ids
+  bool held_changed_ = false;  // since the stats last named the held prefixes
 
   // Metrics.
   prometheus::Family<prometheus::Gauge>& pages_used_;
