@@ -312,8 +312,8 @@ def main():
         # Requests of the longest prompt first, on every worker (round robin), so that each
         # process has grown to what the load needs before it is measured; again after the load,
         # so that a worker the chaos loop restarted is measured at the same point.
-        # Then a burst of short ones, more at once than the router has start threads (64), so
-        # that every one of them has run a request (its stack and its allocator arena in use).
+        # Then a burst of short ones, more at once than the router has start threads (64): the
+        # most it starts under load (they end once idle, handing back what they cached).
         warm = {"kind": "normal", "prompt": make_prompt(rng, args.prompt_max), "max_tokens": 128,
                 "seed": None}
         burst = {"kind": "normal", "prompt": make_prompt(rng, 20), "max_tokens": 2, "seed": None}
@@ -326,8 +326,9 @@ def main():
             with concurrent.futures.ThreadPoolExecutor(128) as pool:
                 list(pool.map(lambda _: one_request("127.0.0.1", port, model, burst), range(128)))
             # Each process gives its heap's free memory back once it turns idle (its
-            # IdleTrimmer looks every 2 s).
-            time.sleep(5)
+            # IdleTrimmer looks every 2 s); the router turns idle once its start threads,
+            # idle for 5 s, have ended.
+            time.sleep(10)
 
         warm_up()
         before = usage_now("before")

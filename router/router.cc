@@ -11,7 +11,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
-#include "boost/asio/post.hpp"
 #include "common/grpc_auth.h"
 #include "common/grpc_status.h"
 #include "common/process.h"
@@ -243,7 +242,8 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(const RouterOptions& opti
                                             [raw](absl::Duration queued) {
                                               raw->queue_->Observe(absl::ToDoubleSeconds(queued));
                                             }});
-  r->starts_ = std::make_unique<boost::asio::thread_pool>(std::max(1, options.start_threads));
+  r->starts_ =
+      std::make_unique<ElasticPool>(options.start_threads, options.start_thread_keep_alive);
   return r;
 }
 
@@ -266,7 +266,7 @@ Router::~Router() {
     std::unique_lock<std::mutex> lock(live_mu_);
     live_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return live_.empty(); });
   }
-  if (starts_ != nullptr) starts_->join();  // null when Create failed before it
+  if (starts_ != nullptr) starts_->Join();  // null when Create failed before it
 }
 
 std::map<std::string, http::Handler> Router::Routes() {
@@ -388,7 +388,7 @@ void Router::HandleGenerate(Endpoint endpoint, http::Request req, Reply reply) {
     return;
   }
   running_->Increment();
-  boost::asio::post(*starts_, [this, endpoint, body = std::move(req.body), reply]() mutable {
+  starts_->Post([this, endpoint, body = std::move(req.body), reply]() mutable {
     StartRequest(endpoint, std::move(body), std::move(reply));
   });
 }
@@ -608,7 +608,7 @@ void Router::EndRun(const std::shared_ptr<Session>& s, FinishReason finish) {
                               absl::FormatDuration(std::max(options_.stall_timeout, 50 * s->itl)))
             : absl::StrFormat("the decode worker %s failed mid-generation: %s", address,
                               st.message());
-    boost::asio::post(*starts_, [this, s, what] { Migrate(s, absl::UnavailableError(what)); });
+    starts_->Post([this, s, what] { Migrate(s, absl::UnavailableError(what)); });
   });
 }
 

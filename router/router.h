@@ -29,7 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "boost/asio/thread_pool.hpp"
+#include "common/elastic_pool.h"
 #include "common/http_server.h"
 #include "model/chat_template.h"
 #include "model/gguf.h"
@@ -66,8 +66,10 @@ struct RouterOptions {
   // Migrations replay the generated tokens (exact) rather than prefill them (one step).
   bool replay_migrations = true;
   // Threads that start requests (each waits through its request's reservation and prefill);
-  // requests past them wait in a queue, holding no thread.
+  // requests past them wait in a queue, holding no thread. A start thread idle for
+  // start_thread_keep_alive ends (what its allocator cached goes with it).
   int start_threads = 64;
+  absl::Duration start_thread_keep_alive = absl::Seconds(5);
 };
 
 class Router {
@@ -77,8 +79,8 @@ class Router {
   // Cancels every running request and waits for each to end.
   ~Router();
 
-  // No request is running.
-  bool Idle() const { return running_->Value() == 0; }
+  // No request is running and no start thread is left: the moment to give memory back.
+  bool Idle() const { return running_->Value() == 0 && starts_->threads() == 0; }
 
   // The API's routes, for an http::Server.
   std::map<std::string, http::Handler> Routes();
@@ -138,7 +140,7 @@ class Router {
   int64_t created_ = 0;
   std::unique_ptr<WorkerRegistry> registry_;
   std::unique_ptr<RequestFlow> flow_;  // after registry_: it calls the registry's workers
-  std::unique_ptr<boost::asio::thread_pool> starts_;
+  std::unique_ptr<ElasticPool> starts_;
 
   // Requests between their start and their end, for the destructor to cancel and await.
   std::mutex live_mu_;
