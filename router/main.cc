@@ -44,8 +44,9 @@ ABSL_FLAG(std::string, migration, "replay",
           "prefill (prompt and generated tokens in one prefill: faster, but with a lossy KV "
           "preset the text may part from what it would have been).");
 ABSL_FLAG(int, start_threads, 64,
-          "Threads that start requests (tokenize, reserve, wait for the prefill); requests past "
-          "them queue holding no thread, and a streaming request holds none.");
+          "Threads that start requests (tokenize, reserve, wait for the prefill), at most; "
+          "requests past them queue holding no thread, a streaming request holds none, and a "
+          "start thread idle for 5 s ends.");
 ABSL_FLAG(int, metrics_port, 0,
           "A listener of its own for /health and /metrics (4 threads, 5 s to read a request), so "
           "that probes and scrapes are answered while streams hold the API's threads; 0: none "

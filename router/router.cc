@@ -652,35 +652,16 @@ void Router::Complete(const std::shared_ptr<Session>& s, absl::Status st) {
   if (s->choices != nullptr) return CompleteChoice(s, std::move(st));
   const bool gone = absl::IsCancelled(st) || s->reply->gone();
   const Prepared& p = *s->p;
-  const Usage usage{.prompt_tokens = static_cast<int>(p.prompt.size()),
-                    .completion_tokens = s->text->tokens(),
-                    .cached_tokens = p.cached_tokens};
-  if (gone) {
-    s->reply->End();
-  } else if (p.api.stream) {
-    Emit(*s, true);
-    if (!st.ok()) s->reply->Write(ErrorEvent(FromStatus(st)));
-    if (s->info.include_usage) s->reply->Write(UsageEvent(s->endpoint, s->info, usage));
-    s->reply->Write(DoneEvent());
-    s->reply->End();
-  } else if (!st.ok()) {
-    SendError(s->reply, st);
-  } else {
-    Completion c{.id = NewRequestId(s->endpoint),
-                 .created = absl::ToUnixSeconds(p.arrived),
-                 .model = options_.served_model_name,
-                 .choices = {{.text = s->text->Ready(true),
-                              .finish_reason = s->text->finish(),
-                              .stop_reason = s->text->stop_reason()}},
-                 .usage = usage};
-    if (p.sampling.logprobs()) c.choices[0].logprobs = s->text->TakeLogprobs();
-    s->reply->Send(200, "application/json", CompletionBody(s->endpoint, c));
+  if (!gone && p.api.stream) Emit(*s, true);
+  std::vector<CompletionChoice> choices;
+  if (!gone && !p.api.stream && st.ok()) {
+    choices.push_back({.text = s->text->Ready(true),
+                       .finish_reason = s->text->finish(),
+                       .stop_reason = s->text->stop_reason()});
+    if (p.sampling.logprobs()) choices[0].logprobs = s->text->TakeLogprobs();
   }
-  running_->Decrement();
-  e2e_->Observe(absl::ToDoubleSeconds(absl::Now() - p.arrived));
-  const std::string reason = gone ? "abort" : std::string(FinishReasonName(s->text->finish()));
-  requests_->Add({{"endpoint", EndpointName(s->endpoint)}, {"finish_reason", reason}}).Increment();
-  Release(s);
+  EndResponse(s, gone, st, s->text->tokens(), std::move(choices),
+              gone ? "abort" : std::string(FinishReasonName(s->text->finish())));
 }
 
 void Router::CompleteChoice(const std::shared_ptr<Session>& s, absl::Status st) {
@@ -704,32 +685,38 @@ void Router::CompleteChoice(const std::shared_ptr<Session>& s, absl::Status st) 
     last = --g.left == 0;
   }
   if (!last) return Release(s);
-  // The last choice to end: the response's end is its to send.
+  // The last choice to end: the response's end is its to send (the others no longer touch g).
+  const std::string reason =
+      g.gone || !g.error.ok() ? "abort" : std::string(FinishReasonName(g.done[0].finish_reason));
+  EndResponse(s, g.gone, g.error, g.completion_tokens, g.done, reason);
+}
+
+void Router::EndResponse(const std::shared_ptr<Session>& s, bool gone, const absl::Status& error,
+                         int completion_tokens, std::vector<CompletionChoice> choices,
+                         const std::string& reason) {
+  const Prepared& p = *s->p;
   const Usage usage{.prompt_tokens = static_cast<int>(p.prompt.size()),
-                    .completion_tokens = g.completion_tokens,
+                    .completion_tokens = completion_tokens,
                     .cached_tokens = p.cached_tokens};
-  if (g.gone) {
+  if (gone) {
     s->reply->End();
   } else if (p.api.stream) {
-    if (!g.error.ok()) s->reply->Write(ErrorEvent(FromStatus(g.error)));
+    if (!error.ok()) s->reply->Write(ErrorEvent(FromStatus(error)));
     if (s->info.include_usage) s->reply->Write(UsageEvent(s->endpoint, s->info, usage));
     s->reply->Write(DoneEvent());
     s->reply->End();
-  } else if (!g.error.ok()) {
-    SendError(s->reply, g.error);
+  } else if (!error.ok()) {
+    SendError(s->reply, error);
   } else {
     const Completion c{.id = NewRequestId(s->endpoint),
                        .created = absl::ToUnixSeconds(p.arrived),
                        .model = options_.served_model_name,
-                       .choices = g.done,
+                       .choices = std::move(choices),
                        .usage = usage};
     s->reply->Send(200, "application/json", CompletionBody(s->endpoint, c));
   }
   running_->Decrement();
   e2e_->Observe(absl::ToDoubleSeconds(absl::Now() - p.arrived));
-  const std::string reason =
-      g.gone ? "abort"
-             : (!g.error.ok() ? "abort" : std::string(FinishReasonName(g.done[0].finish_reason)));
   requests_->Add({{"endpoint", EndpointName(s->endpoint)}, {"finish_reason", reason}}).Increment();
   Release(s);
 }

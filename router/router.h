@@ -125,6 +125,11 @@ class Router {
   // choice of several sends its last chunk; the choice that ends last sends the rest.
   void Complete(const std::shared_ptr<Session>& s, absl::Status status);
   void CompleteChoice(const std::shared_ptr<Session>& s, absl::Status status);
+  // Every choice has ended: sends the response's end (`choices` for a response not streamed),
+  // counts the request under `reason` and releases the session.
+  void EndResponse(const std::shared_ptr<Session>& s, bool gone, const absl::Status& error,
+                   int completion_tokens, std::vector<CompletionChoice> choices,
+                   const std::string& reason);
   // The session no longer runs: its run goes, and it leaves live_.
   void Release(const std::shared_ptr<Session>& s);
   // Streams the text ready so far (the last chunk when `ended`); false once the client has gone.
