@@ -72,6 +72,15 @@ def get(url, timeout=5):
         return r.status, r.read().decode()
 
 
+def reset_prefix_caches(url):
+    """POST /reset_prefix_cache: every worker drops what it keeps for reuse (prefill workers'
+    prefix caches, decode workers' held prefixes); returns {worker: entries dropped}."""
+    req = urllib.request.Request(url + "/reset_prefix_cache", data=b"{}", method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return {w["name"]: w["entries_dropped"] for w in json.loads(r.read())["workers"]}
+
+
 def metric(port, name):
     """Sum of a metric's samples on a process's /metrics (None when it does not answer)."""
     try:
@@ -330,8 +339,16 @@ def main():
             # idle for 5 s, have ended.
             time.sleep(10)
 
+        def measure(when):
+            """Each process as it is (its prefix caches held: bounded, not a leak), then with
+            the caches dropped, once the idle processes have given back what they freed."""
+            held = usage_now(when + "-caches-held")
+            dropped = reset_prefix_caches(url)
+            time.sleep(6)
+            return held, dropped, usage_now(when)
+
         warm_up()
-        before = usage_now("before")
+        before_held, dropped_before, before = measure("before")
 
         specs = []
         for i in range(args.requests):
@@ -444,7 +461,7 @@ def main():
             time.sleep(0.5)
         drained_seconds = time.time() - t_drain
         warm_up()
-        after = usage_now("after")
+        after_held, dropped_after, after = measure("after")
         migrations = metric(port, "sluice_request_migrations_total") or 0
         # A stream may stay silent for its stall bound (the longest detection the router saw, at
         # least --stall-timeout) plus one migration (the longest recovery it saw).
@@ -498,6 +515,10 @@ def main():
             "seconds_until_no_page_held": drained_seconds,
             "processes_before": before,
             "processes_after": after,
+            # The same, before POST /reset_prefix_cache dropped what the workers keep for reuse.
+            "processes_before_caches_held": before_held,
+            "processes_after_caches_held": after_held,
+            "prefix_cache_entries_dropped": {"before": dropped_before, "after": dropped_after},
         }
     finally:
         done.set()
@@ -549,8 +570,8 @@ def main():
                   1e3 * (ch["max"] or 0), ch["probes"]), file=sys.stderr)
         for f in c["failures"][:5]:
             print("  crowd failure: %s" % f, file=sys.stderr)
-    print("  each process warmed up before the load and again after it (MiB; outside: the RSS "
-          "less the KV pools' resident pages):", file=sys.stderr)
+    print("  each process warmed up before the load and again after it, its prefix caches then "
+          "dropped (MiB; outside: the RSS\n  less the KV pools' resident pages):", file=sys.stderr)
     print("  %-10s %6s %8s %14s %14s %22s %12s" % ("process", "pages", "reserved", "RSS",
                                                    "KV pools", "outside", "fds"),
           file=sys.stderr)
@@ -569,6 +590,13 @@ def main():
                   "  (restarted)" if b["pid"] != a["pid"] else ""), file=sys.stderr)
         if any(v is None or v > args.growth_tolerance for v in g.values()):
             grown.append(name)
+    dropped = result["prefix_cache_entries_dropped"]["after"]
+    print("  before the caches were dropped, after the load (RSS outside the KV pools, MiB; "
+          "prefix cache entries dropped): %s" % "  ".join(
+              "%s %.0f (%d)" % (name, (h.get("rss_mib") or 0) - (h.get("pool_mib") or 0),
+                                dropped.get(name, 0))
+              for name, h in sorted(result["processes_after_caches_held"].items())),
+          file=sys.stderr)
     for name in grown:  # where it grew
         b, a = result["processes_before"][name], result["processes_after"][name]
         print("  %s by kind of mapping (MiB): %s" % (name, "  ".join(

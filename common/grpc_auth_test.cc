@@ -88,14 +88,15 @@ TEST(GrpcAuth, CallsWithoutTheTokenAreRefusedAndCounted) {
   ASSERT_TRUE(auth.ok() && other.ok());
   prometheus::Registry registry;
   auth->CountIn(registry);
-  int drains = 0;
+  int drains = 0, resets = 0;
   bool draining = false;
   AdminService admin(
       *auth, "w", "decode", "m", [] { return rpc::StatsResponse(); },
       [&](bool on) {
         ++drains;
         draining = on;
-      });
+      },
+      [&] { return int64_t{++resets * 10}; });
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
@@ -138,6 +139,23 @@ TEST(GrpcAuth, CallsWithoutTheTokenAreRefusedAndCounted) {
   EXPECT_EQ(drain(*auth, /*undo=*/true), grpc::StatusCode::OK);
   EXPECT_FALSE(draining);
   EXPECT_EQ(Refused(registry, "Admin.Stats"), 2);
+  // Dropping the worker's prefixes, likewise.
+  const auto reset = [&](const GrpcAuth& client, int64_t* dropped) {
+    auto stub = rpc::Admin::NewStub(client.Channel(target, args));
+    grpc::ClientContext ctx;
+    rpc::ResetPrefixCacheResponse out;
+    const grpc::StatusCode code =
+        stub->ResetPrefixCache(&ctx, rpc::ResetPrefixCacheRequest(), &out).error_code();
+    *dropped = out.entries_dropped();
+    return code;
+  };
+  int64_t dropped = -1;
+  EXPECT_EQ(reset(*other, &dropped), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(resets, 0);
+  EXPECT_EQ(Refused(registry, "Admin.ResetPrefixCache"), 1);
+  EXPECT_EQ(reset(*auth, &dropped), grpc::StatusCode::OK);
+  EXPECT_EQ(resets, 1);
+  EXPECT_EQ(dropped, 10);
 
   // Probes carry no credential: the health service answers them.
   auto health = grpc::health::v1::Health::NewStub(GrpcAuth().Channel(target, args));

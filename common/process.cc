@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
 #include <vector>
 
@@ -99,15 +100,22 @@ int64_t ResidentBytes(const void* p, size_t bytes) {
 IdleTrimmer::IdleTrimmer(std::function<bool()> idle, absl::Duration period)
     : idle_(std::move(idle)), period_(period) {
   thread_ = std::thread([this] {
+    // Free bytes in the arenas (trimmed or not: malloc_trim hands pages back but the chunks
+    // stay free) at their lowest since the last trim; memory freed beyond it is new.
+    constexpr size_t kSlackBytes = size_t{4} << 20;
+    size_t low = mallinfo2().fordblks;
     bool busy = false;
     std::unique_lock<std::mutex> lock(mu_);
     while (!cv_.wait_for(lock, absl::ToChronoMilliseconds(period_), [&] { return stop_; })) {
+      const size_t free_bytes = mallinfo2().fordblks;
+      low = std::min(low, free_bytes);
       if (!idle_()) {
         busy = true;
-      } else if (busy) {
+      } else if (busy || free_bytes > low + kSlackBytes) {
         malloc_trim(0);
         ++trims_;
         busy = false;
+        low = mallinfo2().fordblks;
       }
     }
   });

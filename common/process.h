@@ -39,9 +39,11 @@ std::string ServedModelName(const std::string& path);
 // holds. 0 for memory the kernel does not map for this process (device memory).
 int64_t ResidentBytes(const void* p, size_t bytes);
 
-// Gives the heap's free memory back to the system (glibc's malloc_trim) each time a process
-// that was busy turns idle: what a load's peak left in the allocator's arenas (one per thread
-// that served a stream) does not stay in its RSS. Looks every `period` on a thread of its own.
+// Gives the heap's free memory back to the system (glibc's malloc_trim) when a process is idle
+// and either was busy since the last look, or holds more free memory than at its last trim
+// or since (by 4 MiB): what a load's peak left in the allocator's arenas (one per thread that
+// served a stream), or what a dropped cache freed while nothing ran, does not stay in its RSS.
+// Looks every `period` on a thread of its own.
 class IdleTrimmer {
  public:
   explicit IdleTrimmer(std::function<bool()> idle, absl::Duration period = absl::Seconds(2));

@@ -80,7 +80,13 @@ class WorkerHealthServiceTest : public ::testing::Test {
   }
 
   GrpcAuth auth_;
-  AdminService admin_{auth_, "w", "decode", "m", [] { return rpc::StatsResponse(); }, [](bool) {}};
+  AdminService admin_{auth_,
+                      "w",
+                      "decode",
+                      "m",
+                      [] { return rpc::StatsResponse(); },
+                      [](bool) {},
+                      [] { return int64_t{0}; }};
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::health::v1::Health::Stub> stub_;
 };

@@ -484,20 +484,21 @@ int64_t DecodeWorker::HeldOnlyPages(const WorkerRuntime::Cache* cache) const {
   return only;
 }
 
-void DecodeWorker::DropAllHeld() {
+int64_t DecodeWorker::DropAllHeld() {
+  int64_t dropped = 0;
   for (auto& [key, held] : held_) {
-    while (EvictHeld(key.first)) {
-    }
+    while (EvictHeld(key.first)) ++dropped;
   }
   held_.clear();
   held_changed_ = true;
+  return dropped;
 }
 
-void DecodeWorker::DropHeldPrefixes() {
-  OnScheduler<absl::Status>([&]() -> absl::Status {
-    DropAllHeld();
-    return absl::OkStatus();
-  }).IgnoreError();
+int64_t DecodeWorker::DropHeldPrefixes() {
+  // A worker shutting down lets go of them itself.
+  return OnScheduler<absl::StatusOr<int64_t>>(
+             [&]() -> absl::StatusOr<int64_t> { return DropAllHeld(); })
+      .value_or(0);
 }
 
 void DecodeWorker::FreeReservation(std::map<uint64_t, Reservation>::iterator it) {

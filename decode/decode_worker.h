@@ -105,8 +105,8 @@ class DecodeWorker {
   void Cancel(const std::shared_ptr<TokenStream>& stream);
   rpc::StatsResponse Stats();
   // Lets go of every held prefix (their pages go back to the pools once nothing else uses
-  // them); waits for the scheduler.
-  void DropHeldPrefixes();
+  // them); waits for the scheduler. Returns the prefixes let go.
+  int64_t DropHeldPrefixes();
   // Takes no new request (true) or takes them again (false).
   void Drain(bool on = true) { draining_ = on; }
   bool draining() const { return draining_; }
@@ -217,8 +217,8 @@ class DecodeWorker {
                     const rpc::PrefixMarks& marks);
   // Lets go of the least recently used held prefix of `cache`; false when none is held.
   bool EvictHeld(const WorkerRuntime::Cache* cache);
-  // Lets go of every held prefix (shutdown, DropHeldPrefixes).
-  void DropAllHeld();
+  // Lets go of every held prefix (shutdown, DropHeldPrefixes); returns how many.
+  int64_t DropAllHeld();
   // Pages of `cache` that only held prefixes keep: free once they are let go.
   int64_t HeldOnlyPages(const WorkerRuntime::Cache* cache) const;
   void UpdateGauges();

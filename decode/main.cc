@@ -94,7 +94,8 @@ absl::Status Run() {
   decode::DecodeService decode_service(worker, *auth);
   AdminService admin(
       *auth, absl::GetFlag(FLAGS_name), "decode", ServedModelName(path),
-      [&] { return worker.Stats(); }, [&](bool on) { worker.Drain(on); });
+      [&] { return worker.Stats(); }, [&](bool on) { worker.Drain(on); },
+      [&] { return worker.DropHeldPrefixes(); });
 
   return ServeWorker(
       {.name = absl::GetFlag(FLAGS_name),

@@ -108,7 +108,8 @@ absl::Status Run() {
   PrefillService service(worker, *auth);
   AdminService admin(
       *auth, absl::GetFlag(FLAGS_name), "prefill", ServedModelName(path),
-      [&] { return worker.Stats(); }, [&](bool on) { worker.Drain(on); });
+      [&] { return worker.Stats(); }, [&](bool on) { worker.Drain(on); },
+      [&] { return worker.DropPrefixCache(); });
 
   return ServeWorker(
       {.name = absl::GetFlag(FLAGS_name),

@@ -674,17 +674,21 @@ void PrefillWorker::EvictPrefix(WorkerRuntime::Cache& c, kvstore::PrefixIndex& i
   }
 }
 
-void PrefillWorker::DropPrefixCache() {
-  std::promise<void> done;
-  std::future<void> dropped = done.get_future();
+int64_t PrefillWorker::DropPrefixCache() {
+  std::promise<int64_t> done;
+  std::future<int64_t> dropped = done.get_future();
   Post([&] {
+    int64_t entries = 0;
     for (auto& [c, index] : prefixes_) {
-      for (int64_t seq : index.Clear()) c->cache->RemoveSequence(seq).IgnoreError();
+      for (int64_t seq : index.Clear()) {
+        c->cache->RemoveSequence(seq).IgnoreError();
+        ++entries;
+      }
     }
     prefixes_changed_ = true;
-    done.set_value();
+    done.set_value(entries);
   });
-  dropped.wait();
+  return dropped.get();
 }
 
 void PrefillWorker::UpdateGauges() {

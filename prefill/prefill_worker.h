@@ -82,9 +82,10 @@ class PrefillWorker {
   rpc::StatsResponse Stats();
   // Takes no new request (true) or takes them again (false).
   void Drain(bool on = true) { draining_ = on; }
-  // Drops every cached prefix and returns their pages to the pools; waits for the scheduler
-  // (call it while the worker runs).
-  void DropPrefixCache();
+  // Drops every cached prefix and returns their pages to the pools (those a running prompt
+  // forked stay with it); waits for the scheduler (call it while the worker runs). Returns the
+  // entries dropped.
+  int64_t DropPrefixCache();
 
  private:
   struct Job {

@@ -279,6 +279,9 @@ std::map<std::string, http::Handler> Router::Routes() {
   };
   routes["GET /v1/models"] = [this](http::Request q, Reply r) { HandleModels(q, r); };
   routes["GET /v1/workers"] = [this](http::Request q, Reply r) { HandleWorkers(q, r); };
+  routes["POST /reset_prefix_cache"] = [this](http::Request q, Reply r) {
+    HandleResetPrefixCache(q, std::move(r));
+  };
   return routes;
 }
 
@@ -778,6 +781,25 @@ void Router::HandleWorkers(const http::Request& req, const Reply& reply) {
   }
   reply->Send(200, "application/json",
               nlohmann::json{{"model", options_.served_model_name}, {"workers", workers}}.dump());
+}
+
+void Router::HandleResetPrefixCache(const http::Request& req, Reply reply) {
+  if (!Authorized(req, reply)) return;
+  // The workers' answers are waited for on a start thread, not the HTTP loop.
+  starts_->Post([this, reply = std::move(reply)] {
+    nlohmann::json workers = nlohmann::json::array();
+    bool all = true;
+    for (const WorkerRegistry::Reset& r : registry_->ResetPrefixCaches(absl::Seconds(10))) {
+      nlohmann::json w = {{"name", r.name},
+                          {"address", r.address},
+                          {"role", r.role},
+                          {"entries_dropped", r.entries_dropped}};
+      if (!r.error.empty()) w["error"] = r.error;
+      all = all && r.error.empty();
+      workers.push_back(std::move(w));
+    }
+    reply->Send(all ? 200 : 503, "application/json", nlohmann::json{{"workers", workers}}.dump());
+  });
 }
 
 }  // namespace sluice::router

@@ -98,6 +98,9 @@ class Router {
   void HandleHealth(const Reply& reply);
   void HandleMetrics(const Reply& reply);
   void HandleWorkers(const http::Request& req, const Reply& reply);
+  // POST /reset_prefix_cache (as vLLM's): every worker drops its reusable prefixes; 200 with
+  // what each dropped, 503 when one did not answer.
+  void HandleResetPrefixCache(const http::Request& req, Reply reply);
   bool Authorized(const http::Request& req, const Reply& reply);
   static void SendError(const Reply& reply, const absl::Status& status);
 

@@ -357,4 +357,35 @@ std::vector<WorkerRegistry::View> WorkerRegistry::Snapshot() {
   return out;
 }
 
+std::vector<WorkerRegistry::Reset> WorkerRegistry::ResetPrefixCaches(absl::Duration deadline) {
+  std::vector<Worker*> named;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& w : workers_) {
+      if (!w->removed) named.push_back(w.get());
+    }
+  }
+  std::vector<Reset> out;
+  for (Worker* w : named) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline));
+    rpc::ResetPrefixCacheResponse reply;
+    const grpc::Status st =
+        w->admin->ResetPrefixCache(&ctx, rpc::ResetPrefixCacheRequest(), &reply);
+    std::lock_guard<std::mutex> lock(mu_);
+    Reset r{.name = w->stats.name().empty() ? w->address : w->stats.name(),
+            .address = w->address,
+            .role = w->role};
+    if (st.ok()) {
+      r.entries_dropped = reply.entries_dropped();
+      w->prefixes.clear();
+    } else {
+      r.error = st.error_message().empty() ? "gRPC status " + std::to_string(st.error_code())
+                                           : st.error_message();
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 }  // namespace sluice::router

@@ -92,6 +92,15 @@ class WorkerRegistry final : public WorkerSet {
     std::string last_error;
   };
   std::vector<View> Snapshot();
+  // Every worker its sources name drops its reusable prefixes (Admin.ResetPrefixCache: a
+  // prefill worker's prefix cache, a decode worker's held prefixes), each call within
+  // `deadline`; a prefill worker's prefixes stop counting for placement once it answers.
+  struct Reset {
+    std::string name, address, role;
+    int64_t entries_dropped = 0;
+    std::string error;  // empty when the worker answered
+  };
+  std::vector<Reset> ResetPrefixCaches(absl::Duration deadline);
 
  private:
   void PollOnce();

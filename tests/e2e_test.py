@@ -490,6 +490,21 @@ class EndToEnd(unittest.TestCase):
         self.assertGreater(
             self.c.metric(self.c.prefill_metrics, "sluice_prefix_cache_bytes_not_sent_total"),
             not_sent)
+        # POST /reset_prefix_cache (as vLLM's): every worker drops what it keeps for reuse, the
+        # prefill worker its cached chunk, the decode worker the prompt's held pages; the prompt
+        # is then computed from its start, to the same text.
+        status, text = post(self.c.url + "/reset_prefix_cache", {})
+        self.assertEqual(status, 200, text)
+        dropped = {"prefill": 0, "decode": 0}
+        for w in json.loads(text)["workers"]:
+            dropped[w["role"]] += w["entries_dropped"]
+        self.assertGreaterEqual(dropped["prefill"], 1, text)
+        self.assertGreaterEqual(dropped["decode"], 1, text)
+        status, text = post(self.c.url + "/v1/completions", body)
+        self.assertEqual(status, 200, text)
+        third = json.loads(text)
+        self.assertEqual(third["usage"]["prompt_tokens_details"], {"cached_tokens": 0})
+        self.assertEqual(third["choices"][0]["text"], first["choices"][0]["text"])
 
     def test_several_choices_share_one_prompt(self):
         # n = 3: one prefill, three generations forked on the decode worker; choice i is the
