@@ -257,7 +257,7 @@ def _stream_request(host, port, path, body):
 # What the sluice systems' workers are sampled for (summed over workers and labels).
 SLUICE_METRICS = ["sluice_kv_pages_used", "sluice_kv_transfer_bytes_total",
                   "sluice_kv_compression_ratio", "sluice_prefill_tokens_total",
-                  "sluice_prefill_seconds_sum", "sluice_kv_wire_bytes_total",
+                  "sluice_prefill_step_seconds_sum", "sluice_kv_wire_bytes_total",
                   "sluice_kv_wire_fp16_bytes_total", "sluice_prefix_cache_hit_tokens_total",
                   "sluice_prefix_cache_bytes_not_sent_total"]
 
@@ -559,7 +559,8 @@ def main():
                     grew = {n: sampler.last[n] - before[n] for n in SLUICE_METRICS}
                     s["transfer_bytes"] = grew["sluice_kv_transfer_bytes_total"]
                     s["prefill_tokens"] = grew["sluice_prefill_tokens_total"]
-                    s["prefill_seconds"] = grew["sluice_prefill_seconds_sum"]
+                    # Steps' forward time: a step of several prompts counts once.
+                    s["prefill_seconds"] = grew["sluice_prefill_step_seconds_sum"]
                     s["prefill_tokens_per_s"] = (s["prefill_tokens"] / s["prefill_seconds"]
                                                  if s["prefill_seconds"] > 0 else None)
                     s["wire_bytes"] = grew["sluice_kv_wire_bytes_total"]

@@ -65,9 +65,16 @@ PrefillWorker::PrefillWorker(WorkerRuntime& runtime, transport::Transport& trans
                             .Add({}, kSecondsBuckets)),
       prefill_seconds_(prometheus::BuildHistogram()
                            .Name("sluice_prefill_seconds")
-                           .Help("Forward time of one prompt, summed over its chunks.")
+                           .Help("Forward time of one prompt, summed over its chunks (each "
+                                 "step it ran in counted whole: what the prompt waited).")
                            .Register(registry)
                            .Add({}, kSecondsBuckets)),
+      step_seconds_(prometheus::BuildHistogram()
+                        .Name("sluice_prefill_step_seconds")
+                        .Help("Forward time of one prefill step (the chunks of every prompt in "
+                              "it): prompt tokens over its sum are the worker's tokens/s.")
+                        .Register(registry)
+                        .Add({}, kSecondsBuckets)),
       running_gauge_(prometheus::BuildGauge()
                          .Name("sluice_requests_running")
                          .Help("Prompts being prefilled or sent.")
@@ -357,6 +364,7 @@ void PrefillWorker::Step() {
   const absl::Status st =
       rt_.model().Forward(entries, cache->model_cache(), logits.data(), model::StepKind::kPrompt);
   const absl::Duration took = absl::Now() - t0;
+  step_seconds_.Observe(absl::ToDoubleSeconds(took));
   // Finished (or failed) jobs leave the queue.
   for (size_t i = 0; i < jobs.size(); ++i) {
     const JobPtr& job = jobs[i];

@@ -191,6 +191,7 @@ class PrefillWorker {
   prometheus::Counter& wire_fp16_bytes_kvtc_;
   prometheus::Histogram& transfer_seconds_;
   prometheus::Histogram& prefill_seconds_;
+  prometheus::Histogram& step_seconds_;
   prometheus::Gauge& running_gauge_;
   prometheus::Gauge& waiting_gauge_;
   prometheus::Gauge& queued_tokens_;

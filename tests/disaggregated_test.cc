@@ -263,6 +263,19 @@ class Disaggregated : public testing::Test {
     return total;
   }
 
+  // A histogram's sum and count, over its labels.
+  std::pair<double, uint64_t> Histogram(const std::string& name) {
+    std::pair<double, uint64_t> total{0, 0};
+    for (const auto& family : registry_.Collect()) {
+      if (family.name != name) continue;
+      for (const auto& m : family.metric) {
+        total.first += m.histogram.sample_sum;
+        total.second += m.histogram.sample_count;
+      }
+    }
+    return total;
+  }
+
   void ExpectNothingHeld() {
     // What the workers hold besides their cached and held prefixes comes back too.
     prefill_->DropPrefixCache();
@@ -957,6 +970,8 @@ TEST_F(DisaggregatedPrefixCache, APromptWaitsForTheSharedPrefixAnotherComputes) 
   const Turn alone = Run("sluice", second);
   prefill_->DropPrefixCache();
   const double computed = Counter("sluice_prefill_tokens_total");
+  const auto prompts_before = Histogram("sluice_prefill_seconds");
+  const auto steps_before = Histogram("sluice_prefill_step_seconds");
   auto run = [&](const std::vector<int32_t>& prompt, Turn* out) {
     LocalWorkers workers(*prefill_, *decode_, nullptr);
     router::RequestFlow flow(workers, router::RequestFlowOptions{});
@@ -980,6 +995,14 @@ TEST_F(DisaggregatedPrefixCache, APromptWaitsForTheSharedPrefixAnotherComputes) 
   EXPECT_EQ(b.tokens, alone.tokens);
   EXPECT_EQ(Counter("sluice_prefill_tokens_total") - computed,
             static_cast<double>(first.size() + second.size() - 1184));
+  // Each prompt counts every step it ran in; each step counts once, however many prompts
+  // it held: at least one step, and no more forward time than the prompts together.
+  const auto prompts = Histogram("sluice_prefill_seconds");
+  const auto steps = Histogram("sluice_prefill_step_seconds");
+  EXPECT_EQ(prompts.second - prompts_before.second, 2u);
+  EXPECT_GE(steps.second - steps_before.second, 1u);
+  EXPECT_GT(steps.first - steps_before.first, 0);
+  EXPECT_LE(steps.first - steps_before.first, prompts.first - prompts_before.first + 1e-9);
   ExpectNothingHeld();
 }
 
