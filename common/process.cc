@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <iostream>
 #include <vector>
 
@@ -85,6 +86,16 @@ std::string ServedModelName(const std::string& path) {
   return name;
 }
 
+int64_t ResidentSetBytes() {
+  // statm: program size, then resident pages.
+  FILE* f = fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  long size = 0, resident = 0;
+  const int n = fscanf(f, "%ld %ld", &size, &resident);
+  fclose(f);
+  return n == 2 ? static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE) : 0;
+}
+
 int64_t ResidentBytes(const void* p, size_t bytes) {
   if (p == nullptr || bytes == 0) return 0;
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
@@ -101,21 +112,28 @@ IdleTrimmer::IdleTrimmer(std::function<bool()> idle, absl::Duration period)
     : idle_(std::move(idle)), period_(period) {
   thread_ = std::thread([this] {
     // Free bytes in the arenas (trimmed or not: malloc_trim hands pages back but the chunks
-    // stay free) at their lowest since the last trim; memory freed beyond it is new.
+    // stay free) and the RSS, each at its lowest since the last trim. Free bytes beyond theirs
+    // are memory freed since; an RSS beyond its own is memory touched since, which free chunks
+    // taken again and freed between two looks leave resident without freeing more bytes.
     constexpr size_t kSlackBytes = size_t{4} << 20;
     size_t low = mallinfo2().fordblks;
+    int64_t low_rss = ResidentSetBytes();
     bool busy = false;
     std::unique_lock<std::mutex> lock(mu_);
     while (!cv_.wait_for(lock, absl::ToChronoMilliseconds(period_), [&] { return stop_; })) {
       const size_t free_bytes = mallinfo2().fordblks;
+      const int64_t rss = ResidentSetBytes();
       low = std::min(low, free_bytes);
+      low_rss = std::min(low_rss, rss);
       if (!idle_()) {
         busy = true;
-      } else if (busy || free_bytes > low + kSlackBytes) {
+      } else if (busy || free_bytes > low + kSlackBytes ||
+                 rss > low_rss + static_cast<int64_t>(kSlackBytes)) {
         malloc_trim(0);
         ++trims_;
         busy = false;
         low = mallinfo2().fordblks;
+        low_rss = ResidentSetBytes();
       }
     }
   });

@@ -34,16 +34,20 @@ int ServerMain(int argc, char** argv, const char* program,
 // The name a model is served under: its file name without directory and ".gguf".
 std::string ServedModelName(const std::string& path);
 
+// This process's resident set (/proc/self/statm), in bytes; 0 where it cannot be read.
+int64_t ResidentSetBytes();
+
 // Bytes of host memory [p, p + bytes) backed by physical memory now (mincore): how much of a
 // buffer allocated whole and touched as it is used, like a KV page pool, the process's RSS
 // holds. 0 for memory the kernel does not map for this process (device memory).
 int64_t ResidentBytes(const void* p, size_t bytes);
 
 // Gives the heap's free memory back to the system (glibc's malloc_trim) when a process is idle
-// and either was busy since the last look, or holds more free memory than at its last trim
-// or since (by 4 MiB): what a load's peak left in the allocator's arenas (one per thread that
-// served a stream), or what a dropped cache freed while nothing ran, does not stay in its RSS.
-// Looks every `period` on a thread of its own.
+// and either was busy at a look since the last trim, or holds more free memory, or has a
+// larger RSS, than at its last trim or since (by 4 MiB): what a load's peak left in the
+// allocator's arenas (one per thread that served a stream), what a dropped cache freed while
+// nothing ran, or what a burst between two looks touched and freed again, does not stay in
+// its RSS. Looks every `period` on a thread of its own.
 class IdleTrimmer {
  public:
   explicit IdleTrimmer(std::function<bool()> idle, absl::Duration period = absl::Seconds(2));

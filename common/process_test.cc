@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -152,6 +153,50 @@ TEST(IdleTrimmerFreedMemoryTest, IsTrimmedWhileIdle) {
   for (int i = 0; i < 200 && trimmer.trims() < 1; ++i) absl::SleepFor(absl::Milliseconds(5));
   absl::SleepFor(absl::Milliseconds(30));  // freed once: trimmed once
   EXPECT_EQ(trimmer.trims(), 1);
+  stays[0] = 1;
+}
+
+// 32 MiB of heap blocks, every page written, below a block that stays; then freed.
+std::unique_ptr<char[]> TouchAndFreeBelowOneThatStays() {
+  std::vector<std::unique_ptr<char[]>> blocks;
+  for (int i = 0; i < 512; ++i) {
+    blocks.emplace_back(new char[64 << 10]);
+    memset(blocks.back().get(), i, 64 << 10);
+  }
+  auto stays = std::make_unique<char[]>(64);
+  blocks.clear();
+  return stays;
+}
+
+// Free chunks taken again and freed between two looks (a burst shorter than the period) leave
+// the arena's free bytes as they were, its pages resident: the RSS tells.
+TEST(IdleTrimmerFreedMemoryTest, TrimsWhatABurstBetweenTwoLooksTouched) {
+  std::atomic<bool> hold{false}, held{false};
+  IdleTrimmer trimmer(
+      [&] {
+        held = hold.load();
+        while (hold) absl::SleepFor(absl::Milliseconds(1));  // a look that waits for the burst
+        return true;
+      },
+      absl::Milliseconds(5));
+  auto stays = TouchAndFreeBelowOneThatStays();
+  // Trimmed (maybe also while the blocks were written, the RSS growing), then no more.
+  for (int i = 0; i < 200 && trimmer.trims() < 1; ++i) absl::SleepFor(absl::Milliseconds(5));
+  int trims = trimmer.trims();
+  ASSERT_GE(trims, 1);
+  for (absl::SleepFor(absl::Milliseconds(30)); trimmer.trims() != trims;
+       absl::SleepFor(absl::Milliseconds(30))) {
+    trims = trimmer.trims();
+  }
+  hold = true;
+  while (!held) absl::SleepFor(absl::Milliseconds(1));
+  // The look has read the free bytes and the RSS: the burst falls between it and the next.
+  stays.reset();
+  stays = TouchAndFreeBelowOneThatStays();
+  hold = false;
+  for (int i = 0; i < 200 && trimmer.trims() == trims; ++i) absl::SleepFor(absl::Milliseconds(5));
+  absl::SleepFor(absl::Milliseconds(30));  // touched once: trimmed once
+  EXPECT_EQ(trimmer.trims(), trims + 1);
   stays[0] = 1;
 }
 
