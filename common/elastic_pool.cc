@@ -48,10 +48,17 @@ void ElasticPool::Work(std::list<std::thread>::iterator self) {
     task = nullptr;  // what it holds goes before the lock is taken again
     lock.lock();
   }
-  // The handle moves to ended_; whoever next holds the lock joins it (the thread is past all
-  // use of the pool once it has released the lock).
+  // The threads that ended before this one are past all use of the pool (they released the
+  // lock): joined here, their stacks go now rather than with the next task, which after a
+  // burst could be a long while. This one's handle moves to ended_ for the next to join.
+  ReapLocked();
   ended_.splice(ended_.end(), running_, self);
   ended_cv_.notify_all();
+}
+
+int ElasticPool::unjoined() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(ended_.size());
 }
 
 void ElasticPool::ReapLocked() {

@@ -36,6 +36,8 @@ class ElasticPool {
   int threads() const;
   // Threads started since the pool was made.
   int started() const;
+  // Threads that ended and are not joined yet (each holds its stack): at most one.
+  int unjoined() const;
 
  private:
   void Work(std::list<std::thread>::iterator self);

@@ -67,6 +67,8 @@ TEST(ElasticPoolTest, IdleThreadsEndAfterKeepAliveAndComeBackWithWork) {
   release.Notify();
   ASSERT_TRUE(Eventually([&] { return ran.load() == 3; }));
   ASSERT_TRUE(Eventually([&] { return pool.threads() == 0; }));
+  // The threads that ended joined one another: only the last one's stack waits for a task.
+  EXPECT_EQ(pool.unjoined(), 1);
   std::atomic<bool> again{false};
   pool.Post([&] { again = true; });
   ASSERT_TRUE(Eventually([&] { return again.load(); }));
