@@ -110,7 +110,8 @@ class Dashboards(unittest.TestCase):
                       "sluice_requests_waiting", "sluice_kv_transfer_bytes_total",
                       "sluice_kv_transfer_failures_total", "sluice_prefix_cache_hit_tokens_total",
                       "sluice_prefix_cache_bytes_not_sent_total",
-                      "sluice_prefix_cache_held_entries"]
+                      "sluice_prefix_cache_held_entries",
+                      "sluice_prefill_step_seconds_bucket", "sluice_prefill_step_seconds_sum"]
         for m in memory:
             self.assertIn(m, exprs["sluice-memory.json"])
         for m in throughput:
