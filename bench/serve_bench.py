@@ -262,6 +262,20 @@ SLUICE_METRICS = ["sluice_kv_pages_used", "sluice_kv_transfer_bytes_total",
                   "sluice_prefix_cache_bytes_not_sent_total"]
 
 
+def max_metric(urls, name):
+    """The largest value of a gauge over the workers at `urls` and its labels (0 if none)."""
+    best = 0.0
+    for url in urls:
+        try:
+            text = urllib.request.urlopen(url, timeout=5).read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                best = max(best, float(line.rsplit(" ", 1)[1]))
+    return best
+
+
 class Sampler:
     """Polls a few Prometheus metrics while a load runs and keeps their peaks and last values."""
 
@@ -554,7 +568,8 @@ def main():
                 if sampler:
                     sampler.__exit__()
                     s["kv_pages_peak"] = sampler.peak["sluice_kv_pages_used"]
-                    s["kv_bytes_peak"] = sampler.peak["sluice_kv_pages_used"] * 16384
+                    s["kv_bytes_peak"] = (sampler.peak["sluice_kv_pages_used"] *
+                                          max_metric(metrics["decode"], "sluice_kv_page_bytes"))
                     s["kv_compression_ratio_peak"] = sampler.peak["sluice_kv_compression_ratio"]
                     grew = {n: sampler.last[n] - before[n] for n in SLUICE_METRICS}
                     s["transfer_bytes"] = grew["sluice_kv_transfer_bytes_total"]

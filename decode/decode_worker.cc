@@ -110,6 +110,10 @@ DecodeWorker::DecodeWorker(WorkerRuntime& runtime, prometheus::Registry& registr
                        .Name("sluice_kv_pages_total")
                        .Help("KV pages of the pool, by preset.")
                        .Register(registry)),
+      page_bytes_(prometheus::BuildGauge()
+                      .Name("sluice_kv_page_bytes")
+                      .Help("Bytes of one KV page of the pool, by preset.")
+                      .Register(registry)),
       compaction_seconds_(prometheus::BuildCounter()
                               .Name("sluice_kv_compaction_seconds_total")
                               .Help("Time spent compacting page lists, by preset.")
@@ -954,6 +958,7 @@ void DecodeWorker::UpdateGauges() {
     pages_used_.Add({{"tier", "low"}, {"preset", name}}).Set(s.pages.pages_low);
     pages_free_.Add({{"preset", name}}).Set(pool.free_pages() + held_only);
     pages_total_.Add({{"preset", name}}).Set(pool.num_pages());
+    page_bytes_.Add({{"preset", name}}).Set(static_cast<double>(pool.page_bytes()));
     double& seen = compaction_seen_[name];
     compaction_seconds_.Add({{"preset", name}}).Increment(s.compaction_seconds - seen);
     seen = s.compaction_seconds;

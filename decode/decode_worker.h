@@ -252,6 +252,7 @@ class DecodeWorker {
   prometheus::Family<prometheus::Gauge>& compression_;
   prometheus::Family<prometheus::Gauge>& fragmentation_;
   prometheus::Family<prometheus::Gauge>& pages_total_;
+  prometheus::Family<prometheus::Gauge>& page_bytes_;
   prometheus::Family<prometheus::Counter>& compaction_seconds_;
   std::map<std::string, double> compaction_seen_;  // by preset: seconds already counted
   prometheus::Gauge& pages_reserved_;

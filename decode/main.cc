@@ -23,7 +23,9 @@ ABSL_FLAG(int, port, 50200, "gRPC port (Decode, Admin).");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address the gRPC and metrics servers bind.");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port; 0 = none.");
 ABSL_FLAG(std::string, preset, "sluice", "KV compression preset for requests that name none.");
-ABSL_FLAG(int64_t, kv_pages, 32768, "Pages of each preset's KV pool (16 KiB each).");
+ABSL_FLAG(int64_t, kv_pages, 32768,
+          "Pages of each preset's KV pool (at most 16 KiB each: a preset of one fixed-width tier "
+          "trims its pages to the token groups they hold).");
 ABSL_FLAG(int, max_batch, 64, "Sequences in one decode step.");
 ABSL_FLAG(std::string, backend, "auto",
           "What computes: auto (CUDA where a GPU is usable, else the CPU), cpu or cuda.");

@@ -91,7 +91,11 @@ struct KvPreset {
 //   alpha_high, alpha_low  leankv thresholds, >= 0 (alpha_low above alpha_high: no low tier)
 //   budget                 fraction kept by evicting presets, in (0, 1]
 //   residual               full-precision window, tokens
+//   k_bits, v_bits         int codes of a one-tier int preset: 2, 4 or 8 bits
+//   k_group, v_group       its groups: tokens (per-channel keys) or channels (per token)
 // e.g. "leankv-k8v4:alpha_high=2:alpha_low=0.05"; the preset's name is then the whole spec.
+// A one-tier fixed-width preset's pages are trimmed to what their whole token groups use (its
+// `high.page_bytes` is at most `page_bytes`); two-tier and Huffman-coded pages keep it.
 // NotFound listing the known names for an unknown name; InvalidArgument naming a bad setting.
 absl::StatusOr<KvPreset> FindKvPreset(std::string_view spec, int32_t head_dim,
                                       int32_t page_bytes = 16 * 1024);

@@ -23,7 +23,9 @@ ABSL_FLAG(int, port, 50100, "gRPC port (Prefill, Admin).");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address the gRPC and metrics servers bind.");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port; 0 = none.");
 ABSL_FLAG(std::string, preset, "sluice", "KV compression preset for requests that name none.");
-ABSL_FLAG(int64_t, kv_pages, 16384, "Pages of each preset's KV pool (16 KiB each).");
+ABSL_FLAG(int64_t, kv_pages, 16384,
+          "Pages of each preset's KV pool (at most 16 KiB each: a preset of one fixed-width tier "
+          "trims its pages to the token groups they hold).");
 ABSL_FLAG(int64_t, chunk_tokens, 512,
           "A prompt is cut every chunk_tokens from its start, one chunk a forward step (chunked "
           "prefill); its prefixes are cached in chunks.");

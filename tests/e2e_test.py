@@ -656,7 +656,10 @@ class EndToEnd(unittest.TestCase):
             while self.c.metric(port, "sluice_kv_pool_resident_bytes") == 0:
                 self.assertLess(time.time(), deadline, port)
                 time.sleep(0.2)
-        pool_bytes = 16384 * self.c.metric(self.c.decode_metrics, "sluice_kv_pages_total")
+        page_bytes = self.c.metric(self.c.decode_metrics, "sluice_kv_page_bytes")
+        self.assertGreaterEqual(page_bytes, 1024)
+        self.assertLessEqual(page_bytes, 16384)
+        pool_bytes = page_bytes * self.c.metric(self.c.decode_metrics, "sluice_kv_pages_total")
         self.assertLessEqual(self.c.metric(self.c.decode_metrics, "sluice_kv_pool_resident_bytes"),
                              pool_bytes)
 
