@@ -262,18 +262,20 @@ SLUICE_METRICS = ["sluice_kv_pages_used", "sluice_kv_transfer_bytes_total",
                   "sluice_prefix_cache_bytes_not_sent_total"]
 
 
-def max_metric(urls, name):
-    """The largest value of a gauge over the workers at `urls` and its labels (0 if none)."""
-    best = 0.0
+def metric_samples(urls, names):
+    """Every sample of the metrics `names` on the workers' /metrics at `urls`, by name (a worker
+    that does not answer gives none)."""
+    samples = {n: [] for n in names}
     for url in urls:
         try:
             text = urllib.request.urlopen(url, timeout=5).read().decode()
         except OSError:
             continue
         for line in text.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                best = max(best, float(line.rsplit(" ", 1)[1]))
-    return best
+            for n in names:
+                if line.startswith(n + " ") or line.startswith(n + "{"):
+                    samples[n].append(float(line.rsplit(" ", 1)[1]))
+    return samples
 
 
 class Sampler:
@@ -287,17 +289,7 @@ class Sampler:
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def read(self):
-        values = {n: 0.0 for n in self.names}
-        for url in self.urls:
-            try:
-                text = urllib.request.urlopen(url, timeout=5).read().decode()
-            except OSError:
-                continue
-            for line in text.splitlines():
-                for n in self.names:
-                    if line.startswith(n + " ") or line.startswith(n + "{"):
-                        values[n] += float(line.rsplit(" ", 1)[1])
-        return values
+        return {n: sum(v) for n, v in metric_samples(self.urls, self.names).items()}
 
     def run(self):
         while not self.stop.is_set():
@@ -568,8 +560,9 @@ def main():
                 if sampler:
                     sampler.__exit__()
                     s["kv_pages_peak"] = sampler.peak["sluice_kv_pages_used"]
+                    page_bytes = metric_samples(metrics["decode"], ["sluice_kv_page_bytes"])
                     s["kv_bytes_peak"] = (sampler.peak["sluice_kv_pages_used"] *
-                                          max_metric(metrics["decode"], "sluice_kv_page_bytes"))
+                                          max(page_bytes["sluice_kv_page_bytes"], default=0))
                     s["kv_compression_ratio_peak"] = sampler.peak["sluice_kv_compression_ratio"]
                     grew = {n: sampler.last[n] - before[n] for n in SLUICE_METRICS}
                     s["transfer_bytes"] = grew["sluice_kv_transfer_bytes_total"]

@@ -184,21 +184,23 @@ absl::StatusOr<KvPreset> FindKvPreset(std::string_view spec, int32_t head_dim, i
     SLUICE_RETURN_IF_ERROR(ApplyKvPresetSetting(parts[i], p));
   }
   p.name = std::string(spec);
+  int32_t high_bytes_used = 0;
   for (const kernels::KvTierFormat* f : {&p.high, p.low ? &*p.low : nullptr}) {
     if (f == nullptr) continue;
-    if (auto layout = kernels::ComputePageLayout(*f); !layout.ok()) {
+    const absl::StatusOr<kernels::KvPageLayout> layout = kernels::ComputePageLayout(*f);
+    if (!layout.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("preset ", std::string(name), " at head_dim ",
                                                      head_dim, ": ",
                                                      std::string(layout.status().message())));
     }
+    if (f == &p.high) high_bytes_used = layout->bytes_used;
   }
   // A page of one fixed-width tier is as large as the whole token groups that fit `page_bytes`
   // need, as vLLM sizes a block by its tokens: the tail no group fits is not allocated (6% of
   // `sluice`'s 16 KiB pages at head_dim 64). Two tiers share their pages' size, and a
   // Huffman-coded page's tail is room for longer codes.
   if (!p.low && p.high.huffman_bits == 0.f) {
-    const absl::StatusOr<kernels::KvPageLayout> layout = kernels::ComputePageLayout(p.high);
-    const int32_t fitted = (layout->bytes_used + 63) / 64 * 64;
+    const int32_t fitted = (high_bytes_used + 63) / 64 * 64;
     if (fitted >= 1024) p.high.page_bytes = fitted;
   }
   return p;
