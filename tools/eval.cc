@@ -13,9 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -65,6 +67,10 @@ ABSL_FLAG(int64_t, calibration_tokens, 4096, "Tokens of --calibration_text to fi
 ABSL_FLAG(bool, wire_cross_layer, false,
           "Wire codec: predict each layer's keys and values from the layer before's and code "
           "what the prediction misses.");
+ABSL_FLAG(std::string, trial, "",
+          "Emulated resident formats to compare too, comma-separated (tools/trial_kv_cache.h): "
+          "kivi or tc with \":key=value\" settings, e.g. tc:kb=2:vb=4:steps=group; tc fits its "
+          "bases on --calibration_text.");
 ABSL_FLAG(bool, json, false, "One JSON line per preset on stdout instead of a table.");
 ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else the cache).");
 ABSL_FLAG(int, threads, 0, "CPU threads; 0 = one per core.");
@@ -159,11 +165,26 @@ void PrintTable(const std::vector<tools::EvalResult>& results) {
   }
 }
 
+// The first --calibration_tokens tokens of --calibration_text.
+absl::StatusOr<std::vector<int32_t>> CalibrationTokens(Loaded& l) {
+  SLUICE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens,
+                          l.Tokenize(absl::GetFlag(FLAGS_calibration_text), "--calibration_text"));
+  const int64_t want = absl::GetFlag(FLAGS_calibration_tokens);
+  if (want < 2 || static_cast<int64_t>(tokens.size()) < want) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--calibration_text %s has %d tokens; --calibration_tokens asks for %d (at least 2)",
+        absl::GetFlag(FLAGS_calibration_text), tokens.size(), want));
+  }
+  tokens.resize(want);
+  return tokens;
+}
+
 absl::Status Run() {
   SLUICE_ASSIGN_OR_RETURN(Loaded l, Load());
   tools::EvalOptions o = OptionsFromFlags();
   o.presets = absl::StrSplit(absl::GetFlag(FLAGS_preset), ',', absl::SkipEmpty());
-  if (o.presets.empty()) {
+  o.trials = absl::StrSplit(absl::GetFlag(FLAGS_trial), ',', absl::SkipEmpty());
+  if (o.presets.empty() && o.trials.empty()) {
     for (const std::string& name : kvstore::KvPresetNames()) {
       if (name != "fp16") o.presets.push_back(name);
     }
@@ -181,16 +202,8 @@ absl::Status Run() {
         calibration, kvstore::ReadKvTransformCalibration(absl::GetFlag(FLAGS_kv_calibration)));
     o.calibration = &calibration;
   } else if (!o.wire_bits.empty()) {
-    SLUICE_ASSIGN_OR_RETURN(
-        std::vector<int32_t> calib_tokens,
-        l.Tokenize(absl::GetFlag(FLAGS_calibration_text), "--calibration_text"));
-    const int64_t want = absl::GetFlag(FLAGS_calibration_tokens);
-    if (want < 2 || static_cast<int64_t>(calib_tokens.size()) < want) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "--calibration_text %s has %d tokens; --calibration_tokens asks for %d (at least 2)",
-          absl::GetFlag(FLAGS_calibration_text), calib_tokens.size(), want));
-    }
-    calib_tokens.resize(want);
+    SLUICE_ASSIGN_OR_RETURN(const std::vector<int32_t> calib_tokens, CalibrationTokens(l));
+    const int64_t want = static_cast<int64_t>(calib_tokens.size());
     const absl::Time start = absl::Now();
     SLUICE_ASSIGN_OR_RETURN(
         calibration, kvstore::CalibrateKvTransform(*l.llama, *l.backend, *l.gguf, calib_tokens,
@@ -199,6 +212,19 @@ absl::Status Run() {
                  static_cast<long long>(want), absl::GetFlag(FLAGS_calibration_text).c_str(),
                  absl::ToDoubleSeconds(absl::Now() - start));
     o.calibration = &calibration;
+  }
+  tools::TrialBases trial_bases;
+  if (absl::c_any_of(o.trials, [](const std::string& t) { return absl::StartsWith(t, "tc"); })) {
+    SLUICE_ASSIGN_OR_RETURN(const std::vector<int32_t> calib_tokens, CalibrationTokens(l));
+    SLUICE_ASSIGN_OR_RETURN(trial_bases,
+                            tools::FitTrialBases(*l.llama, *l.backend, *l.gguf, calib_tokens));
+    o.trial_bases = &trial_bases;
+  }
+  for (const std::string& spec : o.trials) {
+    SLUICE_ASSIGN_OR_RETURN(const tools::TrialFormat f, tools::ParseTrialFormat(spec));
+    SLUICE_ASSIGN_OR_RETURN(const auto cache, tools::TrialKvCache::Create(
+                                                  f, l.llama->config(), *l.backend, o.trial_bases));
+    std::fprintf(stderr, "trial %s\n", cache->Describe().c_str());
   }
   SLUICE_ASSIGN_OR_RETURN(std::vector<tools::EvalResult> results,
                           tools::RunEval(o, *l.llama, *l.backend, l.tokens));

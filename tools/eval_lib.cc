@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_format.h"
@@ -10,6 +11,7 @@
 #include "kvstore/kv_preset.h"
 #include "kvstore/wire/wire_encoding_kv_cache.h"
 #include "tools/eval_metrics.h"
+#include "tools/trial_kv_cache.h"
 
 namespace sluice::tools {
 namespace {
@@ -17,8 +19,10 @@ namespace {
 // One preset's cache for a batch of windows, and what it has measured so far.
 struct Arm {
   kvstore::KvPreset preset;
-  EvalOptions::WireBudget wire;  // k > 0: prompts cross the transform-coded wire
+  EvalOptions::WireBudget wire;      // k > 0: prompts cross the transform-coded wire
+  std::optional<TrialFormat> trial;  // an emulated format instead of the preset
   kvstore::PagedKvCache* cache = nullptr;
+  TrialKvCache* trial_cache = nullptr;
   std::unique_ptr<model::KvCache> owner;  // the cache, or the wire decorator holding it
   std::vector<float> logits;              // [batch, vocab]
   EvalTotals totals;
@@ -42,7 +46,9 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
         absl::StrFormat("--stride %d, batch %d and --max_windows %d must be positive (0 = default)",
                         o.stride, o.batch, o.max_windows));
   }
-  if (o.presets.empty()) return absl::InvalidArgumentError("no preset to evaluate");
+  if (o.presets.empty() && o.trials.empty()) {
+    return absl::InvalidArgumentError("no preset to evaluate");
+  }
   std::vector<int64_t> starts;
   for (int64_t s = 0; s + o.context <= static_cast<int64_t>(tokens.size()); s += stride) {
     if (o.max_windows > 0 && static_cast<int64_t>(starts.size()) == o.max_windows) break;
@@ -92,6 +98,12 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
   if (o.residual >= 0) {
     for (Arm& arm : arms) arm.preset.residual = o.residual;
   }
+  for (const std::string& spec : o.trials) {
+    Arm& arm = arms.emplace_back();
+    SLUICE_ASSIGN_OR_RETURN(arm.trial, ParseTrialFormat(spec));
+    // Checks the format against the model's shapes before any window runs.
+    SLUICE_RETURN_IF_ERROR(TrialKvCache::Create(*arm.trial, c, backend, o.trial_bases).status());
+  }
   if (o.budget >= 0) {
     if (o.budget == 0 || o.budget > 1) {
       return absl::InvalidArgumentError(absl::StrFormat("--budget %g outside (0, 1]", o.budget));
@@ -109,6 +121,22 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
   for (int64_t b0 = 0; b0 < n; b0 += o.batch) {
     const int64_t bn = std::min(o.batch, n - b0);
     for (Arm& arm : arms) {
+      if (arm.trial) {
+        SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<TrialKvCache> trial,
+                                TrialKvCache::Create(*arm.trial, c, backend, o.trial_bases));
+        arm.trial_cache = trial.get();
+        arm.owner = std::move(trial);
+        arm.logits.resize(bn * c.vocab);
+        std::vector<model::ForwardEntry> prompts;
+        for (int64_t b = 0; b < bn; ++b) {
+          SLUICE_RETURN_IF_ERROR(arm.owner->AddSequence(b, o.context));
+          prompts.push_back({b, absl::MakeConstSpan(tokens.data() + starts[b0 + b], half)});
+        }
+        SLUICE_RETURN_IF_ERROR(llama.Forward(prompts, *arm.owner, arm.logits.data()));
+        arm.wire_bytes += static_cast<double>(arm.trial_cache->held_bytes());
+        arm.wire_fp16_bytes += static_cast<double>(arm.trial_cache->fp16_bytes());
+        continue;
+      }
       SLUICE_ASSIGN_OR_RETURN(
           const int64_t pages,
           kvstore::PagesForSequence(arm.preset, c.layers, c.kv_heads, o.context));
@@ -181,6 +209,13 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
       }
     }
     for (Arm& arm : arms) {
+      if (arm.trial_cache != nullptr) {
+        arm.held_bytes += static_cast<double>(arm.trial_cache->held_bytes());
+        arm.fp16_bytes += static_cast<double>(arm.trial_cache->fp16_bytes());
+        arm.trial_cache = nullptr;
+        arm.owner.reset();
+        continue;
+      }
       const kvstore::KvCacheStats st = arm.cache->Stats();
       arm.held_bytes += static_cast<double>(st.held_bytes());
       arm.fp16_bytes += static_cast<double>(st.fp16_bytes());
@@ -194,9 +229,10 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
     const Arm& a = arms[i];
     // "+kvtcK/V", or "+kvtcxK/V" with cross-layer prediction.
     const bool cross = o.calibration != nullptr && kvstore::HasKvPredictors(*o.calibration);
-    const std::string name = a.wire.k > 0 ? absl::StrFormat("%s+kvtc%s%g/%g", a.preset.name,
-                                                            cross ? "x" : "", a.wire.k, a.wire.v)
-                                          : a.preset.name;
+    const std::string name = a.trial        ? "trial:" + a.trial->spec
+                             : a.wire.k > 0 ? absl::StrFormat("%s+kvtc%s%g/%g", a.preset.name,
+                                                              cross ? "x" : "", a.wire.k, a.wire.v)
+                                            : a.preset.name;
     out.push_back({.preset = name,
                    .tokens = a.totals.count(),
                    .windows = n,

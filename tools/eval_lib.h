@@ -16,6 +16,7 @@
 #include "kernels/backend.h"
 #include "kvstore/wire/kv_transform.h"
 #include "model/llama.h"
+#include "tools/trial_kv_cache.h"
 
 namespace sluice::tools {
 
@@ -37,6 +38,10 @@ struct EvalOptions {
   std::vector<WireBudget> wire_bits;
   const kvstore::KvTransformCalibration* calibration = nullptr;
   int64_t wire_sinks = 4;  // first tokens of each prompt that cross exact
+  // Emulated resident formats (trial_kv_cache.h), named "trial:SPEC"; tc formats need
+  // `trial_bases`. `residual` and `budget` leave them alone.
+  std::vector<std::string> trials;
+  const TrialBases* trial_bases = nullptr;
   // Called after each decode step with (predictions done, predictions in all).
   std::function<void(int64_t, int64_t)> progress;
 };

@@ -187,6 +187,41 @@ TEST_F(Eval, TheTransformCodedWireCrossesFewerBytesAtAKnownCost) {
   EXPECT_FALSE(kvstore::CalibrateKvTransform(*llama, *cpu, *gguf, {1}).ok());
 }
 
+// Trial formats run beside the presets: the kivi trial of `sluice` with its fp32 window counts
+// the preset's bytes exactly and diverges as much; tc at 8 bits is near exact.
+TEST_F(Eval, TrialFormatsRunBesideThePresetTheyEmulate) {
+  ASSERT_GT(tokens_.size(), 3000u);
+  auto bases = FitTrialBases(*llama_, *cpu_, *gguf_,
+                             std::vector<int32_t>(tokens_.begin(), tokens_.begin() + 512));
+  ASSERT_TRUE(bases.ok()) << bases.status();
+  ASSERT_EQ(bases->k_pre.size(), static_cast<size_t>(llama_->config().layers));
+  const std::vector<int32_t> later(tokens_.begin() + 2000, tokens_.end());
+  EvalOptions o{.presets = {"sluice"},
+                .context = 256,
+                .max_windows = 1,
+                .batch = 1,
+                .trials = {"kivi:exact=fp32", "tc:kb=8:vb=8:sinks=4:steps=minmax:rope=pre"},
+                .trial_bases = &*bases};
+  auto results = RunEval(o, *llama_, *cpu_, later);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 3u);
+  const EvalResult &preset = (*results)[0], &kivi = (*results)[1], &tc = (*results)[2];
+  EXPECT_EQ(kivi.preset, "trial:kivi:exact=fp32");
+  EXPECT_EQ(kivi.ratio, preset.ratio);
+  EXPECT_EQ(kivi.wire_ratio, preset.wire_ratio);
+  EXPECT_NEAR(kivi.kl, preset.kl, 0.25 * preset.kl);
+  EXPECT_GT(kivi.kl, 0.0);
+  EXPECT_LT(tc.kl, preset.kl);
+  EXPECT_GT(tc.top1, 0.97);
+  EXPECT_GT(tc.ratio, 1.0);
+
+  o.trial_bases = nullptr;
+  EXPECT_THAT(RunEval(o, *llama_, *cpu_, later).status().message(),
+              ::testing::HasSubstr("needs bases"));
+  o.trials = {"kivi:kb=5"};
+  EXPECT_THAT(RunEval(o, *llama_, *cpu_, later).status().message(), ::testing::HasSubstr("kb=5"));
+}
+
 TEST(EvalLib, CalibrationPicksTheSmallestKvWithinTheBar) {
   auto result = [](double dppl, double top1, double kl, double ratio) {
     return EvalResult{

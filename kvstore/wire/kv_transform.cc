@@ -203,6 +203,10 @@ absl::StatusOr<KvTransformBasis> FitKvTransformBasis(const float* rows, int64_t 
   return b;
 }
 
+double KvTransformGaussianStep(int bits) {
+  return bits >= 1 && bits <= kMaxKvTransformBits ? kGaussianStep[bits] : 0.0;
+}
+
 std::vector<uint8_t> AllocateKvTransformBits(absl::Span<const double> variance,
                                              double bits_per_value) {
   const size_t dim = variance.size();

@@ -68,6 +68,10 @@ absl::StatusOr<KvTransformBasis> FitKvTransformBasis(const float* rows, int64_t 
 std::vector<uint8_t> AllocateKvTransformBits(absl::Span<const double> variance,
                                              double bits_per_value);
 
+// The step of the optimal uniform quantizer of a unit Gaussian with 2^bits levels (Max, 1960),
+// bits 1..8; 0 for 0 bits (the component is its mean).
+double KvTransformGaussianStep(int bits);
+
 // Codes rows [n, basis.dim] into a block at `bits_per_value` (0 < bits <= 8). `reconstructed`
 // [n, dim], when given (it may be `rows`), gets what DecodeKvTransformBlock will make of the
 // block, bit for bit, without decoding it. InvalidArgument for n outside 1 to 2^31-1, a bad budget

@@ -72,10 +72,10 @@ absl::StatusOr<std::vector<float>> FitPredictor(const float* x, const float* y, 
   return out;
 }
 
-// sum over the query heads g of kv-head h of W_o[:, g]^T W_o[:, g], block-diagonal over the
-// kv-heads: [kv_heads * head_dim]^2.
-absl::StatusOr<std::vector<double>> ValueMetric(const model::GgufFile& gguf,
-                                                const model::LlamaConfig& c, int layer) {
+}  // namespace
+
+absl::StatusOr<std::vector<double>> KvValueMetric(const model::GgufFile& gguf,
+                                                  const model::LlamaConfig& c, int layer) {
   const std::string name = absl::StrFormat("blk.%d.attn_output.weight", layer);
   const model::GgufTensor* t = gguf.FindTensor(name);
   if (t == nullptr) return absl::NotFoundError(absl::StrCat("the model has no ", name));
@@ -100,8 +100,6 @@ absl::StatusOr<std::vector<double>> ValueMetric(const model::GgufFile& gguf,
   }
   return m;
 }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<RecordingKvCache>> RecordFullPrecisionKv(
     model::LlamaModel& llama, kernels::Backend& backend, absl::Span<const int32_t> tokens) {
@@ -196,7 +194,7 @@ absl::StatusOr<KvTransformCalibration> CalibrateKvTransform(model::LlamaModel& l
     prev_k = std::move(this_k);
     SLUICE_ASSIGN_OR_RETURN(KvTransformBasis kb,
                             FitKvTransformBasis(k.data(), n, static_cast<int32_t>(dim)));
-    SLUICE_ASSIGN_OR_RETURN(const std::vector<double> metric, ValueMetric(gguf, c, layer));
+    SLUICE_ASSIGN_OR_RETURN(const std::vector<double> metric, KvValueMetric(gguf, c, layer));
     SLUICE_ASSIGN_OR_RETURN(KvTransformBasis vb,
                             FitKvTransformBasis(v.data(), n, static_cast<int32_t>(dim), metric));
     out.k.push_back(std::move(kb));

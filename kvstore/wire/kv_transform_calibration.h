@@ -30,6 +30,13 @@ absl::StatusOr<KvTransformCalibration> CalibrateKvTransform(model::LlamaModel& l
                                                             const std::vector<int32_t>& tokens,
                                                             bool cross_layer = false);
 
+// The metric values are fitted under: the sum over the query heads g of kv-head h of
+// W_o[:, g]^T W_o[:, g] (W_o: `layer`'s attn_output weights), block-diagonal over the kv-heads,
+// [kv_heads * head_dim]^2. NotFound or InvalidArgument for a model without those weights or of
+// other shapes, naming the tensor.
+absl::StatusOr<std::vector<double>> KvValueMetric(const model::GgufFile& gguf,
+                                                  const model::LlamaConfig& config, int layer);
+
 // out [n, dim] = the prediction bias + W prev[t] of `predict` (a KvTransformCalibration
 // predictor of dim) for the rows prev [n, dim].
 void PredictKvRows(absl::Span<const float> predict, const float* prev, int64_t n, int64_t dim,
