@@ -606,6 +606,10 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
     return absl::InvalidArgumentError(
         absl::StrFormat("choice %d of %d does not exist", request.choice(), choices));
   }
+  std::unique_ptr<DecodedPrompt> decoded;
+  if (request.wire_codec() != 0) {
+    SLUICE_ASSIGN_OR_RETURN(decoded, DecodeWire(request, client));
+  }
   return OnScheduler<absl::StatusOr<std::shared_ptr<TokenStream>>>(
       [&]() -> absl::StatusOr<std::shared_ptr<TokenStream>> {
         SLUICE_ASSIGN_OR_RETURN(auto it, FindReservation(request.reservation_id(), client));
@@ -623,9 +627,10 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
               "the request names %d choices, its reservation was for %d", choices, reserved));
         }
         const int64_t room = request.prompt_size() + params.max_tokens;
-        if (choices > 1) return GenerateChoice(it, request, cache, room);
+        if (choices > 1) return GenerateChoice(it, request, cache, room, decoded.get());
         const uint64_t seq = next_id_++;
-        if (absl::Status st = ImportReserved(it->second, request, cache, seq, room); !st.ok()) {
+        if (absl::Status st = ImportReserved(it->second, request, cache, seq, room, decoded.get());
+            !st.ok()) {
           FreeReservation(it);
           return st;
         }
@@ -634,9 +639,65 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::Generate(
       });
 }
 
+absl::StatusOr<std::unique_ptr<DecodeWorker::DecodedPrompt>> DecodeWorker::DecodeWire(
+    const rpc::GenerateRequest& request, const std::string& client) {
+  // Fails the reservation as an import failure, on the scheduler.
+  auto fail = [&](absl::Status st) -> absl::Status {
+    import_failures_.Increment();
+    OnScheduler<absl::Status>([&] {
+      auto it = FindReservation(request.reservation_id(), client);
+      if (it.ok()) FreeReservation(*it);
+      return absl::OkStatus();
+    }).IgnoreError();
+    return st;
+  };
+  SLUICE_ASSIGN_OR_RETURN(
+      const std::string stream,
+      OnScheduler<absl::StatusOr<std::string>>([&]() -> absl::StatusOr<std::string> {
+        SLUICE_ASSIGN_OR_RETURN(auto it, FindReservation(request.reservation_id(), client));
+        if (it->second.parent != 0) return std::string();  // imported by the first choice
+        absl::Status st = CheckWire(request);
+        absl::StatusOr<std::string> taken =
+            st.ok() ? TakeState(it->second, request) : absl::StatusOr<std::string>(st);
+        if (!taken.ok()) {
+          import_failures_.Increment();
+          FreeReservation(it);
+        }
+        return taken;
+      }));
+  if (stream.empty()) return nullptr;
+  std::lock_guard<std::mutex> lock(decode_mu_);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<kvstore::KvWireDecoder> decoder =
+      kvstore::KvWireDecoder::Open(rt_.kv_calibration(), rt_.kv_calibration_checksum(),
+                                   rt_.kv_calibration_path(), rt_.config(), stream);
+  if (!decoder.ok()) return fail(decoder.status());
+  // The prompt's length bounds what is allocated, whatever the stream claims.
+  if (decoder->shape().tokens != request.prompt_size()) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrFormat("the KV wire stream holds %d tokens, the prompt has %d",
+                        decoder->shape().tokens, request.prompt_size())));
+  }
+  const model::LlamaConfig& c = rt_.config();
+  auto out = std::make_unique<DecodedPrompt>();
+  out->shape = decoder->shape();
+  const size_t rows = static_cast<size_t>(out->shape.tokens * c.kv_heads * c.head_dim);
+  for (int layer = 0; layer < c.layers; ++layer) {
+    out->k.emplace_back(rows);
+    out->v.emplace_back(rows);
+    if (absl::Status st = decoder->DecodeLayer(layer, out->k.back().data(), out->v.back().data());
+        !st.ok()) {
+      return fail(st);
+    }
+  }
+  wire_decode_seconds_.Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  return out;
+}
+
 absl::Status DecodeWorker::ImportReserved(Reservation& reserved,
                                           const rpc::GenerateRequest& request,
-                                          WorkerRuntime::Cache* cache, uint64_t seq, int64_t room) {
+                                          WorkerRuntime::Cache* cache, uint64_t seq, int64_t room,
+                                          const DecodedPrompt* decoded) {
   // Each run's leading pages the prefill worker left out: the reservation's held ones.
   std::vector<std::vector<kvstore::PageId>> held;
   if (request.held_pages_size() > 0 &&
@@ -659,9 +720,21 @@ absl::Status DecodeWorker::ImportReserved(Reservation& reserved,
   // The state the prefill worker wrote after the pages, checked against its CRC32C; the pages
   // it put move from the window into the pool, where the import checks each one.
   const int64_t sent = request.pages();
-  const absl::Status wire = request.wire_codec() != 0 ? CheckWire(request) : absl::OkStatus();
-  absl::StatusOr<std::string> state =
-      wire.ok() ? TakeState(reserved, request) : absl::StatusOr<std::string>(wire);
+  if (request.wire_codec() != 0) {
+    // The prompt's rows, decoded off the scheduler (DecodeWire), commit into the cache's own
+    // format; the reservation's pages go back to the pool first, for the commit to take.
+    if (decoded == nullptr) {
+      import_failures_.Increment();
+      return absl::FailedPreconditionError("a transform-coded prompt arrived undecoded");
+    }
+    cache->cache->mutable_pool().Free(reserved.pages).IgnoreError();
+    reserved.pages.clear();
+    reserved.window.reset();
+    const absl::Status imported = ImportWire(*cache, seq, room, request.prompt_size(), *decoded);
+    if (!imported.ok()) import_failures_.Increment();
+    return imported;
+  }
+  absl::StatusOr<std::string> state = TakeState(reserved, request);
   // A prompt that fits the full-precision window sends no page at all.
   if (state.ok() && (sent < 0 || sent > static_cast<int64_t>(reserved.pages.size()))) {
     state = absl::InvalidArgumentError(
@@ -674,16 +747,6 @@ absl::Status DecodeWorker::ImportReserved(Reservation& reserved,
   }
   const int64_t prompt = request.prompt_size();
   kvstore::PagePool& pool = cache->cache->mutable_pool();
-  if (request.wire_codec() != 0) {
-    // The prompt's rows, decoded layer by layer, commit into the cache's own format; the
-    // reservation's pages go back to the pool first, for the commit to take.
-    pool.Free(reserved.pages).IgnoreError();
-    reserved.pages.clear();
-    reserved.window.reset();
-    const absl::Status imported = ImportWire(*cache, seq, room, prompt, *state);
-    if (!imported.ok()) import_failures_.Increment();
-    return imported;
-  }
   const absl::Span<const kvstore::PageId> pages =
       absl::MakeConstSpan(reserved.pages).subspan(0, static_cast<size_t>(sent));
   const absl::Status moved =
@@ -714,11 +777,12 @@ absl::Status DecodeWorker::ImportReserved(Reservation& reserved,
 
 absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::GenerateChoice(
     std::map<uint64_t, Reservation>::iterator it, const rpc::GenerateRequest& request,
-    WorkerRuntime::Cache* cache, int64_t room) {
+    WorkerRuntime::Cache* cache, int64_t room, const DecodedPrompt* decoded) {
   Reservation& reserved = it->second;
   if (reserved.parent == 0) {
     const uint64_t parent = next_id_++;
-    if (absl::Status st = ImportReserved(reserved, request, cache, parent, room); !st.ok()) {
+    if (absl::Status st = ImportReserved(reserved, request, cache, parent, room, decoded);
+        !st.ok()) {
       FreeReservation(it);
       return st;
     }
@@ -775,26 +839,24 @@ absl::Status DecodeWorker::CheckWire(const rpc::GenerateRequest& request) const 
 }
 
 absl::Status DecodeWorker::ImportWire(WorkerRuntime::Cache& cache, uint64_t seq, int64_t room,
-                                      int64_t prompt, std::string_view stream) {
-  const absl::Time start = absl::Now();
-  SLUICE_ASSIGN_OR_RETURN(
-      kvstore::KvWireDecoder decoder,
-      kvstore::KvWireDecoder::Open(rt_.kv_calibration(), rt_.kv_calibration_checksum(),
-                                   rt_.kv_calibration_path(), rt_.config(), stream));
-  if (decoder.shape().tokens != prompt) {
+                                      int64_t prompt, const DecodedPrompt& decoded) {
+  if (decoded.shape.tokens != prompt) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "the KV wire stream holds %d tokens, the prompt has %d", decoder.shape().tokens, prompt));
+        "the KV wire stream holds %d tokens, the prompt has %d", decoded.shape.tokens, prompt));
   }
-  if (decoder.shape().tail != cache.cache->WindowAfterPrompt(prompt)) {
+  if (decoded.shape.tail != cache.cache->WindowAfterPrompt(prompt)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the KV wire stream keeps %d rows exact at the end, preset %s keeps %d in its window",
-        decoder.shape().tail, cache.cache->preset().name, cache.cache->WindowAfterPrompt(prompt)));
+        decoded.shape.tail, cache.cache->preset().name, cache.cache->WindowAfterPrompt(prompt)));
   }
-  SLUICE_RETURN_IF_ERROR(cache.cache->AddSequenceFromRows(
-      static_cast<int64_t>(seq), room, prompt,
-      [&](int layer, float* k, float* v) { return decoder.DecodeLayer(layer, k, v); }));
-  wire_decode_seconds_.Observe(absl::ToDoubleSeconds(absl::Now() - start));
-  return absl::OkStatus();
+  return cache.cache->AddSequenceFromRows(static_cast<int64_t>(seq), room, prompt,
+                                          [&](int layer, float* k, float* v) {
+                                            const std::vector<float>& dk = decoded.k[layer];
+                                            const std::vector<float>& dv = decoded.v[layer];
+                                            std::copy(dk.begin(), dk.end(), k);
+                                            std::copy(dv.begin(), dv.end(), v);
+                                            return absl::OkStatus();
+                                          });
 }
 
 absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::StartRunning(

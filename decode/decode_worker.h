@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "common/worker_runtime.h"
 #include "kvstore/cache/prefix_index.h"
+#include "kvstore/wire/kv_wire_codec.h"
 #include "model/sampler.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -178,22 +179,35 @@ class DecodeWorker {
   absl::StatusOr<std::string> TakeState(const Reservation& r, const rpc::GenerateRequest& request);
   // A transform-coded prompt: the codec known and the calibration this worker loaded.
   absl::Status CheckWire(const rpc::GenerateRequest& request) const;
-  // Decodes the stream layer by layer into the cache as sequence `seq`, committed in the
-  // preset's format; nothing of `seq` is left on error.
+  // A transform-coded prompt's rows as its stream decodes: keys with RoPE and values, per layer.
+  struct DecodedPrompt {
+    kvstore::KvWireShape shape;
+    std::vector<std::vector<float>> k, v;  // [layers][tokens * kv_heads * head_dim]
+  };
+  // The transform-coded prompt of `request`, decoded on the calling thread (a request's, one
+  // prompt at a time) rather than the scheduler's, which keeps stepping its batch meanwhile:
+  // the stream is copied out of the reservation's window on the scheduler, checked, then
+  // decoded here. Null when the reservation imported its prompt already (a later choice).
+  // On error the reservation is freed, as an import failure.
+  absl::StatusOr<std::unique_ptr<DecodedPrompt>> DecodeWire(const rpc::GenerateRequest& request,
+                                                            const std::string& client);
+  // Commits the decoded rows into the cache as sequence `seq`, in the preset's format; nothing
+  // of `seq` is left on error.
   absl::Status ImportWire(WorkerRuntime::Cache& cache, uint64_t seq, int64_t room, int64_t prompt,
-                          std::string_view stream);
+                          const DecodedPrompt& decoded);
   // Moves what the prefill worker put into `r`'s window into the cache as sequence `seq` (of
   // `room` tokens): the KV state checked against the request's checksum, the pages moved into
   // the reservation's and checked, or a transform-coded stream decoded. The reservation's pages
   // not imported go back to the pool and its window is unexposed; on error nothing of `seq` is
   // left (the caller frees the reservation).
   absl::Status ImportReserved(Reservation& r, const rpc::GenerateRequest& request,
-                              WorkerRuntime::Cache* cache, uint64_t seq, int64_t room);
+                              WorkerRuntime::Cache* cache, uint64_t seq, int64_t room,
+                              const DecodedPrompt* decoded);
   // One choice of a reservation with several: imports the prompt as the parent at the first
   // call, forks the choice's sequence from it, and lets the parent go after the last choice.
   absl::StatusOr<std::shared_ptr<TokenStream>> GenerateChoice(
       std::map<uint64_t, Reservation>::iterator it, const rpc::GenerateRequest& request,
-      WorkerRuntime::Cache* cache, int64_t room);
+      WorkerRuntime::Cache* cache, int64_t room, const DecodedPrompt* decoded);
   // The imported sequence `seq` starts generating (the scheduler's part of Generate).
   absl::StatusOr<std::shared_ptr<TokenStream>> StartRunning(const rpc::GenerateRequest& request,
                                                             WorkerRuntime::Cache* cache,
@@ -233,6 +247,9 @@ class DecodeWorker {
   std::condition_variable cv_;
   std::vector<std::function<void()>> tasks_;
   bool stop_ = false;
+  // Held while a transform-coded prompt decodes (DecodeWire): one at a time, so that the rows
+  // of one prompt at most are held beside the pool.
+  std::mutex decode_mu_;
 
   // Scheduler thread only.
   std::map<uint64_t, Reservation> reservations_;

@@ -1133,6 +1133,17 @@ TEST_F(DisaggregatedTransformWire, PromptsCrossCodedAndGenerateAsOneProcess) {
   EXPECT_EQ(Counter("sluice_kv_wire_bytes_total"), prefilled.transfer_bytes());
   EXPECT_EQ(Counter("sluice_kv_wire_fp16_bytes_total"), prefilled.kv_fp16_bytes());
   ExpectNothingHeld();
+  // Two choices of one coded prompt: the first imports the decoded rows, the second forks.
+  auto choices = flow_->StartChoices(
+      {.request_id = 5, .prompt = prompt_, .sampling = Greedy(12), .preset = "fp16", .choices = 2});
+  ASSERT_TRUE(choices.ok()) << choices.status();
+  for (auto& choice : *choices) {
+    std::vector<int32_t> tokens = {choice->prefilled.first().token()};
+    for (int32_t token : Drain(*choice->stream, &reason)) tokens.push_back(token);
+    EXPECT_EQ(tokens, got);
+  }
+  choices->clear();
+  ExpectNothingHeld();
   // KIVI-4 pages from the decoded rows; a preset that selects by attention sends its pages.
   for (const char* preset : {"sluice", "snapkv"}) {
     SCOPED_TRACE(preset);
