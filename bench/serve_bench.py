@@ -367,6 +367,7 @@ def summarize(results):
         "requests_per_s": len(ok) / (end - start),
         "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
         "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99),
+        "itl_max_s": max(itl) if itl else None,
         "e2e_p50_s": percentile(e2e, 50), "e2e_p99_s": percentile(e2e, 99),
     }
 
