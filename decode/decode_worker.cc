@@ -697,7 +697,7 @@ absl::StatusOr<std::unique_ptr<DecodeWorker::DecodedPrompt>> DecodeWorker::Decod
 absl::Status DecodeWorker::ImportReserved(Reservation& reserved,
                                           const rpc::GenerateRequest& request,
                                           WorkerRuntime::Cache* cache, uint64_t seq, int64_t room,
-                                          const DecodedPrompt* decoded) {
+                                          DecodedPrompt* decoded) {
   // Each run's leading pages the prefill worker left out: the reservation's held ones.
   std::vector<std::vector<kvstore::PageId>> held;
   if (request.held_pages_size() > 0 &&
@@ -777,7 +777,7 @@ absl::Status DecodeWorker::ImportReserved(Reservation& reserved,
 
 absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::GenerateChoice(
     std::map<uint64_t, Reservation>::iterator it, const rpc::GenerateRequest& request,
-    WorkerRuntime::Cache* cache, int64_t room, const DecodedPrompt* decoded) {
+    WorkerRuntime::Cache* cache, int64_t room, DecodedPrompt* decoded) {
   Reservation& reserved = it->second;
   if (reserved.parent == 0) {
     const uint64_t parent = next_id_++;
@@ -839,7 +839,7 @@ absl::Status DecodeWorker::CheckWire(const rpc::GenerateRequest& request) const 
 }
 
 absl::Status DecodeWorker::ImportWire(WorkerRuntime::Cache& cache, uint64_t seq, int64_t room,
-                                      int64_t prompt, const DecodedPrompt& decoded) {
+                                      int64_t prompt, DecodedPrompt& decoded) {
   if (decoded.shape.tokens != prompt) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the KV wire stream holds %d tokens, the prompt has %d", decoded.shape.tokens, prompt));
@@ -851,10 +851,14 @@ absl::Status DecodeWorker::ImportWire(WorkerRuntime::Cache& cache, uint64_t seq,
   }
   return cache.cache->AddSequenceFromRows(static_cast<int64_t>(seq), room, prompt,
                                           [&](int layer, float* k, float* v) {
-                                            const std::vector<float>& dk = decoded.k[layer];
-                                            const std::vector<float>& dv = decoded.v[layer];
+                                            std::vector<float>& dk = decoded.k[layer];
+                                            std::vector<float>& dv = decoded.v[layer];
                                             std::copy(dk.begin(), dk.end(), k);
                                             std::copy(dv.begin(), dv.end(), v);
+                                            // Each layer's rows go once in the cache's window,
+                                            // so the import holds about one copy in all.
+                                            std::vector<float>().swap(dk);
+                                            std::vector<float>().swap(dv);
                                             return absl::OkStatus();
                                           });
 }

@@ -191,10 +191,10 @@ class DecodeWorker {
   // On error the reservation is freed, as an import failure.
   absl::StatusOr<std::unique_ptr<DecodedPrompt>> DecodeWire(const rpc::GenerateRequest& request,
                                                             const std::string& client);
-  // Commits the decoded rows into the cache as sequence `seq`, in the preset's format; nothing
-  // of `seq` is left on error.
+  // Commits the decoded rows into the cache as sequence `seq`, in the preset's format, letting
+  // each layer's rows go as the cache takes them; nothing of `seq` is left on error.
   absl::Status ImportWire(WorkerRuntime::Cache& cache, uint64_t seq, int64_t room, int64_t prompt,
-                          const DecodedPrompt& decoded);
+                          DecodedPrompt& decoded);
   // Moves what the prefill worker put into `r`'s window into the cache as sequence `seq` (of
   // `room` tokens): the KV state checked against the request's checksum, the pages moved into
   // the reservation's and checked, or a transform-coded stream decoded. The reservation's pages
@@ -202,12 +202,12 @@ class DecodeWorker {
   // left (the caller frees the reservation).
   absl::Status ImportReserved(Reservation& r, const rpc::GenerateRequest& request,
                               WorkerRuntime::Cache* cache, uint64_t seq, int64_t room,
-                              const DecodedPrompt* decoded);
+                              DecodedPrompt* decoded);
   // One choice of a reservation with several: imports the prompt as the parent at the first
   // call, forks the choice's sequence from it, and lets the parent go after the last choice.
   absl::StatusOr<std::shared_ptr<TokenStream>> GenerateChoice(
       std::map<uint64_t, Reservation>::iterator it, const rpc::GenerateRequest& request,
-      WorkerRuntime::Cache* cache, int64_t room, const DecodedPrompt* decoded);
+      WorkerRuntime::Cache* cache, int64_t room, DecodedPrompt* decoded);
   // The imported sequence `seq` starts generating (the scheduler's part of Generate).
   absl::StatusOr<std::shared_ptr<TokenStream>> StartRunning(const rpc::GenerateRequest& request,
                                                             WorkerRuntime::Cache* cache,
