@@ -840,10 +840,7 @@ absl::Status DecodeWorker::CheckWire(const rpc::GenerateRequest& request) const 
 
 absl::Status DecodeWorker::ImportWire(WorkerRuntime::Cache& cache, uint64_t seq, int64_t room,
                                       int64_t prompt, DecodedPrompt& decoded) {
-  if (decoded.shape.tokens != prompt) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the KV wire stream holds %d tokens, the prompt has %d", decoded.shape.tokens, prompt));
-  }
+  // DecodeWire checked the stream's tokens against the prompt; the window is the cache's.
   if (decoded.shape.tail != cache.cache->WindowAfterPrompt(prompt)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the KV wire stream keeps %d rows exact at the end, preset %s keeps %d in its window",

@@ -30,6 +30,21 @@ struct Arm {
   double wire_bytes = 0, wire_fp16_bytes = 0;
 };
 
+// What an arm's cache holds now against the same KV as fp16, and its pages (0 for a trial).
+struct Held {
+  double held = 0, fp16 = 0, pages = 0;
+};
+Held HeldNow(const Arm& arm) {
+  if (arm.trial_cache != nullptr) {
+    return {.held = static_cast<double>(arm.trial_cache->held_bytes()),
+            .fp16 = static_cast<double>(arm.trial_cache->fp16_bytes())};
+  }
+  const kvstore::KvCacheStats st = arm.cache->Stats();
+  return {.held = static_cast<double>(st.held_bytes()),
+          .fp16 = static_cast<double>(st.fp16_bytes()),
+          .pages = static_cast<double>(st.pages.pages())};
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::LlamaModel& llama,
@@ -126,34 +141,25 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
                                 TrialKvCache::Create(*arm.trial, c, backend, o.trial_bases));
         arm.trial_cache = trial.get();
         arm.owner = std::move(trial);
-        arm.logits.resize(bn * c.vocab);
-        std::vector<model::ForwardEntry> prompts;
-        for (int64_t b = 0; b < bn; ++b) {
-          SLUICE_RETURN_IF_ERROR(arm.owner->AddSequence(b, o.context));
-          prompts.push_back({b, absl::MakeConstSpan(tokens.data() + starts[b0 + b], half)});
-        }
-        SLUICE_RETURN_IF_ERROR(llama.Forward(prompts, *arm.owner, arm.logits.data()));
-        arm.wire_bytes += static_cast<double>(arm.trial_cache->held_bytes());
-        arm.wire_fp16_bytes += static_cast<double>(arm.trial_cache->fp16_bytes());
-        continue;
-      }
-      SLUICE_ASSIGN_OR_RETURN(
-          const int64_t pages,
-          kvstore::PagesForSequence(arm.preset, c.layers, c.kv_heads, o.context));
-      SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<kvstore::PagedKvCache> cache,
-                              kvstore::PagedKvCache::Create({.layers = c.layers,
-                                                             .heads = c.heads,
-                                                             .kv_heads = c.kv_heads,
-                                                             .head_dim = c.head_dim,
-                                                             .preset = arm.preset,
-                                                             .pages = pages * bn},
-                                                            backend));
-      arm.cache = cache.get();
-      if (arm.wire.k > 0) {
-        arm.owner = std::make_unique<kvstore::WireEncodingKvCache>(
-            std::move(cache), kvstore::WireEncodingKvCache::Pass::kDecoded);
       } else {
-        arm.owner = std::move(cache);
+        SLUICE_ASSIGN_OR_RETURN(
+            const int64_t pages,
+            kvstore::PagesForSequence(arm.preset, c.layers, c.kv_heads, o.context));
+        SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<kvstore::PagedKvCache> cache,
+                                kvstore::PagedKvCache::Create({.layers = c.layers,
+                                                               .heads = c.heads,
+                                                               .kv_heads = c.kv_heads,
+                                                               .head_dim = c.head_dim,
+                                                               .preset = arm.preset,
+                                                               .pages = pages * bn},
+                                                              backend));
+        arm.cache = cache.get();
+        if (arm.wire.k > 0) {
+          arm.owner = std::make_unique<kvstore::WireEncodingKvCache>(
+              std::move(cache), kvstore::WireEncodingKvCache::Pass::kDecoded);
+        } else {
+          arm.owner = std::move(cache);
+        }
       }
       arm.logits.resize(bn * c.vocab);
       std::vector<model::ForwardEntry> prompts;
@@ -183,9 +189,9 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
           arm.wire_bytes += static_cast<double>(stream.size());
         }
       } else {
-        const kvstore::KvCacheStats st = arm.cache->Stats();
-        arm.wire_bytes += static_cast<double>(st.held_bytes());
-        arm.wire_fp16_bytes += static_cast<double>(st.fp16_bytes());
+        const Held h = HeldNow(arm);
+        arm.wire_bytes += h.held;
+        arm.wire_fp16_bytes += h.fp16;
       }
     }
     for (int64_t t = half; t < o.context; ++t) {
@@ -209,18 +215,12 @@ absl::StatusOr<std::vector<EvalResult>> RunEval(const EvalOptions& o, model::Lla
       }
     }
     for (Arm& arm : arms) {
-      if (arm.trial_cache != nullptr) {
-        arm.held_bytes += static_cast<double>(arm.trial_cache->held_bytes());
-        arm.fp16_bytes += static_cast<double>(arm.trial_cache->fp16_bytes());
-        arm.trial_cache = nullptr;
-        arm.owner.reset();
-        continue;
-      }
-      const kvstore::KvCacheStats st = arm.cache->Stats();
-      arm.held_bytes += static_cast<double>(st.held_bytes());
-      arm.fp16_bytes += static_cast<double>(st.fp16_bytes());
-      arm.pages += static_cast<double>(st.pages.pages());
+      const Held h = HeldNow(arm);
+      arm.held_bytes += h.held;
+      arm.fp16_bytes += h.fp16;
+      arm.pages += h.pages;
       arm.cache = nullptr;
+      arm.trial_cache = nullptr;
       arm.owner.reset();
     }
   }
