@@ -432,7 +432,7 @@ absl::StatusOr<nlohmann::json> Wire(kernels::CpuBackend& cpu, int repeats) {
                "enc MB/s", "dec MB/s", "enc/prefill", "dec ms", "1 GB/s ms");
   nlohmann::json rows = nlohmann::json::array();
   const int32_t dim = static_cast<int32_t>(c.kv_heads * c.head_dim);
-  for (const auto& [kb, vb] : std::vector<std::pair<double, double>>{{2, 4}, {3, 5}, {4, 6}}) {
+  for (const auto& [kb, vb] : std::vector<std::pair<double, double>>{{1, 3}, {2, 4}, {3, 5}}) {
     std::vector<std::string> blocks(2 * c.layers);
     SLUICE_ASSIGN_OR_RETURN(
         const double enc_s, Best(repeats, [&]() -> absl::Status {

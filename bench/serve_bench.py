@@ -418,8 +418,9 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--preset", default="sluice")
-    ap.add_argument("--wire-bits", default="2/4",
-                    help="sluice+kvtc: code bits per key/value of the transform-coded wire")
+    ap.add_argument("--wire-bits", default="1/3",
+                    help="sluice+kvtc: entropy-coded bits per key/value value of the "
+                         "transform-coded wire")
     ap.add_argument("--rate", type=float, default=0.08, help="Poisson arrivals per second")
     ap.add_argument("--requests", type=int, default=16, help="Poisson requests")
     ap.add_argument("--prompt-min", type=int, default=512)

@@ -53,8 +53,8 @@ struct WorkerRuntimeOptions {
   bool stage_pools = false;
   // The transform-coded wire (kvstore/wire/kv_wire_codec.h): the calibration file both ends
   // load ("" = none; `./sluice calibrate` writes it beside the model). A sender with
-  // `wire_bits` ("K/V" code bits per value; "" = pages) codes the prompts of presets that keep
-  // every token with it; a receiver decodes whatever arrives coded with the same file.
+  // `wire_bits` ("K/V" entropy-coded bits per value; "" = pages) codes the prompts of presets that
+  // keep every token with it; a receiver decodes whatever arrives coded with the same file.
   std::string kv_calibration;
   std::string wire_bits;
 };

@@ -820,7 +820,8 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeWorker::GenerateChoice(
 absl::Status DecodeWorker::CheckWire(const rpc::GenerateRequest& request) const {
   if (request.wire_codec() != kvstore::kKvWireCodecTransform) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("KV wire codec %d is unknown (1: transform-coded)", request.wire_codec()));
+        absl::StrFormat("KV wire codec %d is not this decode worker's (%d: transform-coded, rANS)",
+                        request.wire_codec(), kvstore::kKvWireCodecTransform));
   }
   if (rt_.kv_calibration() == nullptr) {
     return absl::FailedPreconditionError(absl::StrFormat(

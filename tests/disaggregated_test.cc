@@ -1149,7 +1149,8 @@ TEST_F(DisaggregatedTransformWire, PromptsCrossCodedAndGenerateAsOneProcess) {
     SCOPED_TRACE(preset);
     auto r = Start(preset, Greedy(8));
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ((*r)->prefilled.wire_codec(), std::string(preset) == "sluice" ? 1u : 0u);
+    EXPECT_EQ((*r)->prefilled.wire_codec(),
+              std::string(preset) == "sluice" ? kvstore::kKvWireCodecTransform : 0u);
     std::vector<int32_t> tokens = Drain(*(*r)->stream, &reason);
     EXPECT_TRUE((*r)->stream->Finish().ok());
     EXPECT_FALSE(tokens.empty());

@@ -29,9 +29,9 @@ struct EvalOptions {
   int32_t residual = -1;             // full-precision window of every preset; -1 = its own
   float budget = -1.f;               // fraction kept by evicting presets; -1 = their own
   // The transform-coded wire (kvstore/wire/wire_encoding_kv_cache.h): every preset again with
-  // its prompts' KV through the codec at each of these budgets (code bits per key value and per
-  // value value), named "PRESET+kvtcK/V" ("PRESET+kvtcxK/V" when the calibration predicts across
-  // layers). Needs `calibration` and a host-memory backend.
+  // its prompts' KV through the codec at each of these budgets (entropy-coded bits per key value
+  // and per value value), named "PRESET+kvtcK/V" ("PRESET+kvtcxK/V" when the calibration predicts
+  // across layers). Needs `calibration` and a host-memory backend.
   struct WireBudget {
     double k = 0, v = 0;
   };

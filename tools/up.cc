@@ -59,8 +59,8 @@ ABSL_FLAG(std::string, kv_calibration, "",
           "Transform-coded wire: the calibration file; empty = beside the model (.kvtc) when "
           "there is one (./sluice calibrate).");
 ABSL_FLAG(std::string, wire_bits, "",
-          "Transform-coded wire: code bits per key/value (\"2/4\") for the prompts' KV of presets "
-          "that keep every token; empty: pages cross as they are held.");
+          "Transform-coded wire: entropy-coded bits per key/value value (\"1/3\") for the "
+          "prompts' KV of presets that keep every token; empty: pages cross as they are held.");
 ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else the cache).");
 ABSL_FLAG(std::string, bin_dir, "", "Where the prefill/, decode/ and router/ binaries are.");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports for the page streams; empty: UCX's choice.");

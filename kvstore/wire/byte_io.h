@@ -17,6 +17,15 @@ inline void PutU32(std::string& s, uint32_t x) { s.append(reinterpret_cast<const
 inline void PutF32s(std::string& s, const std::vector<float>& x) {
   s.append(reinterpret_cast<const char*>(x.data()), x.size() * sizeof(float));
 }
+// An unsigned LEB128 varint: 7 bits a byte, low first, the top bit set on every byte but the
+// last.
+inline void PutVarint(std::string& s, uint32_t x) {
+  while (x >= 0x80) {
+    s.push_back(static_cast<char>((x & 0x7f) | 0x80));
+    x >>= 7;
+  }
+  s.push_back(static_cast<char>(x));
+}
 
 // Reads fields in order from a byte string; a read past the end takes nothing and says false.
 class ByteReader {
@@ -33,6 +42,21 @@ class ByteReader {
     *out = b_.substr(pos_, n);
     pos_ += n;
     return true;
+  }
+  // An unsigned LEB128 varint of at most 5 bytes that fits 32 bits.
+  bool TakeVarint(uint32_t* out) {
+    uint64_t x = 0;
+    for (int shift = 0; shift < 35; shift += 7) {
+      if (pos_ == b_.size()) return false;
+      const uint8_t byte = static_cast<uint8_t>(b_[pos_++]);
+      x |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if ((byte & 0x80) == 0) {
+        if (x > UINT32_MAX) return false;
+        *out = static_cast<uint32_t>(x);
+        return true;
+      }
+    }
+    return false;
   }
   size_t pos() const { return pos_; }
   size_t left() const { return b_.size() - pos_; }

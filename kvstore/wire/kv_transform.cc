@@ -1,6 +1,7 @@
 #include "kvstore/wire/kv_transform.h"
 
 #include <cblas.h>
+#include <xmmintrin.h>
 
 #include <algorithm>
 #include <array>
@@ -8,15 +9,17 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <queue>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "kernels/ggml_quant.h"
-#include "kernels/huffman.h"
 #include "kvstore/wire/byte_io.h"
 #include "kvstore/wire/crc32c.h"
+#include "kvstore/wire/rans.h"
 
 extern "C" {
 // LAPACK (OpenBLAS): eigenvalues and eigenvectors of a symmetric matrix, divide and conquer.
@@ -27,12 +30,9 @@ void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const 
 namespace sluice::kvstore {
 namespace {
 
-constexpr uint32_t kBlockMagic = 0x31544B53;        // "SKT1"
+constexpr uint32_t kBlockMagic = 0x32544B53;        // "SKT2"
 constexpr uint32_t kCalibrationMagic = 0x43544B53;  // "SKTC"
-constexpr size_t kBlockHeaderBytes = 16;
-// Codes are steps from the mean, -128..127 (stored +128): the width sets the step; codes beyond
-// the Gaussian's 2^width levels are rare and the Huffman code makes them long, not clipped.
-constexpr int kCodeLevels = 256;
+constexpr size_t kBlockHeaderBytes = 20;
 // Rows of a block: OpenBLAS takes int dimensions.
 constexpr int64_t kMaxBlockRows = (int64_t{1} << 31) - 1;
 
@@ -110,11 +110,6 @@ absl::Status SymmetricEigen(std::vector<double>& a, std::vector<double>& w, int 
   if (info != 0) return absl::InternalError(absl::StrFormat("dsyevd: info %d", info));
   return absl::OkStatus();
 }
-
-struct Component {
-  uint8_t bits = 0;
-  float step = 0, mean = 0;
-};
 
 }  // namespace
 
@@ -233,10 +228,45 @@ std::vector<uint8_t> AllocateKvTransformBits(absl::Span<const double> variance,
 
 namespace {
 
-// A component's value for code q (stored + 128): the middle of its step.
-float CodeValue(float mean, float step, int q) {
-  return mean + (static_cast<float>(q - kCodeLevels / 2) + 0.5f) * step;
+// Codes are whole steps from the component's block mean: one step for every component of a
+// block (entropy-coded uniform quantisation wants equal error everywhere: a component gets as
+// many bits as its spread over the step calls for, a fraction of one where it is narrow).
+// Codes further than this from the mean are clipped (only a value some million steps out).
+constexpr int64_t kMaxCode = int64_t{1} << 20;
+// Components are grouped into classes by their spread over the step, half an octave each; a class
+// shares a rANS table. Class c holds ratios in [2^((c - kClassOffset) / 2), ...).
+constexpr int kClassOffset = 24;
+constexpr int kClassCount = 64;
+constexpr uint8_t kNotCoded = 0xff;  // a component whose codes are all 0: sent as its mean
+constexpr int kMaxShift = kRansScaleBits;
+// Tokens the step search codes trial-wise (evenly spaced); the block is coded once at the end.
+constexpr int64_t kSearchTokens = 256;
+
+int ClassOf(double spread_over_step) {
+  if (!(spread_over_step > 0)) return 0;
+  const int c = static_cast<int>(std::floor(2.0 * std::log2(spread_over_step))) + kClassOffset;
+  return std::clamp(c, 0, kClassCount - 1);
 }
+
+// Low bits of a code sent raw, so that a wide class's table spans about +-6 x 16 symbols:
+// where the spread is many steps, its low bits are close to uniform anyway.
+int ShiftOf(int cls) {
+  const int top_log2 = (cls - kClassOffset + 2) / 2;  // ceil(log2) of the class's largest ratio
+  return std::clamp(top_log2 - 4, 0, kMaxShift);
+}
+
+// The code of x: (x - mean) / step (as a product with 1 / step) rounded to nearest, clipped.
+int32_t CodeOf(float x, float mean, float inv_step) {
+  const float r = std::clamp((x - mean) * inv_step, -static_cast<float>(kMaxCode),
+                             static_cast<float>(kMaxCode));
+  return _mm_cvtss_si32(_mm_set_ss(r));  // the SSE conversion: rounds to nearest, inline
+}
+
+// A component's value for code q: its mean plus q steps (the decoder's arithmetic, exactly).
+// Codes are rounded to nearest and rebuilt at the middle of their step: a dead zone and
+// reconstruction toward the mean (the squared-error optimum for peaked coefficients) were
+// measured to cost the attention more than they save (README, The transform-coded wire).
+float CodeValue(float mean, float step, int64_t q) { return mean + static_cast<float>(q) * step; }
 
 // rows [n, dim] = mean + coef^T decode, coef component-major [dim, n] (OpenBLAS).
 void Reconstruct(const KvTransformBasis& basis, const std::vector<float>& coef, int64_t n,
@@ -245,6 +275,92 @@ void Reconstruct(const KvTransformBasis& basis, const std::vector<float>& coef, 
   for (int64_t t = 0; t < n; ++t) std::copy(basis.mean.begin(), basis.mean.end(), rows + t * dim);
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(n), dim, dim, 1.f,
               coef.data(), static_cast<int>(n), basis.decode.data(), dim, 1.f, rows, dim);
+}
+
+// Bits the entropy coder would spend on the tokens [0, n) by `stride` of components
+// coef [dim, n] with these means and spreads, at `step`: every class's codes under their own
+// counts (the table's cost left out), plus the raw low bits.
+double CodedBits(const std::vector<float>& coef, int64_t n, int64_t stride,
+                 const std::vector<float>& mean, const std::vector<double>& spread, float step) {
+  // Symbols further out than this are rare enough to count at its edge.
+  constexpr int kSpan = 512;
+  const float inv = 1.f / step;
+  std::vector<std::vector<uint32_t>> hist(kClassCount);
+  double raw = 0;
+  for (size_t i = 0; i < mean.size(); ++i) {
+    if (!(spread[i] > 0)) continue;
+    const int cls = ClassOf(spread[i] / step), shift = ShiftOf(cls);
+    std::vector<uint32_t>& h = hist[cls];
+    if (h.empty()) h.assign(kSpan, 0);
+    const float* x = coef.data() + i * n;
+    for (int64_t t = 0; t < n; t += stride) {
+      const int32_t sym = CodeOf(x[t], mean[i], inv) >> shift;
+      ++h[std::clamp<int32_t>(sym + kSpan / 2, 0, kSpan - 1)];
+      raw += shift;
+    }
+  }
+  double bits = raw;
+  for (const std::vector<uint32_t>& h : hist) {
+    uint64_t total = 0;
+    for (uint32_t c : h) total += c;
+    for (uint32_t c : h) {
+      if (c > 0) bits -= c * std::log2(static_cast<double>(c) / static_cast<double>(total));
+    }
+  }
+  return bits;
+}
+
+// Bits per value a Gaussian model gives components of these spreads at a step of 2^log2_step:
+// each its differential entropy over the step, log2(spread / step) + 2.05, or nothing.
+double GaussianBits(absl::Span<const double> spread, double log2_step) {
+  double bits = 0;
+  for (double s : spread) {
+    if (s > 0) bits += std::max(0.0, std::log2(s) - log2_step + 2.05);
+  }
+  return bits / static_cast<double>(spread.size());
+}
+
+// log2 of the step at which `bits(log2_step)`, falling as the step grows, is about `target`.
+template <typename Bits>
+double Bisect(Bits bits, double target, double lo, double hi, int iterations) {
+  for (int it = 0; it < iterations; ++it) {
+    const double mid = 0.5 * (lo + hi);
+    (bits(mid) > target ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+// The step that spends about `bits_per_value` on the block: a Gaussian model's guess, then
+// secant steps on the coded bits of up to kSearchTokens tokens (they fall by about a bit per
+// value for each doubling of the step where every component is coded, less at low rates),
+// until within half a percent; the closest tried.
+float ChooseStep(const std::vector<float>& coef, int64_t n, const std::vector<float>& mean,
+                 const std::vector<double>& spread, double bits_per_value) {
+  const double dim = static_cast<double>(mean.size());
+  const double guess =
+      Bisect([&](double s) { return GaussianBits(spread, s); }, bits_per_value, -60, 60, 60);
+  const int64_t stride = std::max<int64_t>(1, n / kSearchTokens);
+  const double sampled = dim * static_cast<double>((n + stride - 1) / stride);
+  const auto off = [&](double log2_step) {
+    return CodedBits(coef, n, stride, mean, spread, static_cast<float>(std::exp2(log2_step))) /
+               sampled -
+           bits_per_value;
+  };
+  double x0 = guess, f0 = off(x0), best = x0, best_f = f0;
+  double x1 = x0 + std::clamp(f0, -4.0, 4.0);
+  for (int it = 0; it < 8 && std::fabs(best_f) > 0.005 * bits_per_value; ++it) {
+    const double f1 = off(x1);
+    if (std::fabs(f1) < std::fabs(best_f)) {
+      best = x1;
+      best_f = f1;
+    }
+    double slope = x1 != x0 ? (f1 - f0) / (x1 - x0) : -1.0;
+    if (!(slope < -0.01)) slope = -0.01;  // the bits fall with the step; a flat stretch moves far
+    x0 = x1;
+    f0 = f1;
+    x1 = x0 - std::clamp(f0 / slope, -4.0, 4.0);
+  }
+  return std::max(static_cast<float>(std::exp2(best)), 1e-30f);
 }
 
 }  // namespace
@@ -277,90 +393,113 @@ absl::StatusOr<std::string> EncodeKvTransformBlock(const KvTransformBasis& basis
   std::vector<float> coef(static_cast<size_t>(dim) * n);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, dim, static_cast<int>(n), dim, 1.f,
               basis.encode.data(), dim, centred.data(), dim, 0.f, coef.data(), static_cast<int>(n));
-  // The block's own means and variances decide the widths and steps.
-  std::vector<Component> comp(dim);
-  std::vector<double> variance(dim);
+  // The block's own means (as the header carries them) and spreads decide the step.
+  std::vector<float> mean(dim);
+  std::vector<double> spread(dim);
   for (int32_t i = 0; i < dim; ++i) {
     const float* c = coef.data() + static_cast<size_t>(i) * n;
     double m = 0, v = 0;
     for (int64_t t = 0; t < n; ++t) m += c[t];
     m /= static_cast<double>(n);
     for (int64_t t = 0; t < n; ++t) v += (c[t] - m) * (c[t] - m);
-    variance[i] = v / static_cast<double>(n);
-    comp[i].mean = kernels::Fp16ToFloat(kernels::FloatToFp16(static_cast<float>(m)));
+    spread[i] = std::sqrt(v / static_cast<double>(n));
+    mean[i] = kernels::Fp16ToFloat(kernels::FloatToFp16(static_cast<float>(m)));
   }
-  const std::vector<uint8_t> widths = AllocateKvTransformBits(variance, bits_per_value);
-  std::array<std::vector<int32_t>, kMaxKvTransformBits + 1> by_width;
+  const float step = ChooseStep(coef, n, mean, spread, bits_per_value);
+  // Every code; a component whose codes are all 0 is sent as its mean.
+  std::vector<int32_t> codes(static_cast<size_t>(dim) * n);
+  const float inv_step = 1.f / step;
+  std::vector<int> cls(dim, -1);
   for (int32_t i = 0; i < dim; ++i) {
-    comp[i].bits = widths[i];
-    if (widths[i] == 0) continue;
-    const float step =
-        static_cast<float>(kGaussianStep[widths[i]] * std::sqrt(std::max(variance[i], 1e-30)));
-    comp[i].step = kernels::Fp16ToFloat(kernels::FloatToFp16(std::max(step, 6.2e-5f)));
-    by_width[widths[i]].push_back(i);
+    const float* x = coef.data() + static_cast<size_t>(i) * n;
+    int32_t* q = codes.data() + static_cast<size_t>(i) * n;
+    bool any = false;
+    for (int64_t t = 0; t < n; ++t) {
+      q[t] = CodeOf(x[t], mean[i], inv_step);
+      any |= q[t] != 0;
+    }
+    if (any) cls[i] = ClassOf(spread[i] / step);
+  }
+  // Per class: its shift (more where a stray code would stretch the table past its symbols) and
+  // its table.
+  struct Class {
+    int shift = 0;
+    int64_t lo = 0, hi = 0;
+    RansTable table;
+    uint8_t index = 0;
+  };
+  std::map<int, Class> classes;
+  for (int32_t i = 0; i < dim; ++i) {
+    if (cls[i] >= 0) classes[cls[i]].shift = ShiftOf(cls[i]);
+  }
+  for (auto& [id, c] : classes) {
+    for (;; ++c.shift) {
+      c.lo = INT64_MAX;
+      c.hi = INT64_MIN;
+      for (int32_t i = 0; i < dim; ++i) {
+        if (cls[i] != id) continue;
+        for (int64_t t = 0; t < n; ++t) {
+          const int64_t sym = codes[static_cast<size_t>(i) * n + t] >> c.shift;
+          c.lo = std::min(c.lo, sym);
+          c.hi = std::max(c.hi, sym);
+        }
+      }
+      if (c.hi - c.lo < kRansMaxSymbols) break;
+    }
+    std::vector<uint64_t> counts(c.hi - c.lo + 1, 0);
+    for (int32_t i = 0; i < dim; ++i) {
+      if (cls[i] != id) continue;
+      for (int64_t t = 0; t < n; ++t)
+        ++counts[(codes[static_cast<size_t>(i) * n + t] >> c.shift) - c.lo];
+    }
+    SLUICE_ASSIGN_OR_RETURN(c.table, RansTableFromCounts(static_cast<int32_t>(c.lo), counts));
   }
   std::string out;
   PutU32(out, kBlockMagic);
   PutU32(out, basis.checksum);
   PutU32(out, static_cast<uint32_t>(n));
   PutU16(out, static_cast<uint16_t>(dim));
-  int present = 0;
-  for (int w = 1; w <= kMaxKvTransformBits; ++w) present += !by_width[w].empty();
-  PutU8(out, static_cast<uint8_t>(present));
+  PutU8(out, static_cast<uint8_t>(classes.size()));
   PutU8(out, 0);
-  for (const Component& c : comp) {
-    PutU8(out, c.bits);
-    PutU16(out, kernels::FloatToFp16(c.step));
-    PutU16(out, kernels::FloatToFp16(c.mean));
+  out.append(reinterpret_cast<const char*>(&step), 4);
+  uint8_t next = 0;
+  for (auto& [id, c] : classes) c.index = next++;
+  for (int32_t i = 0; i < dim; ++i) {
+    PutU8(out, cls[i] < 0 ? kNotCoded : classes[cls[i]].index);
+    PutU16(out, kernels::FloatToFp16(mean[i]));
   }
-  // What the decoder will make of the codes, when asked: every component from its mean, coded
-  // ones from their codes below.
-  std::vector<float> decoded;
+  for (const auto& [id, c] : classes) {
+    PutU8(out, static_cast<uint8_t>(c.shift));
+    AppendRansTable(c.table, out);
+  }
+  // The codes, component after component, each token's high part then its raw low bits; the
+  // encoder takes them in reverse.
+  RansEncoder enc;
+  for (int32_t i = dim - 1; i >= 0; --i) {
+    if (cls[i] < 0) continue;
+    const Class& c = classes[cls[i]];
+    const int32_t* q = codes.data() + static_cast<size_t>(i) * n;
+    for (int64_t t = n - 1; t >= 0; --t) {
+      const int32_t sym = q[t] >> c.shift;
+      if (c.shift > 0) enc.PutBits(static_cast<uint32_t>(q[t] - (sym << c.shift)), c.shift);
+      enc.Put(c.table, static_cast<int32_t>(sym));
+    }
+  }
+  const std::string stream = enc.Finish();
+  PutU32(out, static_cast<uint32_t>(stream.size()));
+  out += stream;
   if (reconstructed != nullptr) {
-    decoded.resize(static_cast<size_t>(dim) * n);
     for (int32_t i = 0; i < dim; ++i) {
-      std::fill_n(decoded.begin() + static_cast<size_t>(i) * n, n, comp[i].mean);
-    }
-  }
-  std::vector<uint8_t> symbols;
-  for (int w = 1; w <= kMaxKvTransformBits; ++w) {
-    const std::vector<int32_t>& members = by_width[w];
-    if (members.empty()) continue;
-    const int levels = kCodeLevels, half = levels / 2;
-    symbols.resize(members.size() * n);
-    std::vector<uint64_t> histogram(levels, 0);
-    for (size_t r = 0; r < members.size(); ++r) {
-      const Component& c = comp[members[r]];
-      const float* x = coef.data() + static_cast<size_t>(members[r]) * n;
-      for (int64_t t = 0; t < n; ++t) {
-        const int q = std::clamp(static_cast<int>(std::floor((x[t] - c.mean) / c.step)) + half, 0,
-                                 levels - 1);
-        symbols[r * n + t] = static_cast<uint8_t>(q);
-        ++histogram[q];
-        if (reconstructed != nullptr) {
-          decoded[static_cast<size_t>(members[r]) * n + t] = CodeValue(c.mean, c.step, q);
-        }
+      float* x = coef.data() + static_cast<size_t>(i) * n;
+      const int32_t* q = codes.data() + static_cast<size_t>(i) * n;
+      if (cls[i] < 0) {
+        std::fill_n(x, n, mean[i]);
+        continue;
       }
+      for (int64_t t = 0; t < n; ++t) x[t] = CodeValue(mean[i], step, q[t]);
     }
-    auto book = kernels::BuildHuffmanCodebook(static_cast<uint32_t>(w), histogram);
-    if (!book.ok()) return book.status();
-    const std::string serialized = kernels::SerializeCodebook(*book);
-    PutU8(out, static_cast<uint8_t>(w));
-    PutU16(out, static_cast<uint16_t>(serialized.size()));
-    out += serialized;
-    const uint64_t bits = kernels::EncodedBits(*book, symbols.data(), symbols.size());
-    if (bits >= (uint64_t{1} << 32)) {
-      return absl::InvalidArgumentError("a block's codes of one width exceed 2^32 bits");
-    }
-    std::vector<uint8_t> payload((bits + 7) / 8 + kernels::HuffmanPaddingBytes());
-    std::vector<uint32_t> offsets(members.size() + 1);
-    auto written = kernels::EncodeRows(*book, symbols.data(), static_cast<int64_t>(members.size()),
-                                       n, payload.data(), payload.size(), offsets.data());
-    if (!written.ok()) return written.status();
-    PutU32(out, static_cast<uint32_t>(bits));
-    out.append(reinterpret_cast<const char*>(payload.data()), (bits + 7) / 8);
+    Reconstruct(basis, coef, n, reconstructed);
   }
-  if (reconstructed != nullptr) Reconstruct(basis, decoded, n, reconstructed);
   return out;
 }
 
@@ -369,7 +508,8 @@ namespace {
 struct BlockHeader {
   uint32_t checksum = 0, tokens = 0;
   uint16_t dim = 0;
-  uint8_t widths = 0;
+  uint8_t classes = 0;
+  float step = 0;
 };
 
 absl::StatusOr<BlockHeader> ReadHeader(ByteReader& r) {
@@ -377,24 +517,24 @@ absl::StatusOr<BlockHeader> ReadHeader(ByteReader& r) {
   BlockHeader h;
   uint8_t reserved = 0;
   if (!r.Take(&magic, 4) || !r.Take(&h.checksum, 4) || !r.Take(&h.tokens, 4) ||
-      !r.Take(&h.dim, 2) || !r.Take(&h.widths, 1) || !r.Take(&reserved, 1)) {
+      !r.Take(&h.dim, 2) || !r.Take(&h.classes, 1) || !r.Take(&reserved, 1) ||
+      !r.Take(&h.step, 4)) {
     return absl::DataLossError(absl::StrFormat(
         "transform block: %d bytes, shorter than its %d-byte header", r.left(), kBlockHeaderBytes));
   }
   if (magic != kBlockMagic) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("transform block: magic 0x%08x is not \"SKT1\"", magic));
+        absl::StrFormat("transform block: magic 0x%08x is not \"SKT2\"", magic));
   }
   if (h.tokens == 0 || h.tokens > kMaxBlockRows) {
     return absl::InvalidArgumentError(
         absl::StrFormat("transform block: tokens %d outside 1 to 2^31-1", h.tokens));
   }
   if (h.dim == 0) return absl::InvalidArgumentError("transform block: dim is 0");
-  if (h.widths > kMaxKvTransformBits) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("transform block: widths %d above %d", h.widths, kMaxKvTransformBits));
-  }
   if (reserved != 0) return absl::InvalidArgumentError("transform block: reserved byte not 0");
+  if (!(h.step > 0 && std::isfinite(h.step))) {
+    return absl::InvalidArgumentError(absl::StrFormat("transform block: step %g", h.step));
+  }
   return h;
 }
 
@@ -421,8 +561,7 @@ absl::Status DecodeKvTransformBlock(const KvTransformBasis& basis, std::string_v
   if (basis.mean.size() != static_cast<size_t>(basis.dim) ||
       basis.decode.size() != static_cast<size_t>(basis.dim) * basis.dim) {
     return absl::InvalidArgumentError(
-        "transform block: the basis's mean or decode matrix is "
-        "not of its dim");
+        "transform block: the basis's mean or decode matrix is not of its dim");
   }
   if (h.dim != basis.dim) {
     return absl::InvalidArgumentError(
@@ -434,86 +573,67 @@ absl::Status DecodeKvTransformBlock(const KvTransformBasis& basis, std::string_v
   }
   const int64_t n = h.tokens;
   const int32_t dim = h.dim;
-  std::vector<Component> comp(dim);
-  std::array<std::vector<int32_t>, kMaxKvTransformBits + 1> by_width;
+  std::vector<uint8_t> cls(dim);
+  std::vector<float> mean(dim);
   for (int32_t i = 0; i < dim; ++i) {
-    uint16_t step = 0, mean = 0;
-    if (!r.Take(&comp[i].bits, 1) || !r.Take(&step, 2) || !r.Take(&mean, 2)) {
+    uint16_t mean16 = 0;
+    if (!r.Take(&cls[i], 1) || !r.Take(&mean16, 2)) {
       return absl::DataLossError(
           absl::StrFormat("transform block: truncated in component %d's header", i));
     }
-    comp[i].step = kernels::Fp16ToFloat(step);
-    comp[i].mean = kernels::Fp16ToFloat(mean);
-    if (comp[i].bits > kMaxKvTransformBits) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("transform block: component %d has %d bits", i, comp[i].bits));
-    }
-    if (!std::isfinite(comp[i].mean) ||
-        (comp[i].bits > 0 && !(comp[i].step > 0 && std::isfinite(comp[i].step)))) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("transform block: component %d's step or mean is invalid", i));
-    }
-    if (comp[i].bits > 0) by_width[comp[i].bits].push_back(i);
-  }
-  int present = 0;
-  for (int w = 1; w <= kMaxKvTransformBits; ++w) present += !by_width[w].empty();
-  if (present != h.widths) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("transform block: widths %d, its components use %d", h.widths, present));
-  }
-  // Coefficients, component-major, every component starting at its mean.
-  std::vector<float> coef(static_cast<size_t>(dim) * n);
-  for (int32_t i = 0; i < dim; ++i) {
-    std::fill_n(coef.begin() + static_cast<size_t>(i) * n, n, comp[i].mean);
-  }
-  std::vector<uint8_t> symbols(n);
-  for (int k = 0; k < present; ++k) {
-    uint8_t w = 0;
-    uint16_t book_bytes = 0;
-    std::string_view book_view, payload;
-    uint32_t bits = 0;
-    if (!r.Take(&w, 1) || !r.Take(&book_bytes, 2) || !r.Skip(book_bytes, &book_view)) {
-      return absl::DataLossError(absl::StrFormat("transform block: truncated in codebook %d", k));
-    }
-    if (w < 1 || w > kMaxKvTransformBits || by_width[w].empty()) {
+    mean[i] = kernels::Fp16ToFloat(mean16);
+    if (cls[i] != kNotCoded && cls[i] >= h.classes) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "transform block: codebook %d is for width %d, which no component has", k, w));
+          "transform block: component %d is in class %d of %d", i, cls[i], h.classes));
     }
-    auto book = kernels::ParseCodebook(book_view);
-    if (!book.ok()) {
-      return absl::Status(book.status().code(),
-                          absl::StrFormat("transform block: codebook of width %d: %s", w,
-                                          std::string(book.status().message())));
-    }
-    if (book->alphabet_size != kCodeLevels) {
+    if (!std::isfinite(mean[i])) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("transform block: codebook of width %d has %d symbols, not %d", w,
-                          book->alphabet_size, kCodeLevels));
+          absl::StrFormat("transform block: component %d's mean is not finite", i));
     }
-    if (!r.Take(&bits, 4) || !r.Skip((static_cast<size_t>(bits) + 7) / 8, &payload)) {
-      return absl::DataLossError(
-          absl::StrFormat("transform block: truncated in the codes of width %d", w));
+  }
+  std::vector<int> shift(h.classes);
+  std::vector<RansTable> tables(h.classes);
+  for (int k = 0; k < h.classes; ++k) {
+    uint8_t s = 0;
+    if (!r.Take(&s, 1)) {
+      return absl::DataLossError(absl::StrFormat("transform block: truncated in class %d", k));
     }
-    uint64_t pos = 0;
-    for (const int32_t i : by_width[w]) {
-      auto next = kernels::DecodeRowWithin(*book, payload, pos, bits, n, symbols.data());
-      if (!next.ok()) {
-        return absl::DataLossError(
-            absl::StrFormat("transform block: the codes of component %d do not decode: %s", i,
-                            std::string(next.status().message())));
-      }
-      pos = *next;
-      float* c = coef.data() + static_cast<size_t>(i) * n;
-      for (int64_t t = 0; t < n; ++t) c[t] = CodeValue(comp[i].mean, comp[i].step, symbols[t]);
+    if (s > kMaxShift) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "transform block: class %d sends %d raw bits, above %d", k, s, kMaxShift));
     }
-    if (pos != bits) {
-      return absl::DataLossError(absl::StrFormat(
-          "transform block: the codes of width %d end at bit %d, not %d", w, pos, bits));
-    }
+    shift[k] = s;
+    SLUICE_ASSIGN_OR_RETURN(
+        tables[k], ReadRansTable(r, absl::StrFormat("transform block: class %d's table", k)));
+  }
+  uint32_t stream_bytes = 0;
+  std::string_view stream;
+  if (!r.Take(&stream_bytes, 4) || !r.Skip(stream_bytes, &stream)) {
+    return absl::DataLossError("transform block: truncated in its codes");
   }
   if (r.left() != 0) {
     return absl::DataLossError(
-        absl::StrFormat("transform block: %d bytes after its last code", r.left()));
+        absl::StrFormat("transform block: %d bytes after its codes", r.left()));
+  }
+  SLUICE_ASSIGN_OR_RETURN(RansDecoder dec, RansDecoder::Open(stream));
+  std::vector<float> coef(static_cast<size_t>(dim) * n);
+  for (int32_t i = 0; i < dim; ++i) {
+    float* c = coef.data() + static_cast<size_t>(i) * n;
+    if (cls[i] == kNotCoded) {
+      std::fill_n(c, n, mean[i]);
+      continue;
+    }
+    const RansTable& table = tables[cls[i]];
+    const int s = shift[cls[i]];
+    for (int64_t t = 0; t < n; ++t) {
+      int64_t q = static_cast<int64_t>(dec.Get(table)) * (int64_t{1} << s);
+      if (s > 0) q += dec.GetBits(s);
+      c[t] = CodeValue(mean[i], h.step, q);
+    }
+  }
+  if (absl::Status st = dec.Finish(); !st.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("transform block: the codes do not decode: ", st.message()));
   }
   Reconstruct(basis, coef, n, rows);
   return absl::OkStatus();
@@ -526,7 +646,7 @@ std::string SerializeKvTransformCalibration(const KvTransformCalibration& c) {
   PutU32(out, static_cast<uint32_t>(c.k.size()));
   PutU32(out, static_cast<uint32_t>(c.k.empty() ? 0 : c.k[0].dim));
   const bool predict = HasKvPredictors(c);
-  PutU32(out, predict ? 1 : 0);
+  PutU32(out, (predict ? 1 : 0) | (c.key_metric ? 2 : 0));
   for (size_t l = 0; l < c.k.size(); ++l) {
     for (const KvTransformBasis* b : {&c.k[l], &c.v[l]}) {
       PutF32s(out, b->mean);
@@ -558,9 +678,9 @@ absl::StatusOr<KvTransformCalibration> ParseKvTransformCalibration(std::string_v
   if (version != 1) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: version %d, expected 1", what, version));
   }
-  if (flags > 1) {
+  if (flags > 3) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("%s: flags %d (only bit 0 is defined)", what, flags));
+        absl::StrFormat("%s: flags %d (only bits 0 and 1 are defined)", what, flags));
   }
   if (layers < 1 || layers > 1024 || dim < 1 || dim > 65535) {
     return absl::InvalidArgumentError(
@@ -569,7 +689,7 @@ absl::StatusOr<KvTransformCalibration> ParseKvTransformCalibration(std::string_v
   const size_t per_basis = (2 * static_cast<size_t>(dim) + 2 * static_cast<size_t>(dim) * dim) * 4;
   const size_t per_predictor = (static_cast<size_t>(dim) * dim + dim) * 4;
   const size_t want =
-      20 + 2 * layers * per_basis + (flags ? 2 * (layers - 1) * per_predictor : 0) + 4;
+      20 + 2 * layers * per_basis + ((flags & 1) ? 2 * (layers - 1) * per_predictor : 0) + 4;
   if (bytes.size() != want) {
     return absl::DataLossError(absl::StrFormat("%s: %d bytes, %d layers of dim %d need %d", what,
                                                bytes.size(), layers, dim, want));
@@ -580,6 +700,7 @@ absl::StatusOr<KvTransformCalibration> ParseKvTransformCalibration(std::string_v
     return absl::DataLossError(absl::StrCat(what, ": checksum mismatch (corrupt file)"));
   }
   KvTransformCalibration c;
+  c.key_metric = (flags & 2) != 0;
   for (uint32_t l = 0; l < layers; ++l) {
     for (std::vector<KvTransformBasis>* side : {&c.k, &c.v}) {
       KvTransformBasis b;
@@ -602,7 +723,7 @@ absl::StatusOr<KvTransformCalibration> ParseKvTransformCalibration(std::string_v
     }
     c.k_predict.emplace_back();
     c.v_predict.emplace_back();
-    if (flags && l > 0) {
+    if ((flags & 1) && l > 0) {
       for (std::vector<float>* p : {&c.k_predict.back(), &c.v_predict.back()}) {
         p->resize(static_cast<size_t>(dim) * dim + dim);
         r.Take(p->data(), p->size() * 4);

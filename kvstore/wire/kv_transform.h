@@ -3,28 +3,32 @@
 // A row is one token's values of one layer's keys (before RoPE) or values across all kv-heads:
 // kv_heads * head_dim floats. Rows are centred and rotated into a principal-component basis
 // fitted on a calibration text (FitKvTransformBasis), so that most of their variance sits in
-// few components. Each component of a block gets a bit width, chosen under a bits-per-value
-// budget from the block's own variances (0 bits for the tail: the component is sent as its block
-// mean); the width sets a uniform step (a Gaussian's optimal one for 2^width levels), and each
-// code is the coefficient's step from the mean, -128..127, not clipped at the width's levels
-// (rare far codes cost long Huffman codes instead of clipping errors). The codes of each width
-// are Huffman-coded with a codebook built for the block and sent in it (kernels/huffman.h).
-// A value is reconstructed as mean + (code + 1/2) * step. The block carries no checksum of its
-// own: between workers it is to travel as pages do, each checked by its CRC32C.
+// few components. A block's coefficients are quantised with one uniform step for every
+// component (entropy-coded uniform quantisation: equal error everywhere is what minimises it
+// for a given number of bits, and a narrow component then costs a fraction of a bit, not a
+// whole one), the step chosen so that the codes cost about a bits-per-value budget. A code is
+// the coefficient's nearest whole number of steps from its component's block mean; a value is
+// rebuilt as mean + code * step; a component whose codes are all 0 is sent as its mean.
+// Components are grouped by their spread over the step into classes of half an octave, each
+// with a rANS table built for the block and sent in it (rans.h); in wide classes the low bits
+// of a code ride raw. The block carries no checksum of its own: between workers it travels as
+// pages do, under the transport's CRC32C; its rANS stream must end where it began.
 //
 // Block wire form, little-endian (DecodeKvTransformBlock checks every field):
 //   offset  field            type   meaning
-//        0  magic            u32    "SKT1"
+//        0  magic            u32    "SKT2"
 //        4  basis_checksum   u32    KvTransformBasis::checksum of the basis it was coded in
 //        8  tokens           u32    rows in the block, 1 to 2^31-1
 //       12  dim              u16    values per row (the basis's dim)
-//       14  widths           u8     number of bit widths present (codebooks that follow)
+//       14  classes          u8     rANS tables that follow the components
 //       15  reserved         u8     0
-//       16  per component i (dim entries, by descending calibrated variance):
-//             bits u8 (0..8: sets the step), step f16 (> 0 where bits > 0), mean f16
-//        .  per width present, ascending: width u8, codebook (kernels::SerializeCodebook,
-//             u16 length first), payload bits u32, payload bytes (the codes, stored + 128, of
-//             every component of that width, component after component, `tokens` codes each)
+//       16  step             f32    > 0, finite
+//       20  per component i (dim entries, by descending calibrated variance):
+//             class u8 (index of its table; 0xff: not coded, every code 0), mean f16
+//        .  per class: raw low bits u8 (0..12), its table (rans.h: AppendRansTable)
+//        .  stream bytes u32, the rANS stream: component after component (not coded ones
+//             skipped), token after token, the code's high part (code >> raw bits, floor) under
+//             the class's table, then its raw low bits
 #ifndef SLUICE_KVSTORE_WIRE_KV_TRANSFORM_H_
 #define SLUICE_KVSTORE_WIRE_KV_TRANSFORM_H_
 
@@ -63,7 +67,8 @@ absl::StatusOr<KvTransformBasis> FitKvTransformBasis(const float* rows, int64_t 
                                                      absl::Span<const double> metric = {});
 
 // Bit widths (0..8) of components with these variances for an average of `bits_per_value` code
-// bits per value before entropy coding: each bit goes, one at a time, where it removes the most
+// bits per value at fixed width (the resident formats `sluice eval --trial` emulates; the wire
+// is entropy-coded and needs none): each bit goes, one at a time, where it removes the most
 // squared error of a Gaussian component under its optimal uniform quantizer.
 std::vector<uint8_t> AllocateKvTransformBits(absl::Span<const double> variance,
                                              double bits_per_value);
@@ -72,7 +77,9 @@ std::vector<uint8_t> AllocateKvTransformBits(absl::Span<const double> variance,
 // bits 1..8; 0 for 0 bits (the component is its mean).
 double KvTransformGaussianStep(int bits);
 
-// Codes rows [n, basis.dim] into a block at `bits_per_value` (0 < bits <= 8). `reconstructed`
+// Codes rows [n, basis.dim] into a block whose codes cost about `bits_per_value` bits a value
+// (0 < bits <= 8; the step is searched on up to 256 of the rows, so a block lands within a few
+// percent; headers and tables come on top). `reconstructed`
 // [n, dim], when given (it may be `rows`), gets what DecodeKvTransformBlock will make of the
 // block, bit for bit, without decoding it. InvalidArgument for n outside 1 to 2^31-1, a bad budget
 // or a non-finite value.
@@ -97,6 +104,9 @@ struct KvTransformCalibration {
   // then bias [dim]: a row of layer l is predicted as bias + W x from the same token's row x of
   // layer l - 1 (as decoded), and the basis codes what the prediction misses.
   std::vector<std::vector<float>> k_predict, v_predict;
+  // Whether the key bases were fitted under the queries' metric (kv_transform_calibration.h's
+  // KvKeyMetric); bases fitted without it still code and decode, with more logit error per bit.
+  bool key_metric = false;
 };
 
 // Whether every layer after the first has a key and a value predictor of the bases' dim.
@@ -106,7 +116,8 @@ bool HasKvPredictors(const KvTransformCalibration& calibration);
 // Two ends code and decode with the same calibration exactly when these agree.
 uint32_t KvTransformCalibrationChecksum(const KvTransformCalibration& calibration);
 
-// File form: "SKTC" u32 version 1, layers u32, dim u32, flags u32 (bit 0: predictors), then per
+// File form: "SKTC" u32 version 1, layers u32, dim u32, flags u32 (bit 0: predictors; bit 1: keys
+// fitted under the queries' metric), then per
 // layer the key basis and the value basis (mean, encode, decode, variance as f32) and, with
 // predictors, for layers after the first the key and the value predictor (W then bias, f32),
 // then the CRC32C of everything before it. Predictors are written only when every layer after

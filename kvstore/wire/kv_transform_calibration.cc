@@ -101,8 +101,57 @@ absl::StatusOr<std::vector<double>> KvValueMetric(const model::GgufFile& gguf,
   return m;
 }
 
+std::vector<double> KvKeyMetric(const model::LlamaConfig& c, absl::Span<const float> queries,
+                                int64_t n) {
+  constexpr int64_t kQueries = 512, kKeys = 8;
+  const int64_t d = c.head_dim, group = c.heads / c.kv_heads, dim = c.kv_heads * d;
+  const int64_t row = c.heads * d;
+  // The query positions m and key positions p sampled: u = R(-p) q_m for every query head.
+  const int64_t picks = std::min(n, kQueries);
+  std::vector<float> u(static_cast<size_t>(picks * kKeys) * row);
+  std::vector<int32_t> positions(picks * kKeys);
+  for (int64_t j = 0; j < picks; ++j) {
+    const int64_t m = j * n / picks;
+    for (int64_t k = 0; k < kKeys; ++k) {
+      const int64_t s = j * kKeys + k;
+      positions[s] = -static_cast<int32_t>((m * (2 * k + 1)) / (2 * kKeys));
+      std::copy_n(queries.data() + m * row, row, u.data() + s * row);
+    }
+  }
+  kernels::ref::Rope({.x = u.data(),
+                      .positions = positions.data(),
+                      .tokens = picks * kKeys,
+                      .heads = c.heads,
+                      .head_dim = d,
+                      .rope_dim = c.rope_dim,
+                      .theta_base = c.rope_theta,
+                      .neox = false});
+  // Per kv-head: the mean outer product of its query heads' rows (OpenBLAS, in double).
+  std::vector<double> metric(static_cast<size_t>(dim) * dim, 0.0);
+  const int64_t rows = picks * kKeys * group;
+  std::vector<double> a(static_cast<size_t>(rows) * d), block(static_cast<size_t>(d) * d);
+  for (int64_t h = 0; h < c.kv_heads; ++h) {
+    for (int64_t s = 0; s < picks * kKeys; ++s) {
+      for (int64_t g = 0; g < group; ++g) {
+        const float* x = u.data() + s * row + (h * group + g) * d;
+        std::copy_n(x, d, a.data() + (s * group + g) * d);
+      }
+    }
+    cblas_dsyrk(CblasRowMajor, CblasLower, CblasTrans, static_cast<int>(d), static_cast<int>(rows),
+                1.0 / static_cast<double>(picks * kKeys), a.data(), static_cast<int>(d), 0.0,
+                block.data(), static_cast<int>(d));
+    for (int64_t i = 0; i < d; ++i) {
+      for (int64_t j = 0; j < d; ++j) {
+        metric[(h * d + i) * dim + h * d + j] = i >= j ? block[i * d + j] : block[j * d + i];
+      }
+    }
+  }
+  return metric;
+}
+
 absl::StatusOr<std::unique_ptr<RecordingKvCache>> RecordFullPrecisionKv(
-    model::LlamaModel& llama, kernels::Backend& backend, absl::Span<const int32_t> tokens) {
+    model::LlamaModel& llama, kernels::Backend& backend, absl::Span<const int32_t> tokens,
+    bool queries) {
   const model::LlamaConfig& c = llama.config();
   if (backend.memory_space() != kernels::MemorySpace::kHost) {
     return absl::UnimplementedError(
@@ -122,8 +171,8 @@ absl::StatusOr<std::unique_ptr<RecordingKvCache>> RecordFullPrecisionKv(
                                                             .preset = fp16,
                                                             .pages = 1},
                                                            backend));
-  auto rec =
-      std::make_unique<RecordingKvCache>(std::move(inner), c.layers, c.kv_heads * c.head_dim);
+  auto rec = std::make_unique<RecordingKvCache>(std::move(inner), c.layers, c.kv_heads * c.head_dim,
+                                                queries ? c.heads * c.head_dim : 0);
   SLUICE_RETURN_IF_ERROR(rec->AddSequence(0, n));
   std::vector<float> logits(c.vocab);
   SLUICE_RETURN_IF_ERROR(llama.Forward({{0, tokens}}, *rec, logits.data()));
@@ -170,9 +219,10 @@ absl::StatusOr<KvTransformCalibration> CalibrateKvTransform(model::LlamaModel& l
         absl::StrFormat("calibration takes at least 2 tokens, not %d", n));
   }
   SLUICE_ASSIGN_OR_RETURN(const std::unique_ptr<RecordingKvCache> rec,
-                          RecordFullPrecisionKv(llama, backend, tokens));
+                          RecordFullPrecisionKv(llama, backend, tokens, /*queries=*/true));
   const int64_t dim = c.kv_heads * c.head_dim;
   KvTransformCalibration out;
+  out.key_metric = true;
   std::vector<float> prev_k;
   for (int layer = 0; layer < c.layers; ++layer) {
     std::vector<float> k = rec->k(layer);
@@ -192,8 +242,10 @@ absl::StatusOr<KvTransformCalibration> CalibrateKvTransform(model::LlamaModel& l
       for (int64_t i = 0; i < n * dim; ++i) v[i] -= pred[i];
     }
     prev_k = std::move(this_k);
-    SLUICE_ASSIGN_OR_RETURN(KvTransformBasis kb,
-                            FitKvTransformBasis(k.data(), n, static_cast<int32_t>(dim)));
+    const std::vector<double> key_metric = KvKeyMetric(c, rec->q(layer), n);
+    SLUICE_ASSIGN_OR_RETURN(
+        KvTransformBasis kb,
+        FitKvTransformBasis(k.data(), n, static_cast<int32_t>(dim), key_metric));
     SLUICE_ASSIGN_OR_RETURN(const std::vector<double> metric, KvValueMetric(gguf, c, layer));
     SLUICE_ASSIGN_OR_RETURN(KvTransformBasis vb,
                             FitKvTransformBasis(v.data(), n, static_cast<int32_t>(dim), metric));

@@ -20,7 +20,8 @@ namespace sluice::kvstore {
 // least 2, at most the model's context) with full-precision KV, on a host-memory backend.
 // Values are fitted under the metric of the output projection: a value error e of kv-head h
 // costs the sum over h's query heads g of |W_o[:, g] e|^2 in the layer's output (W_o from
-// `gguf`'s attn_output weights).
+// `gguf`'s attn_output weights). Keys are fitted under the metric of the queries that meet
+// them (KvKeyMetric): a key error costs what it changes in the attention logits.
 // With `cross_layer`, each layer after the first also gets a linear predictor from the layer
 // before (ridge least squares on the calibration rows) and its bases are fitted on what the
 // predictor misses.
@@ -37,15 +38,26 @@ absl::StatusOr<KvTransformCalibration> CalibrateKvTransform(model::LlamaModel& l
 absl::StatusOr<std::vector<double>> KvValueMetric(const model::GgufFile& gguf,
                                                   const model::LlamaConfig& config, int layer);
 
+// The metric keys are fitted under: a key error e (before RoPE) of kv-head h at position p
+// changes query g's logit by (R(-p) q_g) . e, q_g the query after RoPE (R(x): RoPE at position
+// x). The metric is the mean of (R(-p) q_g)(R(-p) q_g)^T over h's query heads g, over up to 512
+// of the pass's query positions m, and over 8 key positions p spread evenly over [0, m]:
+// block-diagonal over the kv-heads, [kv_heads * head_dim]^2. `queries` [n, heads, head_dim]
+// (n >= 1) as RecordingKvCache keeps them.
+std::vector<double> KvKeyMetric(const model::LlamaConfig& config, absl::Span<const float> queries,
+                                int64_t n);
+
 // out [n, dim] = the prediction bias + W prev[t] of `predict` (a KvTransformCalibration
 // predictor of dim) for the rows prev [n, dim].
 void PredictKvRows(absl::Span<const float> predict, const float* prev, int64_t n, int64_t dim,
                    float* out);
 
 // One forward pass over `tokens` (one sequence, at most the model's context) with every key and
-// value kept in fp32 and recorded (post-RoPE keys), on a host-memory backend.
+// value kept in fp32 and recorded (post-RoPE keys), and with `queries` every query too, on a
+// host-memory backend.
 absl::StatusOr<std::unique_ptr<RecordingKvCache>> RecordFullPrecisionKv(
-    model::LlamaModel& llama, kernels::Backend& backend, absl::Span<const int32_t> tokens);
+    model::LlamaModel& llama, kernels::Backend& backend, absl::Span<const int32_t> tokens,
+    bool queries = false);
 
 // Key rows [tokens, kv_heads, head_dim] on the host at positions first .. first + tokens - 1:
 // takes RoPE off (inverse) or puts it on, as the model applies it.

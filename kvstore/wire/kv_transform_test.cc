@@ -10,6 +10,8 @@
 
 #include "gtest/gtest.h"
 #include "kernels/ggml_quant.h"
+#include "kvstore/wire/byte_io.h"
+#include "kvstore/wire/rans.h"
 
 namespace sluice::kvstore {
 namespace {
@@ -135,9 +137,10 @@ TEST(KvTransform, BitsGoWhereTheVarianceIs) {
   EXPECT_EQ(capped[0], kMaxKvTransformBits);
 }
 
-// The decoder against a direct computation of what the codes mean: project on the basis,
-// quantize each coefficient by its width and step, and rebuild; the block must give exactly
-// those rows (to float rounding), and more bits must give less error.
+// The decoder against a direct computation of what the codes mean: every coefficient of the
+// decoded rows is its component's block mean plus a whole number of the block's one step, the
+// step nearest the coefficient of the rows coded; the encoder's own reconstruction is the
+// decoder's, bit for bit; more bits give less error.
 TEST(KvTransform, BlocksRoundTripAtEveryBudget) {
   std::mt19937 rng(std::random_device{}());
   constexpr int kDim = 16;
@@ -147,53 +150,78 @@ TEST(KvTransform, BlocksRoundTripAtEveryBudget) {
   const int64_t n = 1 + rng() % 300;
   const std::vector<float> rows = CorrelatedRows(n, kDim, rng);
   double last = 1e9;
-  for (double budget : {0.5, 1.0, 2.0, 3.0, 4.0, 6.0}) {
+  for (double budget : {0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0}) {
     auto block = EncodeKvTransformBlock(*basis, rows.data(), n, budget);
     ASSERT_TRUE(block.ok()) << block.status();
     ASSERT_EQ(*KvTransformBlockTokens(*block), n);
     std::vector<float> out(n * kDim);
     ASSERT_TRUE(DecodeKvTransformBlock(*basis, *block, out.data(), n).ok());
-    // The encoder's own reconstruction is the decoder's, bit for bit (and may overwrite its
-    // input).
     std::vector<float> again = rows;
     auto same = EncodeKvTransformBlock(*basis, again.data(), n, budget, again.data());
     ASSERT_TRUE(same.ok());
     EXPECT_EQ(*same, *block);
     EXPECT_EQ(0, std::memcmp(again.data(), out.data(), out.size() * sizeof(float))) << budget;
     const double err = RelativeError(rows, out);
-    EXPECT_LT(err, last) << budget;
-    last = err;
-    // The header's per-component fields give the oracle's reconstruction.
-    std::vector<float> want(n * kDim);
-    for (int64_t t = 0; t < n; ++t) {
-      for (int j = 0; j < kDim; ++j) want[t * kDim + j] = basis->mean[j];
-    }
+    EXPECT_LE(err, last * 1.02) << budget;
+    last = std::min(last, err);
+    // The header: the step (f32 at 16), then per component its class (0xff: not coded) and mean.
+    float step = 0;
+    std::memcpy(&step, block->data() + 16, 4);
+    ASSERT_GT(step, 0.f);
     for (int i = 0; i < kDim; ++i) {
-      const unsigned char* f = reinterpret_cast<const unsigned char*>(block->data()) + 16 + 5 * i;
-      const int bits = f[0];
-      uint16_t step16, mean16;
-      std::memcpy(&step16, f + 1, 2);
-      std::memcpy(&mean16, f + 3, 2);
-      const float step = kernels::Fp16ToFloat(step16), mean = kernels::Fp16ToFloat(mean16);
+      const unsigned char* f = reinterpret_cast<const unsigned char*>(block->data()) + 20 + 3 * i;
+      uint16_t mean16;
+      std::memcpy(&mean16, f + 1, 2);
+      const double mean = kernels::Fp16ToFloat(mean16);
       for (int64_t t = 0; t < n; ++t) {
-        double c = 0;
+        double c = 0, d = 0;
         for (int j = 0; j < kDim; ++j) {
           c += basis->encode[i * kDim + j] * double(rows[t * kDim + j] - basis->mean[j]);
+          d += basis->encode[i * kDim + j] * double(out[t * kDim + j] - basis->mean[j]);
         }
-        float r = mean;
-        if (bits > 0) {
-          int q = static_cast<int>(std::floor((static_cast<float>(c) - mean) / step));
-          q = std::min(std::max(q, -128), 127);  // codes are steps from the mean, not clipped
-          r = mean + (q + 0.5f) * step;
+        const double tol = 1e-4 * (1 + std::fabs(c));
+        const double q = (d - mean) / step;
+        ASSERT_NEAR(q, std::round(q), 1e-2 + tol / step) << "component " << i << " token " << t;
+        if (f[0] == 0xff) {
+          ASSERT_NEAR(q, 0, 1e-2 + tol / step) << "component " << i << " is sent as its mean";
         }
-        for (int j = 0; j < kDim; ++j) want[t * kDim + j] += r * basis->decode[i * kDim + j];
+        ASSERT_LE(std::fabs(d - c), 0.5 * step + tol) << "component " << i << " token " << t;
       }
-    }
-    for (size_t i = 0; i < want.size(); ++i) {
-      ASSERT_NEAR(out[i], want[i], 1e-4 + 1e-4 * std::fabs(want[i])) << "value " << i;
     }
   }
   EXPECT_LT(last, 0.02);
+}
+
+// The step is chosen so that the codes cost about the budget, fractions of a bit included.
+TEST(KvTransform, CodesSpendTheBudget) {
+  std::mt19937 rng(std::random_device{}());
+  constexpr int kDim = 32;
+  const std::vector<float> calib = CorrelatedRows(4000, kDim, rng);
+  auto basis = FitKvTransformBasis(calib.data(), 4000, kDim);
+  ASSERT_TRUE(basis.ok());
+  constexpr int64_t kRows = 2048;
+  const std::vector<float> rows = CorrelatedRows(kRows, kDim, rng);
+  for (double budget : {0.25, 0.75, 1.5, 3.0, 5.0}) {
+    auto block = EncodeKvTransformBlock(*basis, rows.data(), kRows, budget);
+    ASSERT_TRUE(block.ok()) << block.status();
+    // The codes' stream follows the header, the components and the classes' tables.
+    ByteReader r(*block);
+    std::string_view skipped;
+    ASSERT_TRUE(r.Skip(14, &skipped));
+    uint8_t classes = 0;
+    ASSERT_TRUE(r.Take(&classes, 1));
+    ASSERT_TRUE(r.Skip(5 + 3 * kDim, &skipped));
+    for (int k = 0; k < classes; ++k) {
+      uint8_t shift = 0;
+      ASSERT_TRUE(r.Take(&shift, 1));
+      ASSERT_TRUE(ReadRansTable(r, "table").ok());
+    }
+    uint32_t stream = 0;
+    ASSERT_TRUE(r.Take(&stream, 4));
+    ASSERT_EQ(r.left(), stream);
+    const double bits = 8.0 * stream / (kRows * kDim);
+    EXPECT_NEAR(bits, budget, 0.1 * budget + 0.02) << "budget " << budget;
+  }
 }
 
 TEST(KvTransform, BadBlocksGiveErrorsNamingWhatIsWrong) {

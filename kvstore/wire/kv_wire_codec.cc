@@ -215,7 +215,9 @@ absl::StatusOr<KvWireDecoder> KvWireDecoder::Open(const KvTransformCalibration* 
         absl::StrFormat("KV wire stream: %d bytes, shorter than its header", stream.size()));
   }
   if (magic != kStreamMagic) return bad("magic is not SKW1");
-  if (codec != kKvWireCodecTransform) return bad(absl::StrFormat("codec %d is unknown", codec));
+  if (codec != kKvWireCodecTransform) {
+    return bad(absl::StrFormat("codec %d is not this worker's (%d)", codec, kKvWireCodecTransform));
+  }
   if (reserved[0] != 0 || reserved[1] != 0 || reserved[2] != 0) return bad("reserved bytes set");
   if (checksum != calibration_checksum) {
     return absl::FailedPreconditionError(absl::StrFormat(

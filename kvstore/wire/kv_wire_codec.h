@@ -14,7 +14,7 @@
 // Stream form, little-endian (KvWireDecoder::Open checks every field and length):
 //   offset  field        type  meaning
 //        0  magic        u32   "SKW1"
-//        4  codec        u8    1: the transform codec (kKvWireCodecTransform)
+//        4  codec        u8    2: the transform codec (kKvWireCodecTransform)
 //        5  reserved     u8x3  0
 //        8  calibration  u32   KvTransformCalibrationChecksum of the calibration it was coded in
 //       12  layers       u16
@@ -41,7 +41,9 @@
 
 namespace sluice::kvstore {
 
-inline constexpr uint8_t kKvWireCodecTransform = 1;
+// 2: the transform codec with rANS-coded blocks ("SKT2"). 1 was its Huffman-coded form, no longer
+// decoded: a worker of that version and one of this disagree by name, not by garbage.
+inline constexpr uint8_t kKvWireCodecTransform = 2;
 // The attention sinks a prompt's stream keeps exact (KVTC's 4).
 inline constexpr int64_t kKvWireSinks = 4;
 
@@ -63,9 +65,12 @@ class KvWireEncoder {
  public:
   struct Options {
     const KvTransformCalibration* calibration = nullptr;  // outlives the encoder
-    uint32_t calibration_checksum = 0;    // KvTransformCalibrationChecksum(*calibration)
-    model::LlamaConfig model;             // shapes and RoPE
-    double key_bits = 2, value_bits = 4;  // code bits per value before entropy coding, (0, 8]
+    uint32_t calibration_checksum = 0;  // KvTransformCalibrationChecksum(*calibration)
+    model::LlamaConfig model;           // shapes and RoPE
+    // Entropy-coded bits per value of the codes, (0, 8], in every layer alike (one step across
+    // the layers, by the calibration's variances, was measured to cost more than it saves:
+    // README, The transform-coded wire).
+    double key_bits = 2, value_bits = 4;
     KvWireShape shape;
   };
   // InvalidArgument for a calibration of another shape than the model's, bits out of range, or a
