@@ -44,7 +44,7 @@ ABSL_FLAG(int, decode_tokens, 32, "Decode steps per case.");
 ABSL_FLAG(std::string, preset, "fp16", "KV cache preset (llama.cpp keeps fp16 KV).");
 ABSL_FLAG(std::string, wire_bits, "",
           "Also prefill each case with its KV transform-coded for the wire at these bits per "
-          "key/value value (\"1/3\"), alternating with the plain prefill: the codec's cost.");
+          "key/value value (\"1.5/3\"), alternating with the plain prefill: the codec's cost.");
 ABSL_FLAG(std::string, kv_calibration, "",
           "--wire_bits: the calibration file (default: beside --model, ./sluice calibrate).");
 ABSL_FLAG(int, repeats, 2, "Runs per case; the fastest is reported (this machine is noisy).");

@@ -418,7 +418,7 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--preset", default="sluice")
-    ap.add_argument("--wire-bits", default="1/3",
+    ap.add_argument("--wire-bits", default="1.5/3",
                     help="sluice+kvtc: entropy-coded bits per key/value value of the "
                          "transform-coded wire")
     ap.add_argument("--rate", type=float, default=0.08, help="Poisson arrivals per second")

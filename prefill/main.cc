@@ -49,7 +49,7 @@ ABSL_FLAG(std::string, kv_calibration, "",
           "Transform-coded wire: the calibration file (./sluice calibrate writes one beside the "
           "model); prefill and decode workers must load the same one.");
 ABSL_FLAG(std::string, wire_bits, "",
-          "Transform-coded wire: entropy-coded bits per key/value value (\"1/3\"), for presets "
+          "Transform-coded wire: entropy-coded bits per key/value value (\"1.5/3\"), for presets "
           "that keep every token; empty: pages and state cross as they are held.");
 ABSL_FLAG(int, max_presets, 4, "KV presets (each with its own page pool) kept at once.");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (UCX_TLS), e.g. \"shm,tcp\"; empty: UCX's.");

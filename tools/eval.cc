@@ -58,7 +58,7 @@ ABSL_FLAG(int32_t, residual, -1,
 ABSL_FLAG(std::string, wire_bits, "",
           "Transform-coded wire: evaluate every preset again with its prompts' KV through the "
           "codec at each of these budgets, comma-separated, each entropy-coded bits per value "
-          "for keys and values (3) or for keys/values (1/3); empty: none.");
+          "for keys and values (3) or for keys/values (1.5/3); empty: none.");
 ABSL_FLAG(std::string, kv_calibration, "",
           "--wire_bits: a calibration file (./sluice calibrate) instead of fitting one here.");
 ABSL_FLAG(std::string, calibration_text, "/usr/share/common-licenses/GPL-3",

@@ -59,7 +59,7 @@ ABSL_FLAG(std::string, kv_calibration, "",
           "Transform-coded wire: the calibration file; empty = beside the model (.kvtc) when "
           "there is one (./sluice calibrate).");
 ABSL_FLAG(std::string, wire_bits, "",
-          "Transform-coded wire: entropy-coded bits per key/value value (\"1/3\") for the "
+          "Transform-coded wire: entropy-coded bits per key/value value (\"1.5/3\") for the "
           "prompts' KV of presets that keep every token; empty: pages cross as they are held.");
 ABSL_FLAG(std::string, model, "", "GGUF model path (default: $SLUICE_MODEL, else the cache).");
 ABSL_FLAG(std::string, bin_dir, "", "Where the prefill/, decode/ and router/ binaries are.");
