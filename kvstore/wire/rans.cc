@@ -54,11 +54,6 @@ void BuildSlots(RansTable& t) {
 
 }  // namespace
 
-double RansTable::Bits(int i, uint64_t count) const {
-  return static_cast<double>(count) *
-         (kRansScaleBits - std::log2(static_cast<double>(std::max<uint16_t>(freq[i], 1))));
-}
-
 absl::StatusOr<RansTable> RansTableFromCounts(int32_t lo, absl::Span<const uint64_t> counts) {
   const uint64_t total = std::accumulate(counts.begin(), counts.end(), uint64_t{0});
   if (total == 0) return absl::InvalidArgumentError("a rANS table needs at least one count");

@@ -42,9 +42,6 @@ struct RansTable {
     uint16_t shift = 0;
   };
   std::vector<Divide> divide;  // [symbols]
-
-  // Bits the table's model gives `count` occurrences of symbol index i.
-  double Bits(int i, uint64_t count) const;
 };
 
 // A table for symbols [lo, lo + counts.size()) from their counts: frequencies in proportion,
