@@ -320,16 +320,6 @@ double GaussianBits(absl::Span<const double> spread, double log2_step) {
   return bits / static_cast<double>(spread.size());
 }
 
-// log2 of the step at which `bits(log2_step)`, falling as the step grows, is about `target`.
-template <typename Bits>
-double Bisect(Bits bits, double target, double lo, double hi, int iterations) {
-  for (int it = 0; it < iterations; ++it) {
-    const double mid = 0.5 * (lo + hi);
-    (bits(mid) > target ? lo : hi) = mid;
-  }
-  return 0.5 * (lo + hi);
-}
-
 // The step that spends about `bits_per_value` on the block: a Gaussian model's guess, then
 // secant steps on the coded bits of up to kSearchTokens tokens (they fall by about a bit per
 // value for each doubling of the step where every component is coded, less at low rates),
@@ -337,8 +327,12 @@ double Bisect(Bits bits, double target, double lo, double hi, int iterations) {
 float ChooseStep(const std::vector<float>& coef, int64_t n, const std::vector<float>& mean,
                  const std::vector<double>& spread, double bits_per_value) {
   const double dim = static_cast<double>(mean.size());
-  const double guess =
-      Bisect([&](double s) { return GaussianBits(spread, s); }, bits_per_value, -60, 60, 60);
+  double lo = -60, hi = 60;  // log2 of the step: the model's bits fall as it grows
+  for (int it = 0; it < 60; ++it) {
+    const double mid = 0.5 * (lo + hi);
+    (GaussianBits(spread, mid) > bits_per_value ? lo : hi) = mid;
+  }
+  const double guess = 0.5 * (lo + hi);
   const int64_t stride = std::max<int64_t>(1, n / kSearchTokens);
   const double sampled = dim * static_cast<double>((n + stride - 1) / stride);
   const auto off = [&](double log2_step) {
@@ -410,15 +404,16 @@ absl::StatusOr<std::string> EncodeKvTransformBlock(const KvTransformBasis& basis
   std::vector<int32_t> codes(static_cast<size_t>(dim) * n);
   const float inv_step = 1.f / step;
   std::vector<int> cls(dim, -1);
+  std::vector<int32_t> lowest(dim, 0), highest(dim, 0);  // each component's code range
   for (int32_t i = 0; i < dim; ++i) {
     const float* x = coef.data() + static_cast<size_t>(i) * n;
     int32_t* q = codes.data() + static_cast<size_t>(i) * n;
-    bool any = false;
     for (int64_t t = 0; t < n; ++t) {
       q[t] = CodeOf(x[t], mean[i], inv_step);
-      any |= q[t] != 0;
+      lowest[i] = std::min(lowest[i], q[t]);
+      highest[i] = std::max(highest[i], q[t]);
     }
-    if (any) cls[i] = ClassOf(spread[i] / step);
+    if (lowest[i] != 0 || highest[i] != 0) cls[i] = ClassOf(spread[i] / step);
   }
   // Per class: its shift (more where a stray code would stretch the table past its symbols) and
   // its table.
@@ -433,16 +428,14 @@ absl::StatusOr<std::string> EncodeKvTransformBlock(const KvTransformBasis& basis
     if (cls[i] >= 0) classes[cls[i]].shift = ShiftOf(cls[i]);
   }
   for (auto& [id, c] : classes) {
+    // The shift is monotone, so the class's symbols span its members' shifted code ranges.
     for (;; ++c.shift) {
       c.lo = INT64_MAX;
       c.hi = INT64_MIN;
       for (int32_t i = 0; i < dim; ++i) {
         if (cls[i] != id) continue;
-        for (int64_t t = 0; t < n; ++t) {
-          const int64_t sym = codes[static_cast<size_t>(i) * n + t] >> c.shift;
-          c.lo = std::min(c.lo, sym);
-          c.hi = std::max(c.hi, sym);
-        }
+        c.lo = std::min<int64_t>(c.lo, lowest[i] >> c.shift);
+        c.hi = std::max<int64_t>(c.hi, highest[i] >> c.shift);
       }
       if (c.hi - c.lo < kRansMaxSymbols) break;
     }
